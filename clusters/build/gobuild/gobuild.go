@@ -1,0 +1,273 @@
+// Package gobuild builds Go main packages of a pinned module version into
+// static binaries, the way ko and Knative's release tooling do, without a
+// checkout: each build gets a scratch module that requires the pinned module
+// and is compiled through the Go module proxy. Results are cached by a key
+// over everything that changes the output.
+package gobuild
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/mod/modfile"
+)
+
+// Spec says what to build.
+type Spec struct {
+	// Name is a short human name used in directory names and progress lines.
+	Name string
+	// Module and Version pin the module that holds the packages. An empty
+	// Module builds from Dir (the caller's own module) instead.
+	Module, Version string
+	// Dir is a local module root, used when Module is empty.
+	Dir string
+	// Packages are import paths of main packages.
+	Packages []string
+	// Replace maps module paths to published versions (module@version
+	// replacements, e.g. Kubernetes' staging modules).
+	Replace map[string]string
+	// Require adds requirements (module path -> version) to the scratch
+	// module, for builds whose dependencies must be raised or lowered.
+	Require map[string]string
+	// LDFlags and Tags are passed to go build.
+	LDFlags string
+	Tags    []string
+	// CGO enables cgo; the default is a static CGO_ENABLED=0 build.
+	CGO bool
+	// GOOS/GOARCH default to linux/amd64... of the host.
+	GOARCH string
+}
+
+// Binary is one built executable.
+type Binary struct {
+	Package string
+	Path    string
+}
+
+// Key identifies the build output. It covers the Go toolchain too, so a new
+// Go version rebuilds. For local builds (Dir) the caller must add a source
+// hash through Extra.
+func (s Spec) Key(goVersion, extra string) string {
+	h := sha256.New()
+	enc := json.NewEncoder(h)
+	_ = enc.Encode(struct {
+		S     Spec
+		Go    string
+		Extra string
+	}{s, goVersion, extra})
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// BinaryName is the file name of a package's binary: its last path element.
+func BinaryName(pkg string) string { return path.Base(pkg) }
+
+// ScratchGoMod renders the go.mod of the scratch module for s.
+func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
+	f := &modfile.File{}
+	if err := f.AddModuleStmt("lampyr.dev/build/" + sanitize(s.Name)); err != nil {
+		return nil, err
+	}
+	if err := f.AddGoStmt(strings.TrimPrefix(goVersion, "go")); err != nil {
+		return nil, err
+	}
+	if err := f.AddRequire(s.Module, s.Version); err != nil {
+		return nil, err
+	}
+	for _, m := range sortedKeys(s.Require) {
+		if err := f.AddRequire(m, s.Require[m]); err != nil {
+			return nil, err
+		}
+	}
+	for _, m := range sortedKeys(s.Replace) {
+		if err := f.AddReplace(m, "", m, s.Replace[m]); err != nil {
+			return nil, err
+		}
+	}
+	f.Cleanup()
+	return f.Format()
+}
+
+// Builder runs builds.
+type Builder struct {
+	// WorkDir holds scratch modules and outputs; one subdirectory per key.
+	WorkDir string
+	// Log receives progress lines.
+	Log io.Writer
+}
+
+// GoVersion returns `go env GOVERSION`.
+func GoVersion(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOVERSION").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOVERSION: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// Build builds s (or returns the cached result) and returns one Binary per
+// package, in s.Packages order.
+func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary, error) {
+	goVersion, err := GoVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key := s.Key(goVersion, extraKey)
+	dir := filepath.Join(b.WorkDir, sanitize(s.Name)+"-"+key)
+	outDir := filepath.Join(dir, "bin")
+	bins := make([]Binary, len(s.Packages))
+	for i, p := range s.Packages {
+		bins[i] = Binary{Package: p, Path: filepath.Join(outDir, BinaryName(p))}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
+		return bins, nil
+	}
+	if err := os.MkdirAll(outDir, 0o755); err != nil {
+		return nil, err
+	}
+	buildDir := s.Dir
+	if s.Module != "" {
+		buildDir = filepath.Join(dir, "mod")
+		if err := os.MkdirAll(buildDir, 0o755); err != nil {
+			return nil, err
+		}
+		gomod, err := ScratchGoMod(s, goVersion)
+		if err != nil {
+			return nil, fmt.Errorf("%s: render scratch go.mod: %w", s.Name, err)
+		}
+		if err := os.WriteFile(filepath.Join(buildDir, "go.mod"), gomod, 0o644); err != nil {
+			return nil, err
+		}
+		// A scratch module has no packages of its own; a blank-import file
+		// lets `go mod tidy` record every dependency of the packages with
+		// the versions the pinned module itself requires.
+		var imports bytes.Buffer
+		imports.WriteString("//go:build tools\n\npackage scratch\n\nimport (\n")
+		for _, p := range s.Packages {
+			fmt.Fprintf(&imports, "\t_ %q\n", p)
+		}
+		imports.WriteString(")\n")
+		if err := os.WriteFile(filepath.Join(buildDir, "tools.go"), imports.Bytes(), 0o644); err != nil {
+			return nil, err
+		}
+		if err := b.run(ctx, buildDir, s, "go", "mod", "tidy", "-e"); err != nil {
+			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, err)
+		}
+	}
+	args := []string{"build", "-trimpath", "-o", outDir + "/"}
+	if s.LDFlags != "" {
+		args = append(args, "-ldflags", s.LDFlags)
+	}
+	if len(s.Tags) > 0 {
+		args = append(args, "-tags", strings.Join(s.Tags, ","))
+	}
+	args = append(args, s.Packages...)
+	if err := b.run(ctx, buildDir, s, "go", args...); err != nil {
+		return nil, fmt.Errorf("%s: go build: %w", s.Name, err)
+	}
+	for _, bin := range bins {
+		if _, err := os.Stat(bin.Path); err != nil {
+			return nil, fmt.Errorf("%s: go build produced no %s: %w", s.Name, bin.Path, err)
+		}
+	}
+	return bins, os.WriteFile(filepath.Join(dir, "done"), nil, 0o644)
+}
+
+func (b *Builder) run(ctx context.Context, dir string, s Spec, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = dir
+	cgo := "0"
+	if s.CGO {
+		cgo = "1"
+	}
+	cmd.Env = append(os.Environ(), "CGO_ENABLED="+cgo, "GOOS=linux", "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off")
+	if s.GOARCH != "" {
+		cmd.Env = append(cmd.Env, "GOARCH="+s.GOARCH)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(out.String())
+		if len(msg) > 4000 {
+			msg = "..." + msg[len(msg)-4000:]
+		}
+		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, msg)
+	}
+	return nil
+}
+
+// StagingReplaces reads a module's go.mod (e.g. k8s.io/kubernetes) and maps
+// every directory replacement under ./staging to the published module of
+// version, the way consumers of k8s.io/kubernetes must.
+func StagingReplaces(gomod []byte, version string) (map[string]string, error) {
+	f, err := modfile.Parse("go.mod", gomod, nil)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, r := range f.Replace {
+		if strings.HasPrefix(r.New.Path, "./staging/") && r.New.Version == "" {
+			out[r.Old.Path] = version
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no ./staging replacements found")
+	}
+	return out, nil
+}
+
+// Downloaded is where `go mod download` put a module.
+type Downloaded struct{ Dir, GoMod string }
+
+// Download fetches module@version into the module cache (read-only) and says
+// where its tree and go.mod are.
+func Download(ctx context.Context, module, version string) (Downloaded, error) {
+	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", module+"@"+version)
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
+	cmd.Dir = os.TempDir()
+	out, err := cmd.Output()
+	var info struct{ Dir, GoMod, Error string }
+	if jerr := json.Unmarshal(out, &info); jerr == nil && info.Error != "" {
+		return Downloaded{}, fmt.Errorf("go mod download %s@%s: %s", module, version, info.Error)
+	}
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		return Downloaded{}, fmt.Errorf("go mod download %s@%s: %w", module, version, err)
+	}
+	return Downloaded{Dir: info.Dir, GoMod: info.GoMod}, nil
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '-', r == '.':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, s)
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,96 @@
+// Command lampyr-clusters builds the offline cluster inputs and manages named
+// Kind clusters wired to the local registry.
+//
+//	lampyr-clusters inputs              build (or find cached) node and registry images
+//	lampyr-clusters up NAME...          create or reuse clusters, in parallel
+//	lampyr-clusters down NAME...        delete clusters
+//	lampyr-clusters logs NAME DIR       export node logs (kind export logs)
+//	lampyr-clusters load NAME TAR...    load docker-archive images into a cluster
+//	lampyr-clusters info NAME           print a cluster's state (kubeconfig, ports)
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/progress"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		if errors.Is(err, context.Canceled) {
+			os.Exit(130)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("usage: lampyr-clusters inputs|up|down|logs|load|info ...")
+	}
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	keep := fs.Bool("keep", os.Getenv("LAMPYR_KEEP") == "1", "keep clusters whose creation failed or was interrupted")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	log := progress.New(os.Stderr)
+	env := clusters.NewEnv(log)
+	start := time.Now()
+	defer func() { log.Printf("lampyr-clusters %s: %s", args[0], time.Since(start).Round(100*time.Millisecond)) }()
+	switch args[0] {
+	case "inputs":
+		res, err := env.Inputs(ctx)
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(res)
+	case "up":
+		if fs.NArg() == 0 {
+			return errors.New("usage: lampyr-clusters up NAME...")
+		}
+		infos, err := env.Up(ctx, fs.Args(), *keep)
+		if err != nil {
+			return err
+		}
+		for _, i := range infos {
+			log.Printf("cluster %s: KUBECONFIG=%s gateway http://127.0.0.1:%d registry %s", i.Name, i.Kubeconfig, i.HostPort(clusters.GatewayNodePort), i.Registry)
+		}
+		return nil
+	case "down":
+		for _, n := range fs.Args() {
+			if err := log.Step("Deleting cluster "+n, func() error { return env.Manager().Delete(n) }); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "logs":
+		if fs.NArg() != 2 {
+			return errors.New("usage: lampyr-clusters logs NAME DIR")
+		}
+		return env.Manager().ExportLogs(fs.Arg(0), fs.Arg(1))
+	case "load":
+		if fs.NArg() < 2 {
+			return errors.New("usage: lampyr-clusters load NAME TAR...")
+		}
+		return env.Manager().LoadImageArchives(fs.Arg(0), fs.Args()[1:]...)
+	case "info":
+		info, err := env.Manager().ReadInfo(fs.Arg(0))
+		if err != nil {
+			return err
+		}
+		return json.NewEncoder(os.Stdout).Encode(info)
+	}
+	return fmt.Errorf("unknown command %q", args[0])
+}

@@ -1,0 +1,375 @@
+package inputs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"golang.org/x/sync/errgroup"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/build/image"
+	"lampyr.dev/serving/clusters/build/nodeimage"
+	"lampyr.dev/serving/clusters/progress"
+)
+
+// recipe is bumped whenever the way an input is assembled changes without
+// any pinned version changing, so caches rebuild.
+const recipe = "1"
+
+// DebianMirror is where debootstrap fetches the node's packages; override
+// with LAMPYR_DEBIAN_MIRROR.
+const DebianMirror = "http://deb.debian.org/debian"
+
+// CacheDir is LAMPYR_CACHE_DIR, else $XDG_CACHE_HOME/lampyr, else
+// ~/.cache/lampyr. Everything built from pinned versions lives there, keyed
+// by those versions; deleting it forces a cold build.
+func CacheDir() string {
+	if d := os.Getenv("LAMPYR_CACHE_DIR"); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "lampyr")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "lampyr-cache")
+	}
+	return filepath.Join(home, ".cache", "lampyr")
+}
+
+// Result names what Build produced.
+type Result struct {
+	// NodeImage is the Kind node image, loaded into the local Docker engine.
+	NodeImage string
+	// RegistryImage is the CNCF Distribution image, loaded into Docker.
+	RegistryImage string
+	// ControlPlaneImages maps kubeadm's image names to their tarballs.
+	ControlPlaneImages map[string]string
+}
+
+// Builder builds every offline cluster input.
+type Builder struct {
+	Cache string
+	Log   *progress.Log
+	go_   *gobuild.Builder
+}
+
+// NewBuilder returns a Builder on the cache directory.
+func NewBuilder(cache string, log *progress.Log) *Builder {
+	return &Builder{Cache: cache, Log: log, go_: &gobuild.Builder{WorkDir: filepath.Join(cache, "go"), Log: log}}
+}
+
+// GoBuild builds spec through the shared, cached Go builder.
+func (b *Builder) GoBuild(ctx context.Context, spec gobuild.Spec) ([]gobuild.Binary, error) {
+	var bins []gobuild.Binary
+	err := b.Log.Step(fmt.Sprintf("Building %s %s (%d command(s))", spec.Name, spec.Version, len(spec.Packages)), func() (err error) {
+		bins, err = b.go_.Build(ctx, spec, "")
+		return err
+	})
+	return bins, err
+}
+
+// Build makes (or finds in the cache) the node image and the registry image,
+// and loads both into Docker. The rootfs (network-bound) runs beside the Go
+// builds (CPU-bound); the Go builds run one at a time since two cores are
+// easily saturated.
+func (b *Builder) Build(ctx context.Context) (*Result, error) {
+	if err := os.MkdirAll(b.Cache, 0o755); err != nil {
+		return nil, err
+	}
+	kindDir, err := gobuild.Download(ctx, "sigs.k8s.io/kind", KindVersion)
+	if err != nil {
+		return nil, err
+	}
+	k8sMod, err := gobuild.Download(ctx, "k8s.io/kubernetes", KubernetesVersion)
+	if err != nil {
+		return nil, err
+	}
+	rootSpec := nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: envOr("LAMPYR_DEBIAN_MIRROR", DebianMirror),
+		Packages: NodePackages, KindFiles: filepath.Join(kindDir.Dir, "images/base/files")}
+	rootKey := hashOf(recipe, rootSpec.Suite, rootSpec.Mirror, strings.Join(rootSpec.Packages, ","), KindVersion)
+	rootDir := filepath.Join(b.Cache, "rootfs", "bookworm-"+rootKey)
+	rootTar := rootDir + ".tar"
+
+	var (
+		k8sBins, etcdBins, dnsBins, crictlBins, regBins []gobuild.Binary
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if _, err := os.Stat(rootTar); err == nil {
+			return nil
+		}
+		return b.Log.Step("Building node rootfs (debootstrap "+DebianSuite+", "+fmt.Sprint(len(NodePackages))+" packages)", func() error {
+			if _, err := os.Stat(rootDir); err != nil {
+				if err := os.MkdirAll(filepath.Dir(rootDir), 0o755); err != nil {
+					return err
+				}
+				if err := nodeimage.BuildRootfs(gctx, rootSpec, rootDir, b.Log); err != nil {
+					return err
+				}
+			}
+			return nodeimage.TarDir(gctx, rootDir, rootTar)
+		})
+	})
+	g.Go(func() error {
+		k8sSpec, err := KubernetesSpec(gctx)
+		if err != nil {
+			return err
+		}
+		if k8sBins, err = b.GoBuild(gctx, k8sSpec); err != nil {
+			return err
+		}
+		if etcdBins, err = b.GoBuild(gctx, EtcdSpec()); err != nil {
+			return err
+		}
+		if dnsBins, err = b.GoBuild(gctx, CoreDNSSpec()); err != nil {
+			return err
+		}
+		if crictlBins, err = b.GoBuild(gctx, CrictlSpec()); err != nil {
+			return err
+		}
+		regBins, err = b.GoBuild(gctx, RegistrySpec())
+		return err
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	bin := func(bins []gobuild.Binary, name string) string {
+		for _, x := range bins {
+			if filepath.Base(x.Path) == name {
+				return x.Path
+			}
+		}
+		panic("no binary " + name) // programming error: names come from the specs above
+	}
+
+	pause := filepath.Join(b.Cache, "pause", "pause-"+hashOf(recipe, KubernetesVersion))
+	if _, err := os.Stat(pause); err != nil {
+		if err := b.Log.Step("Compiling pause (gcc -static)", func() error {
+			return buildPause(ctx, filepath.Join(k8sMod.Dir, "build/pause/linux/pause.c"), pause)
+		}); err != nil {
+			return nil, err
+		}
+	}
+
+	required, err := KubeadmImages(ctx, bin(k8sBins, "kubeadm"))
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckPins(required); err != nil {
+		return nil, err
+	}
+
+	res := &Result{ControlPlaneImages: map[string]string{}}
+	imgDir := filepath.Join(b.Cache, "images")
+	if err := os.MkdirAll(imgDir, 0o755); err != nil {
+		return nil, err
+	}
+	var nodeKeyParts []string
+	err = b.Log.Step(fmt.Sprintf("Assembling %d control-plane images", len(required)), func() error {
+		for component, ref := range required {
+			img, err := b.controlPlaneImage(ctx, component, rootDir, map[string]string{
+				"kube-apiserver": bin(k8sBins, "kube-apiserver"), "kube-controller-manager": bin(k8sBins, "kube-controller-manager"),
+				"kube-scheduler": bin(k8sBins, "kube-scheduler"), "kube-proxy": bin(k8sBins, "kube-proxy"),
+				"etcd": bin(etcdBins, "v3"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
+			})
+			if err != nil {
+				return fmt.Errorf("image %s: %w", ref, err)
+			}
+			d, err := img.Digest()
+			if err != nil {
+				return err
+			}
+			file := filepath.Join(imgDir, component+"-"+d.Hex[:16]+".tar")
+			if _, err := os.Stat(file); err != nil {
+				if err := image.WriteTarball(file, ref, img); err != nil {
+					return err
+				}
+			}
+			res.ControlPlaneImages[ref] = file
+			nodeKeyParts = append(nodeKeyParts, ref+"="+d.String())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	node, err := b.nodeImage(ctx, nodeImageInputs{
+		rootTar: rootTar, rootKey: rootKey, kindFiles: rootSpec.KindFiles, required: required,
+		images: res.ControlPlaneImages, imageKeys: nodeKeyParts,
+		binaries: map[string]string{
+			"/usr/bin/kubelet": bin(k8sBins, "kubelet"), "/usr/bin/kubeadm": bin(k8sBins, "kubeadm"),
+			"/usr/bin/kubectl": bin(k8sBins, "kubectl"), "/usr/local/bin/crictl": bin(crictlBins, "crictl"),
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	res.NodeImage = node
+
+	reg, err := b.registryImage(ctx, bin(regBins, "registry"))
+	if err != nil {
+		return nil, err
+	}
+	res.RegistryImage = reg
+	return res, nil
+}
+
+// controlPlaneImage assembles one of kubeadm's images from its binary, where
+// kubeadm's manifests expect it.
+func (b *Builder) controlPlaneImage(ctx context.Context, component, rootDir string, bins map[string]string) (v1.Image, error) {
+	path := bins[component]
+	switch component {
+	case "kube-apiserver", "kube-controller-manager", "kube-scheduler", "etcd":
+		// kubeadm's static pods call these by name, as root.
+		return image.FromBinary(path, component, image.Options{Root: true, BinaryPath: "/usr/local/bin/" + component, Entrypoint: []string{}})
+	case "kube-proxy":
+		// kube-proxy programs iptables/nftables: it needs those tools and
+		// their libraries, taken from the node rootfs's own packages.
+		files, _, err := nodeimage.ClosureFiles(ctx, rootDir, []string{"iptables", "nftables", "conntrack", "ipset"})
+		if err != nil {
+			return nil, err
+		}
+		tools, err := image.Layer(files)
+		if err != nil {
+			return nil, err
+		}
+		return image.FromBinary(path, component, image.Options{Root: true, BinaryPath: "/usr/local/bin/kube-proxy", Entrypoint: []string{}, ExtraLayers: []v1.Layer{tools}})
+	case "coredns":
+		return image.FromBinary(path, component, image.Options{BinaryPath: "/coredns"})
+	case "pause":
+		return image.FromBinary(path, component, image.Options{BinaryPath: "/pause", Root: false})
+	}
+	return nil, fmt.Errorf("no recipe for kubeadm image component %q", component)
+}
+
+// KubeadmImages asks the built kubeadm which images it will run, keyed by
+// component (the repository's last element), so names and tags never drift
+// from the pinned Kubernetes version.
+func KubeadmImages(ctx context.Context, kubeadm string) (map[string]string, error) {
+	out, err := exec.CommandContext(ctx, kubeadm, "config", "images", "list", "--kubernetes-version", KubernetesVersion).Output()
+	if err != nil {
+		return nil, fmt.Errorf("kubeadm config images list: %w", err)
+	}
+	return ParseImageList(string(out))
+}
+
+// ParseImageList maps `kubeadm config images list` output by component.
+func ParseImageList(out string) (map[string]string, error) {
+	m := map[string]string{}
+	for _, line := range strings.Fields(out) {
+		repo, _, ok := strings.Cut(line, ":")
+		if !ok {
+			return nil, fmt.Errorf("kubeadm image %q has no tag", line)
+		}
+		m[repo[strings.LastIndex(repo, "/")+1:]] = line
+	}
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "etcd", "coredns", "pause"} {
+		if m[c] == "" {
+			return nil, fmt.Errorf("kubeadm did not list a %s image (got %v)", c, m)
+		}
+	}
+	return m, nil
+}
+
+// CheckPins fails when kubeadm expects etcd or CoreDNS versions other than
+// the pinned ones, instead of producing a node that would try to pull them.
+func CheckPins(required map[string]string) error {
+	etcdTag := required["etcd"][strings.LastIndex(required["etcd"], ":")+1:]
+	if !strings.HasPrefix(etcdTag, strings.TrimPrefix(EtcdModuleVersion, "v")+"-") {
+		return fmt.Errorf("kubeadm %s expects etcd %s but inputs pin %s: update EtcdModuleVersion", KubernetesVersion, etcdTag, EtcdModuleVersion)
+	}
+	if !strings.HasSuffix(required["coredns"], ":"+CoreDNSVersion) {
+		return fmt.Errorf("kubeadm %s expects %s but inputs pin CoreDNS %s: update CoreDNSVersion", KubernetesVersion, required["coredns"], CoreDNSVersion)
+	}
+	return nil
+}
+
+func buildPause(ctx context.Context, src, out string) error {
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, "gcc", "-Os", "-Wall", "-Werror", "-static", "-DVERSION=lampyr-"+KubernetesVersion, "-o", out+".tmp", src)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("gcc pause.c (install gcc and libc6-dev): %w: %s", err, b)
+	}
+	return os.Rename(out+".tmp", out)
+}
+
+// loadIntoDocker loads a docker-archive tarball unless Docker has ref.
+func loadIntoDocker(ctx context.Context, ref, file string) error {
+	if exec.CommandContext(ctx, "docker", "image", "inspect", ref).Run() == nil {
+		return nil
+	}
+	if out, err := exec.CommandContext(ctx, "docker", "load", "-i", file).CombinedOutput(); err != nil {
+		return fmt.Errorf("docker load %s: %w: %s", file, err, out)
+	}
+	return nil
+}
+
+func (b *Builder) registryImage(ctx context.Context, registry string) (string, error) {
+	config, err := image.Layer([]image.File{
+		{Path: "/etc/distribution/config.yml", Mode: 0o644, Body: []byte(RegistryConfig)},
+		{Path: "/var/lib/registry", Dir: true, Mode: 0o755, UID: image.NonRootUID},
+	})
+	if err != nil {
+		return "", err
+	}
+	img, err := image.FromBinary(registry, "registry", image.Options{
+		BinaryPath:  "/bin/registry",
+		Args:        []string{"serve", "/etc/distribution/config.yml"},
+		ExtraLayers: []v1.Layer{config},
+	})
+	if err != nil {
+		return "", err
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return "", err
+	}
+	ref := "lampyr.dev/registry:" + strings.TrimPrefix(DistributionVersion, "v") + "-" + d.Hex[:12]
+	file := filepath.Join(b.Cache, "images", "registry-"+d.Hex[:16]+".tar")
+	err = b.Log.Step("Loading registry image "+ref, func() error {
+		if _, err := os.Stat(file); err != nil {
+			if err := image.WriteTarball(file, ref, img); err != nil {
+				return err
+			}
+		}
+		return loadIntoDocker(ctx, ref, file)
+	})
+	return ref, err
+}
+
+// RegistryConfig is CNCF Distribution's configuration: filesystem storage,
+// deletes enabled (so tests can clean up), listening on 5000.
+const RegistryConfig = `version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: /var/lib/registry
+  delete:
+    enabled: true
+http:
+  addr: :5000
+`
+
+func hashOf(parts ...string) string {
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	return hex.EncodeToString(h[:])[:16]
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}

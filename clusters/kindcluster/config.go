@@ -1,0 +1,108 @@
+// Package kindcluster creates, reuses and deletes named Kind clusters in
+// parallel through the sigs.k8s.io/kind library, wires them to the shared
+// local registry, loads images into them and exports their logs.
+package kindcluster
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+)
+
+// PortMapping publishes a node port on the host, on 127.0.0.1 only.
+type PortMapping struct {
+	// NodePort is the port inside the node (a Service NodePort).
+	NodePort int `json:"nodePort"`
+	// HostPort is the port on 127.0.0.1; 0 picks a free one at creation.
+	HostPort int `json:"hostPort"`
+}
+
+// Spec describes one cluster.
+type Spec struct {
+	Name      string `json:"name"`
+	NodeImage string `json:"nodeImage"`
+	// Ports are published on 127.0.0.1 (gateway NodePorts).
+	Ports []PortMapping `json:"ports,omitempty"`
+	// CgroupV1 sets failCgroupV1: false, without which kubelet 1.35 refuses
+	// to start on a cgroup v1 host.
+	CgroupV1 bool `json:"cgroupV1,omitempty"`
+	// DisableDefaultCNI is set for offline node images (kindnetd cannot be
+	// pulled; the node ships its own CNI config).
+	DisableDefaultCNI bool   `json:"disableDefaultCNI,omitempty"`
+	PodSubnet         string `json:"podSubnet,omitempty"`
+}
+
+// Validate names the field that is wrong and how to fix it.
+func (s Spec) Validate() error {
+	if s.Name == "" || strings.ToLower(s.Name) != s.Name || strings.ContainsAny(s.Name, " _/.:") {
+		return fmt.Errorf("cluster name %q: use lower-case letters, digits and '-'", s.Name)
+	}
+	if s.NodeImage == "" {
+		return fmt.Errorf("cluster %s: nodeImage is empty: build it with `just cluster-inputs`", s.Name)
+	}
+	seen := map[int]bool{}
+	for _, p := range s.Ports {
+		if p.NodePort < 30000 || p.NodePort > 32767 {
+			return fmt.Errorf("cluster %s: ports.nodePort %d is outside the NodePort range 30000-32767", s.Name, p.NodePort)
+		}
+		if p.HostPort != 0 && seen[p.HostPort] {
+			return fmt.Errorf("cluster %s: ports.hostPort %d is used twice", s.Name, p.HostPort)
+		}
+		seen[p.HostPort] = true
+	}
+	return nil
+}
+
+// KindConfig renders the kind v1alpha4 Cluster config for s. Host ports must
+// be resolved (non-zero) by then.
+func (s Spec) KindConfig() ([]byte, error) {
+	type portMapping struct {
+		ContainerPort int    `json:"containerPort"`
+		HostPort      int    `json:"hostPort"`
+		ListenAddress string `json:"listenAddress"`
+		Protocol      string `json:"protocol"`
+	}
+	type node struct {
+		Role              string        `json:"role"`
+		ExtraPortMappings []portMapping `json:"extraPortMappings,omitempty"`
+	}
+	type networking struct {
+		APIServerAddress  string `json:"apiServerAddress"`
+		DisableDefaultCNI bool   `json:"disableDefaultCNI,omitempty"`
+		PodSubnet         string `json:"podSubnet,omitempty"`
+	}
+	cfg := struct {
+		Kind                 string     `json:"kind"`
+		APIVersion           string     `json:"apiVersion"`
+		Networking           networking `json:"networking"`
+		Nodes                []node     `json:"nodes"`
+		KubeadmConfigPatches []string   `json:"kubeadmConfigPatches,omitempty"`
+	}{
+		Kind:       "Cluster",
+		APIVersion: "kind.x-k8s.io/v1alpha4",
+		Networking: networking{APIServerAddress: "127.0.0.1", DisableDefaultCNI: s.DisableDefaultCNI, PodSubnet: s.PodSubnet},
+	}
+	n := node{Role: "control-plane"}
+	for _, p := range s.Ports {
+		if p.HostPort == 0 {
+			return nil, fmt.Errorf("cluster %s: host port for node port %d not resolved", s.Name, p.NodePort)
+		}
+		n.ExtraPortMappings = append(n.ExtraPortMappings, portMapping{ContainerPort: p.NodePort, HostPort: p.HostPort, ListenAddress: "127.0.0.1", Protocol: "TCP"})
+	}
+	cfg.Nodes = []node{n}
+	if s.CgroupV1 {
+		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: KubeletConfiguration\nfailCgroupV1: false\n")
+	}
+	return yaml.Marshal(cfg)
+}
+
+// Hash identifies the configuration, so an existing cluster is reused only
+// when it was created from the same spec.
+func (s Spec) Hash() string {
+	b, _ := yaml.Marshal(s)
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])[:16]
+}

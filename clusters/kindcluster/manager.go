@@ -1,0 +1,312 @@
+package kindcluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"sigs.k8s.io/kind/pkg/cluster"
+	"sigs.k8s.io/kind/pkg/cluster/nodes"
+	"sigs.k8s.io/kind/pkg/cluster/nodeutils"
+	kindlog "sigs.k8s.io/kind/pkg/log"
+
+	"lampyr.dev/serving/clusters/progress"
+)
+
+// Info is what a suite needs to use a cluster; it is written next to the
+// kubeconfig as <name>.json.
+type Info struct {
+	Name       string `json:"name"`
+	Kubeconfig string `json:"kubeconfig"`
+	// Ports maps each requested node port to its 127.0.0.1 host port.
+	Ports     []PortMapping `json:"ports"`
+	SpecHash  string        `json:"specHash"`
+	NodeImage string        `json:"nodeImage"`
+	Registry  string        `json:"registry,omitempty"`
+}
+
+// HostPort returns the 127.0.0.1 port mapped to nodePort, or 0.
+func (i Info) HostPort(nodePort int) int {
+	for _, p := range i.Ports {
+		if p.NodePort == nodePort {
+			return p.HostPort
+		}
+	}
+	return 0
+}
+
+// Manager owns the clusters of one state directory.
+type Manager struct {
+	// StateDir holds <name>.kubeconfig and <name>.json.
+	StateDir string
+	Log      *progress.Log
+	// Registry, when set, is connected to every cluster created.
+	Registry *Registry
+	provider *cluster.Provider
+}
+
+// NewManager uses Docker through the kind library.
+func NewManager(stateDir string, log *progress.Log) *Manager {
+	return &Manager{
+		StateDir: stateDir,
+		Log:      log,
+		provider: cluster.NewProvider(cluster.ProviderWithDocker(), cluster.ProviderWithLogger(kindlog.NoopLogger{})),
+	}
+}
+
+// KubeconfigPath is where a cluster's kubeconfig is exported. kind would
+// otherwise write ~/.kube/config.
+func (m *Manager) KubeconfigPath(name string) string {
+	return filepath.Join(m.StateDir, name+".kubeconfig")
+}
+
+func (m *Manager) infoPath(name string) string { return filepath.Join(m.StateDir, name+".json") }
+
+// ReadInfo loads the Info of a cluster this manager created.
+func (m *Manager) ReadInfo(name string) (Info, error) {
+	var info Info
+	b, err := os.ReadFile(m.infoPath(name))
+	if err != nil {
+		return info, fmt.Errorf("cluster %s has no state in %s (create it with `just cluster-up %s`): %w", name, m.StateDir, name, err)
+	}
+	return info, json.Unmarshal(b, &info)
+}
+
+// Exists reports whether kind knows a cluster named name.
+func (m *Manager) Exists(name string) (bool, error) {
+	names, err := m.provider.List()
+	if err != nil {
+		return false, fmt.Errorf("list kind clusters: %w", err)
+	}
+	return slices.Contains(names, name), nil
+}
+
+// UpOptions tune Up.
+type UpOptions struct {
+	// Keep leaves a cluster whose creation failed or was interrupted.
+	Keep bool
+	// WaitReady bounds the wait for the control plane.
+	WaitReady time.Duration
+}
+
+// Up creates the clusters in parallel, or reuses each one that already
+// exists with the same spec. When ctx is cancelled (SIGINT) or a creation
+// fails, clusters this call started are deleted unless opts.Keep.
+func (m *Manager) Up(ctx context.Context, specs []Spec, opts UpOptions) ([]Info, error) {
+	if err := os.MkdirAll(m.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	for _, s := range specs {
+		if err := s.Validate(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.WaitReady == 0 {
+		opts.WaitReady = 3 * time.Minute
+	}
+	if m.Registry != nil {
+		if err := m.Registry.Ensure(ctx, m.Log); err != nil {
+			return nil, err
+		}
+	}
+	// kind creates its "kind" network on first use and never removes it; a
+	// failed first run must not leave it behind.
+	_, netErr := docker(ctx, "network", "inspect", "kind")
+	networkExisted := netErr == nil
+	infos := make([]Info, len(specs))
+	created := make([]bool, len(specs))
+	g, gctx := errgroup.WithContext(ctx)
+	for i, s := range specs {
+		g.Go(func() error {
+			info, made, err := m.up(gctx, s, opts)
+			infos[i], created[i] = info, made
+			return err
+		})
+	}
+	err := g.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil && !opts.Keep {
+		for i, s := range specs {
+			if created[i] {
+				m.Log.Printf(" • deleting cluster %s after failure (keep it with LAMPYR_KEEP=1)", s.Name)
+				if derr := m.Delete(s.Name); derr != nil {
+					m.Log.Printf(" ✗ %v", derr)
+				}
+			}
+		}
+		if m.Registry != nil {
+			m.Registry.CleanupIfCreated(m.Log)
+		}
+		if !networkExisted {
+			_, _ = docker(context.Background(), "network", "rm", "kind")
+		}
+	}
+	return infos, err
+}
+
+func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, error) {
+	hash := s.Hash()
+	exists, err := m.Exists(s.Name)
+	if err != nil {
+		return Info{}, false, err
+	}
+	if exists {
+		info, err := m.ReadInfo(s.Name)
+		if err != nil || info.SpecHash != hash {
+			return Info{}, false, fmt.Errorf("cluster %s exists but was not created from this spec (recorded %q, want %q): delete it with `just cluster-down %s`", s.Name, info.SpecHash, hash, s.Name)
+		}
+		m.Log.Printf(" ✓ Reusing cluster %s (same spec %s)", s.Name, hash)
+		return info, false, m.connect(ctx, info)
+	}
+	_ = os.Remove(m.infoPath(s.Name))
+	resolved := s
+	resolved.Ports = append([]PortMapping(nil), s.Ports...)
+	for i := range resolved.Ports {
+		if resolved.Ports[i].HostPort == 0 {
+			p, err := freePort()
+			if err != nil {
+				return Info{}, false, err
+			}
+			resolved.Ports[i].HostPort = p
+		}
+	}
+	raw, err := resolved.KindConfig()
+	if err != nil {
+		return Info{}, false, err
+	}
+	info := Info{Name: s.Name, Kubeconfig: m.KubeconfigPath(s.Name), Ports: resolved.Ports, SpecHash: hash, NodeImage: s.NodeImage}
+	done := make(chan error, 1)
+	err = m.Log.Step("Creating cluster "+s.Name, func() error {
+		go func() {
+			done <- m.provider.Create(s.Name,
+				cluster.CreateWithNodeImage(s.NodeImage),
+				cluster.CreateWithRawConfig(raw),
+				cluster.CreateWithKubeconfigPath(info.Kubeconfig),
+				cluster.CreateWithWaitForReady(opts.WaitReady),
+				// We delete on failure ourselves, so an interrupt can too.
+				cluster.CreateWithRetain(true),
+				cluster.CreateWithDisplayUsage(false),
+				cluster.CreateWithDisplaySalutation(false),
+			)
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("kind create %s: %w", s.Name, err)
+			}
+			return nil
+		case <-ctx.Done():
+			// kind's Create cannot be cancelled: deleting the node makes it
+			// return; wait for that so nothing is recreated behind us.
+			if !opts.Keep {
+				_ = m.provider.Delete(s.Name, info.Kubeconfig)
+				select {
+				case <-done:
+				case <-time.After(2 * time.Minute):
+				}
+			}
+			return ctx.Err()
+		}
+	})
+	if err != nil {
+		return info, true, err
+	}
+	if err := m.connect(ctx, info); err != nil {
+		return info, true, err
+	}
+	if m.Registry != nil {
+		info.Registry = m.Registry.HostAddress()
+	}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	return info, true, os.WriteFile(m.infoPath(s.Name), b, 0o644)
+}
+
+// connect wires a cluster's node to the local registry.
+func (m *Manager) connect(ctx context.Context, info Info) error {
+	if m.Registry == nil {
+		return nil
+	}
+	ns, err := m.provider.ListNodes(info.Name)
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		if err := m.Registry.ConfigureNode(ctx, n); err != nil {
+			return fmt.Errorf("cluster %s: connect node %s to the local registry: %w", info.Name, n.String(), err)
+		}
+	}
+	return nil
+}
+
+// Delete removes a cluster, its kubeconfig and its state.
+func (m *Manager) Delete(name string) error {
+	if err := m.provider.Delete(name, m.KubeconfigPath(name)); err != nil {
+		return fmt.Errorf("delete cluster %s: %w", name, err)
+	}
+	_ = os.Remove(m.KubeconfigPath(name))
+	_ = os.Remove(m.infoPath(name))
+	return nil
+}
+
+// Nodes lists a cluster's nodes.
+func (m *Manager) Nodes(name string) ([]nodes.Node, error) { return m.provider.ListNodes(name) }
+
+// LoadImageArchives imports docker-archive tarballs into every node of a
+// cluster (kind load image-archive). Images loaded this way are addressable
+// by tag only; anything used by digest must come from the registry.
+func (m *Manager) LoadImageArchives(name string, files ...string) error {
+	ns, err := m.provider.ListNodes(name)
+	if err != nil {
+		return err
+	}
+	for _, n := range ns {
+		for _, f := range files {
+			r, err := os.Open(f)
+			if err != nil {
+				return err
+			}
+			err = nodeutils.LoadImageArchive(n, r)
+			r.Close()
+			if err != nil {
+				return fmt.Errorf("load %s into %s: %w", f, n.String(), err)
+			}
+		}
+	}
+	return nil
+}
+
+// ExportLogs writes what `kind export logs` writes into dir/<name>.
+func (m *Manager) ExportLogs(name, dir string) error {
+	out := filepath.Join(dir, name)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	return m.provider.CollectLogs(name, out)
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port on 127.0.0.1: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func docker(ctx context.Context, args ...string) (string, error) {
+	out, err := exec.CommandContext(ctx, "docker", args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
