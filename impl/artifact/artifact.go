@@ -1,0 +1,463 @@
+// Package artifact builds, pushes, fetches and verifies Lampyr snapshot
+// artifacts and sealed-template artifacts (docs/contracts.md §6).
+//
+// A snapshot artifact is an OCI image manifest with its own artifact type,
+// config media type and layer media type, so no container runtime mistakes it
+// for a runnable image. It is addressed by the digest of its manifest and
+// every consumer verifies that digest, the config digest and the layer digest
+// before using a byte of it. `ly build` calls Build and Push; the Lampyr
+// Revision reconciler and fiberd call Fetch.
+package artifact
+
+import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/partial"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// Media and artifact types of a snapshot artifact.
+const (
+	SnapshotArtifactType = "application/vnd.lampyr.snapshot.v1"
+	ConfigMediaType      = "application/vnd.lampyr.snapshot.config.v1+json"
+	LayerMediaType       = "application/vnd.lampyr.snapshot.layer.v1.tar+gzip"
+)
+
+// ConfigAPIVersion versions the Config JSON.
+const ConfigAPIVersion = "lampyr.dev/snapshot/v1"
+
+// Config is the snapshot's start-up contract and helper facts: everything
+// besides the files that fiberd needs to start a fiber of the handler.
+type Config struct {
+	APIVersion string `json:"apiVersion"`
+	// Entrypoint is the handler's command line; Entrypoint[0] is an absolute
+	// path inside the layer.
+	Entrypoint []string `json:"entrypoint"`
+	// Port the handler listens on (it also receives it as $PORT).
+	Port int32 `json:"port"`
+	// Protocol is http1 (default) or h2c.
+	Protocol string `json:"protocol,omitempty"`
+	// Readiness: the fiber is ready when the port accepts connections, within
+	// StartupTimeoutSeconds (default 10).
+	StartupTimeoutSeconds int32 `json:"startupTimeoutSeconds,omitempty"`
+	// Runtime names the language runtime and version the handler was built
+	// with, e.g. {"name":"go","version":"go1.26.8"}.
+	Runtime Runtime `json:"runtime"`
+	// AdapterVersion is the .lampyr-adapter version `ly build` used.
+	AdapterVersion string `json:"adapterVersion,omitempty"`
+	// HelperVersion is the lampyr-helper protocol the snapshot expects.
+	HelperVersion string `json:"helperVersion,omitempty"`
+}
+
+// Runtime identifies the handler's runtime.
+type Runtime struct {
+	Name    string `json:"name"`
+	Version string `json:"version,omitempty"`
+}
+
+// HelperProtocolVersion is the helper protocol this tree's lampyr-helper speaks.
+const HelperProtocolVersion = "v1"
+
+// Validate checks a config; errors name the field.
+func (c *Config) Validate() error {
+	var errs []string
+	if c.APIVersion != ConfigAPIVersion {
+		errs = append(errs, fmt.Sprintf("apiVersion %q: want %q", c.APIVersion, ConfigAPIVersion))
+	}
+	if len(c.Entrypoint) == 0 || !path.IsAbs(c.Entrypoint[0]) {
+		errs = append(errs, "entrypoint: want an absolute path inside the artifact, e.g. [\"/app/handler\"]")
+	}
+	if c.Port <= 0 || c.Port > 65535 {
+		errs = append(errs, fmt.Sprintf("port %d: want 1-65535", c.Port))
+	}
+	switch c.Protocol {
+	case "", "http1", "h2c":
+	default:
+		errs = append(errs, fmt.Sprintf("protocol %q: want http1 or h2c", c.Protocol))
+	}
+	if c.StartupTimeoutSeconds < 0 {
+		errs = append(errs, "startupTimeoutSeconds: must not be negative")
+	}
+	if c.Runtime.Name == "" {
+		errs = append(errs, "runtime.name: required (e.g. go, node, python)")
+	}
+	if c.HelperVersion != "" && c.HelperVersion != HelperProtocolVersion {
+		errs = append(errs, fmt.Sprintf("helperVersion %q: this fiberd's helper speaks %q; rebuild the artifact with a matching `ly build`", c.HelperVersion, HelperProtocolVersion))
+	}
+	if len(errs) > 0 {
+		return errors.New("invalid snapshot config: " + strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// Build makes a snapshot artifact from the files under dir. The layer is
+// reproducible: entries sorted, timestamps and owners zeroed, so the same
+// files and config always give the same digest.
+func Build(dir string, cfg Config) (v1.Image, error) {
+	if cfg.APIVersion == "" {
+		cfg.APIVersion = ConfigAPIVersion
+	}
+	if cfg.HelperVersion == "" {
+		cfg.HelperVersion = HelperProtocolVersion
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	layer, err := tarGz(dir)
+	if err != nil {
+		return nil, fmt.Errorf("packing %s: %w", dir, err)
+	}
+	entry := strings.TrimPrefix(cfg.Entrypoint[0], "/")
+	if fi, err := os.Stat(filepath.Join(dir, filepath.FromSlash(entry))); err != nil || !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("entrypoint %q: want an executable regular file under %s", cfg.Entrypoint[0], dir)
+	}
+	rawCfg, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newImage(SnapshotArtifactType, ConfigMediaType, rawCfg, LayerMediaType, layer, map[string]string{
+		"org.opencontainers.image.title": "lampyr snapshot",
+	})
+}
+
+// tarGz packs dir deterministically. Only regular files, directories and
+// symlinks are kept: device nodes or sockets have no place in a snapshot.
+func tarGz(dir string) ([]byte, error) {
+	var paths []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p != dir {
+			paths = append(paths, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(paths)
+	var buf bytes.Buffer
+	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	tw := tar.NewWriter(gz)
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return nil, err
+		}
+		rel, _ := filepath.Rel(dir, p)
+		hdr := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(fi.Mode().Perm()), Format: tar.FormatPAX}
+		switch {
+		case fi.IsDir():
+			hdr.Typeflag, hdr.Name = tar.TypeDir, hdr.Name+"/"
+		case fi.Mode().IsRegular():
+			hdr.Typeflag, hdr.Size = tar.TypeReg, fi.Size()
+		case fi.Mode()&fs.ModeSymlink != 0:
+			target, err := os.Readlink(p)
+			if err != nil {
+				return nil, err
+			}
+			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
+		default:
+			return nil, fmt.Errorf("%s: only regular files, directories and symlinks can go into a snapshot", rel)
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return nil, err
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			f, err := os.Open(p)
+			if err != nil {
+				return nil, err
+			}
+			_, err = io.Copy(tw, f)
+			f.Close()
+			if err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := gz.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// manifest is an OCI image manifest with artifactType, which this
+// go-containerregistry version's v1.Manifest lacks.
+type manifest struct {
+	SchemaVersion int64             `json:"schemaVersion"`
+	MediaType     types.MediaType   `json:"mediaType"`
+	ArtifactType  string            `json:"artifactType,omitempty"`
+	Config        v1.Descriptor     `json:"config"`
+	Layers        []v1.Descriptor   `json:"layers"`
+	Annotations   map[string]string `json:"annotations,omitempty"`
+}
+
+// image is a single-layer OCI artifact with a raw config blob.
+type image struct {
+	manifest []byte
+	config   []byte
+	cfgMT    types.MediaType
+	layer    v1.Layer
+	layerDig v1.Hash
+}
+
+func newImage(artifactType, configMT string, config []byte, layerMT string, layer []byte, ann map[string]string) (v1.Image, error) {
+	l := static.NewLayer(layer, types.MediaType(layerMT))
+	ld, _ := l.Digest()
+	cd, cs, _ := v1.SHA256(bytes.NewReader(config))
+	m := manifest{
+		SchemaVersion: 2,
+		MediaType:     types.OCIManifestSchema1,
+		ArtifactType:  artifactType,
+		Config:        v1.Descriptor{MediaType: types.MediaType(configMT), Size: cs, Digest: cd},
+		Layers:        []v1.Descriptor{{MediaType: types.MediaType(layerMT), Size: int64(len(layer)), Digest: ld}},
+		Annotations:   ann,
+	}
+	raw, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	return partial.CompressedToImage(&image{manifest: raw, config: config, cfgMT: types.MediaType(configMT), layer: l, layerDig: ld})
+}
+
+func (i *image) RawConfigFile() ([]byte, error)      { return i.config, nil }
+func (i *image) MediaType() (types.MediaType, error) { return types.OCIManifestSchema1, nil }
+func (i *image) RawManifest() ([]byte, error)        { return i.manifest, nil }
+func (i *image) LayerByDigest(h v1.Hash) (partial.CompressedLayer, error) {
+	if h == i.layerDig {
+		return i.layer, nil
+	}
+	cd, _, _ := v1.SHA256(bytes.NewReader(i.config))
+	if h == cd {
+		return static.NewLayer(i.config, i.cfgMT), nil
+	}
+	return nil, fmt.Errorf("blob %s not in this artifact", h)
+}
+
+// Push writes img to ref (a tag or repository) and returns the digest-pinned
+// reference consumers must use.
+func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) (name.Digest, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return name.Digest{}, fmt.Errorf("artifact reference %q: %w", ref, err)
+	}
+	if err := remote.Write(r, img, append(opts, remote.WithContext(ctx))...); err != nil {
+		return name.Digest{}, fmt.Errorf("pushing %s: %w", ref, err)
+	}
+	d, err := img.Digest()
+	if err != nil {
+		return name.Digest{}, err
+	}
+	return r.Context().Digest(d.String()), nil
+}
+
+// Snapshot is a fetched, verified snapshot artifact.
+type Snapshot struct {
+	Ref    name.Digest
+	Config Config
+	// layer is the verified, still-compressed layer.
+	layer []byte
+}
+
+// Digest is the verified manifest digest.
+func (s *Snapshot) Digest() string { return s.Ref.DigestStr() }
+
+// ParseDigestRef parses a reference that must be pinned by digest.
+func ParseDigestRef(ref string) (name.Digest, error) {
+	d, err := name.NewDigest(ref)
+	if err != nil {
+		return name.Digest{}, fmt.Errorf("reference %q must be digest-pinned (repo@sha256:<64 hex>): %w", ref, err)
+	}
+	return d, nil
+}
+
+// Fetch pulls the snapshot artifact ref (which must be digest-pinned) and
+// verifies the manifest digest, media types, config digest and layer digest.
+func Fetch(ctx context.Context, ref string, opts ...remote.Option) (*Snapshot, error) {
+	d, err := ParseDigestRef(ref)
+	if err != nil {
+		return nil, err
+	}
+	manifest, cfg, blobs, err := fetchVerified(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, opts)
+	if err != nil {
+		return nil, err
+	}
+	_ = manifest
+	s := &Snapshot{Ref: d, layer: blobs}
+	dec := json.NewDecoder(bytes.NewReader(cfg))
+	if err := dec.Decode(&s.Config); err != nil {
+		return nil, fmt.Errorf("snapshot %s: config is not valid JSON: %w", ref, err)
+	}
+	if err := s.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("snapshot %s: %w", ref, err)
+	}
+	return s, nil
+}
+
+// fetchVerified pulls a single-layer artifact by digest and checks every
+// digest and media type itself rather than trusting the transport.
+func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, opts []remote.Option) (*manifest, []byte, []byte, error) {
+	desc, err := remote.Get(d, append(opts, remote.WithContext(ctx))...)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("fetching %s: %w", d, err)
+	}
+	if got := "sha256:" + sha256Hex(desc.Manifest); got != d.DigestStr() {
+		return nil, nil, nil, fmt.Errorf("%s: registry returned a manifest with digest %s; refusing it", d, got)
+	}
+	var m manifest
+	if err := json.Unmarshal(desc.Manifest, &m); err != nil {
+		return nil, nil, nil, fmt.Errorf("%s: manifest: %w", d, err)
+	}
+	if m.ArtifactType != artifactType || string(m.Config.MediaType) != configMT {
+		return nil, nil, nil, fmt.Errorf("%s is not a %s (artifactType %q, config media type %q); was it built by `ly build`?", d, artifactType, m.ArtifactType, m.Config.MediaType)
+	}
+	if len(m.Layers) != 1 || string(m.Layers[0].MediaType) != layerMT {
+		return nil, nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, layerMT)
+	}
+	repo := d.Context()
+	cfg, err := fetchBlob(ctx, repo, m.Config, opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	layer, err := fetchBlob(ctx, repo, m.Layers[0], opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return &m, cfg, layer, nil
+}
+
+func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, opts []remote.Option) ([]byte, error) {
+	l, err := remote.Layer(repo.Digest(desc.Digest.String()), append(opts, remote.WithContext(ctx))...)
+	if err != nil {
+		return nil, fmt.Errorf("fetching blob %s: %w", desc.Digest, err)
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, fmt.Errorf("fetching blob %s: %w", desc.Digest, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(io.LimitReader(rc, desc.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading blob %s: %w", desc.Digest, err)
+	}
+	if int64(len(b)) != desc.Size || "sha256:"+sha256Hex(b) != desc.Digest.String() {
+		return nil, fmt.Errorf("blob %s: content does not match its digest/size; refusing it", desc.Digest)
+	}
+	return b, nil
+}
+
+func sha256Hex(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
+
+// Unpack extracts the snapshot's files under dir (which must not exist or be
+// empty). Entries escaping dir, absolute symlinks pointing outside the root's
+// view and special files are refused.
+func (s *Snapshot) Unpack(dir string) error {
+	return untarGz(s.layer, dir)
+}
+
+func untarGz(layer []byte, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	gz, err := gzip.NewReader(bytes.NewReader(layer))
+	if err != nil {
+		return fmt.Errorf("snapshot layer: %w", err)
+	}
+	tr := tar.NewReader(gz)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("snapshot layer: %w", err)
+		}
+		clean := path.Clean("/" + hdr.Name)
+		if clean == "/" {
+			continue
+		}
+		// Cleaning an absolute path drops every "..", so target stays under
+		// dir lexically; noSymlinkParents stops a symlink entry from
+		// redirecting a later entry outside it.
+		if err := noSymlinkParents(dir, clean); err != nil {
+			return err
+		}
+		target := filepath.Join(dir, filepath.FromSlash(clean))
+		mode := fs.FileMode(hdr.Mode).Perm()
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(target, mode|0o700); err != nil {
+				return err
+			}
+		case tar.TypeReg:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+		case tar.TypeSymlink:
+			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+				return err
+			}
+			if err := os.Symlink(hdr.Linkname, target); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("snapshot layer: entry %q has type %q; only files, directories and symlinks are allowed", hdr.Name, hdr.Typeflag)
+		}
+	}
+}
+
+func noSymlinkParents(dir, clean string) error {
+	parts := strings.Split(strings.TrimPrefix(path.Dir(clean), "/"), "/")
+	p := dir
+	for _, part := range parts {
+		if part == "" {
+			continue
+		}
+		p = filepath.Join(p, part)
+		fi, err := os.Lstat(p)
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("snapshot layer: entry %q is below symlink %q; refusing to write through it", clean, part)
+		}
+	}
+	return nil
+}

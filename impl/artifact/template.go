@@ -1,0 +1,60 @@
+package artifact
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+// Media and artifact types of a sealed-template artifact.
+const (
+	TemplateArtifactType    = "application/vnd.lampyr.fiberd-template.v1"
+	TemplateConfigMediaType = "application/vnd.lampyr.fiberd-template.config.v1+json"
+	TemplateLayerMediaType  = "application/vnd.lampyr.fiberd-template.v1.sealed"
+)
+
+// TemplateConfig is the clear-text config of a sealed-template artifact:
+// only what an operator needs to tell templates apart, never template
+// content.
+type TemplateConfig struct {
+	Revision   string `json:"revision"`
+	FleetKeyID string `json:"fleetKeyID"`
+}
+
+// PushTemplate pushes a sealed template (from seal.Seal) to repository,
+// tagged with the Revision name, and returns its digest-pinned reference.
+func PushTemplate(ctx context.Context, sealed []byte, repository, revision, fleetKeyID string, opts ...remote.Option) (name.Digest, error) {
+	repo, err := name.NewRepository(repository)
+	if err != nil {
+		return name.Digest{}, fmt.Errorf("template repository %q: %w", repository, err)
+	}
+	cfg, _ := json.Marshal(TemplateConfig{Revision: revision, FleetKeyID: fleetKeyID})
+	img, err := newImage(TemplateArtifactType, TemplateConfigMediaType, cfg, TemplateLayerMediaType, sealed, map[string]string{
+		"org.opencontainers.image.title": "lampyr fiberd template " + revision,
+	})
+	if err != nil {
+		return name.Digest{}, err
+	}
+	return Push(ctx, img, repo.Tag(revision).String(), opts...)
+}
+
+// FetchTemplate pulls a digest-pinned sealed-template artifact, verifies its
+// digests and returns the sealed bytes (open them with seal.Open).
+func FetchTemplate(ctx context.Context, ref string, opts ...remote.Option) ([]byte, TemplateConfig, error) {
+	var tc TemplateConfig
+	d, err := ParseDigestRef(ref)
+	if err != nil {
+		return nil, tc, err
+	}
+	_, cfg, sealed, err := fetchVerified(ctx, d, TemplateArtifactType, TemplateConfigMediaType, TemplateLayerMediaType, opts)
+	if err != nil {
+		return nil, tc, err
+	}
+	if err := json.Unmarshal(cfg, &tc); err != nil {
+		return nil, tc, fmt.Errorf("template %s: config: %w", ref, err)
+	}
+	return sealed, tc, nil
+}

@@ -1,0 +1,53 @@
+// Package backend is the interface between fiberd's pool and the mechanism
+// that runs fibers. The process backend (./process) runs each fiber as a
+// Linux process sandbox; a micro-VM backend (Hyperlight) can implement the
+// same interface later without touching the pool or the API.
+package backend
+
+import (
+	"context"
+	"net"
+	"time"
+)
+
+// Spec describes the fibers of one Revision: the same for every fiber of a
+// grant, prepared once when the template and snapshot have been verified.
+type Spec struct {
+	// Revision, for names and logs.
+	Revision string
+	// RootFS is the host path of the unpacked, digest-verified snapshot.
+	RootFS string
+	// Entrypoint is the handler's command inside the root.
+	Entrypoint []string
+	// Port the handler listens on inside the fiber.
+	Port int32
+	// Env is the handler's environment (PORT and the K_* variables included).
+	Env map[string]string
+	// MemoryBytes is the fiber's memory limit (the grant's memoryPerFiber).
+	MemoryBytes int64
+	// StartupTimeout bounds how long a fiber may take to listen on Port.
+	StartupTimeout time.Duration
+}
+
+// Backend starts fibers.
+type Backend interface {
+	// Start starts a fiber from spec and returns once its handler accepts
+	// connections. id is unique within this fiberd.
+	Start(ctx context.Context, id string, spec *Spec) (Fiber, error)
+	// Name identifies the backend in logs and metrics.
+	Name() string
+}
+
+// Fiber is one running fiber.
+type Fiber interface {
+	ID() string
+	// Dial opens a new connection to the handler's port inside the fiber.
+	Dial(ctx context.Context) (net.Conn, error)
+	// Done is closed when the fiber has died (killed, crashed, destroyed).
+	Done() <-chan struct{}
+	// Err says why the fiber died; nil while it runs.
+	Err() error
+	// Destroy kills the fiber and removes every trace of its sandbox. It is
+	// idempotent and returns once the fiber's processes are gone.
+	Destroy() error
+}

@@ -1,0 +1,368 @@
+//go:build linux
+
+// Package process is fiberd's Linux process-sandbox backend. Each fiber is a
+// fresh lampyr-helper process (the fiber's PID 1) in new mount, PID, network,
+// IPC and UTS namespaces, inside its own cgroup v1 memory cgroup, with the
+// snapshot as its read-only root. See lampyr.dev/serving/impl/fiberd/helper
+// for what happens inside.
+package process
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/fiberd/helper"
+)
+
+// Config configures the backend.
+type Config struct {
+	// HelperPath is the lampyr-helper binary.
+	HelperPath string
+	// StateDir holds one directory per fiber (its root mount point and the
+	// Unix socket fiberd dials). Keep it short: socket paths are limited to
+	// 107 bytes.
+	StateDir string
+	// CgroupParent is the cgroup v1 memory directory under which each fiber
+	// gets its own cgroup, e.g. /sys/fs/cgroup/memory/lampyr-fiberd.
+	CgroupParent string
+	// UID/GID the handler runs as; default 65534 (nobody).
+	UID, GID uint32
+	// TmpBytes caps each fiber's /tmp; default 64 MiB (also charged to the
+	// memory cgroup, since tmpfs pages are memory).
+	TmpBytes int64
+	// Log receives the helpers' and handlers' stdout/stderr; default stderr.
+	Log io.Writer
+}
+
+// Backend is the process backend.
+type Backend struct {
+	cfg Config
+}
+
+// DefaultCgroupParent is where fibers' memory cgroups go by default.
+const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
+
+// New checks that the host can sandbox (root, memory cgroup, helper present)
+// and returns the backend. The error says what is missing.
+func New(cfg Config) (*Backend, error) {
+	if cfg.UID == 0 && cfg.GID == 0 {
+		cfg.UID, cfg.GID = 65534, 65534
+	}
+	if cfg.TmpBytes == 0 {
+		cfg.TmpBytes = 64 << 20
+	}
+	if cfg.Log == nil {
+		cfg.Log = os.Stderr
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = DefaultCgroupParent
+	}
+	if err := Supported(); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(cfg.HelperPath); err != nil || fi.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("process backend: helper %q is not an executable file; build lampyr.dev/serving/impl/cmd/lampyr-helper and pass its path (--helper)", cfg.HelperPath)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("process backend: state dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.CgroupParent, 0o755); err != nil {
+		return nil, fmt.Errorf("process backend: creating memory cgroup %s: %w (is the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory and writable?)", cfg.CgroupParent, err)
+	}
+	return &Backend{cfg: cfg}, nil
+}
+
+// Supported says whether this process may create sandboxes: it must be root
+// (CAP_SYS_ADMIN for namespaces and mounts) and find the cgroup v1 memory
+// controller. Tests call it to skip with a clear reason.
+func Supported() error {
+	if os.Geteuid() != 0 {
+		return errors.New("process backend needs root (CAP_SYS_ADMIN) to create namespaces and mounts; run fiberd as root in a privileged Home")
+	}
+	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err != nil {
+		return errors.New("process backend needs the cgroup v1 memory controller at /sys/fs/cgroup/memory (this host looks cgroup v2-only)")
+	}
+	return nil
+}
+
+// Name implements backend.Backend.
+func (b *Backend) Name() string { return "process" }
+
+type fiber struct {
+	id     string
+	dir    string
+	sock   string
+	cgroup string
+	cmd    *exec.Cmd
+	done   chan struct{}
+
+	mu      sync.Mutex
+	err     error
+	destroy sync.Once
+}
+
+// Start implements backend.Backend.
+func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (backend.Fiber, error) {
+	f := &fiber{
+		id:     id,
+		dir:    filepath.Join(b.cfg.StateDir, id),
+		cgroup: filepath.Join(b.cfg.CgroupParent, id),
+		done:   make(chan struct{}),
+	}
+	f.sock = filepath.Join(f.dir, "s")
+	if err := f.start(ctx, &b.cfg, spec); err != nil {
+		f.cleanup()
+		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
+	}
+	return f, nil
+}
+
+func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) error {
+	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o700); err != nil {
+		return err
+	}
+	if len(f.sock) > 107 {
+		return fmt.Errorf("socket path %s is longer than 107 bytes; use a shorter state dir", f.sock)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.sock, Net: "unix"})
+	if err != nil {
+		return err
+	}
+	ln.SetUnlinkOnClose(false)
+	lnFile, err := ln.File()
+	ln.Close()
+	if err != nil {
+		return err
+	}
+	defer lnFile.Close()
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer specR.Close()
+	defer specW.Close()
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer statusR.Close()
+	defer statusW.Close()
+
+	cmd := exec.Command(cfg.HelperPath)
+	cmd.Env = []string{}
+	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{specR, lnFile, statusW} // fds 3, 4, 5
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		// If fiberd dies its fibers die with it: no orphaned sandboxes
+		// outliving their grant.
+		Pdeathsig: unix.SIGKILL,
+		Setsid:    true,
+	}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s in new namespaces: %w", cfg.HelperPath, err)
+	}
+	f.cmd = cmd
+	go func() {
+		err := cmd.Wait()
+		f.mu.Lock()
+		if f.err == nil {
+			f.err = fmt.Errorf("fiber exited: %v", err)
+		}
+		f.mu.Unlock()
+		close(f.done)
+	}()
+	// The helper waits for its spec before starting the handler, so joining
+	// the memory cgroup here, before sending the spec, puts every process of
+	// the fiber under the limit.
+	if err := f.joinCgroup(cmd.Process.Pid, spec.MemoryBytes); err != nil {
+		return err
+	}
+	env := make([]string, 0, len(spec.Env))
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	hs := helper.Spec{
+		Root:                 filepath.Join(f.dir, "root"),
+		RootFS:               spec.RootFS,
+		Entrypoint:           spec.Entrypoint,
+		Env:                  env,
+		Port:                 spec.Port,
+		Hostname:             "fiber-" + f.id,
+		UID:                  cfg.UID,
+		GID:                  cfg.GID,
+		TmpBytes:             cfg.TmpBytes,
+		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
+	}
+	if err := json.NewEncoder(specW).Encode(hs); err != nil {
+		return fmt.Errorf("sending spec to helper: %w", err)
+	}
+	specW.Close()
+	statusW.Close()
+
+	type result struct {
+		line string
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		line, err := bufio.NewReader(statusR).ReadString('\n')
+		ch <- result{line, err}
+	}()
+	timeout := spec.StartupTimeout + 5*time.Second
+	select {
+	case r := <-ch:
+		switch {
+		case r.line == helper.ReadyLine:
+			return nil
+		case strings.HasPrefix(r.line, "error: "):
+			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))
+		default:
+			<-f.done
+			return fmt.Errorf("helper died before reporting ready: %v", f.Err())
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(timeout):
+		return fmt.Errorf("helper did not report ready within %s", timeout)
+	}
+}
+
+func (f *fiber) joinCgroup(pid int, limit int64) error {
+	if err := os.Mkdir(f.cgroup, 0o755); err != nil {
+		return fmt.Errorf("creating memory cgroup %s: %w", f.cgroup, err)
+	}
+	// Swap would let a fiber exceed its limit instead of being OOM-killed.
+	write := func(file, val string) error {
+		return os.WriteFile(filepath.Join(f.cgroup, file), []byte(val), 0)
+	}
+	if err := write("memory.swappiness", "0"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("memory cgroup swappiness: %w", err)
+	}
+	if err := write("memory.limit_in_bytes", strconv.FormatInt(limit, 10)); err != nil {
+		return fmt.Errorf("setting memory limit %d on %s: %w", limit, f.cgroup, err)
+	}
+	if err := write("memory.memsw.limit_in_bytes", strconv.FormatInt(limit, 10)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("setting memory+swap limit on %s: %w", f.cgroup, err)
+	}
+	if err := write("cgroup.procs", strconv.Itoa(pid)); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, f.cgroup, err)
+	}
+	return nil
+}
+
+func (f *fiber) ID() string            { return f.id }
+func (f *fiber) Done() <-chan struct{} { return f.done }
+
+func (f *fiber) Err() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	select {
+	case <-f.done:
+		return f.err
+	default:
+		return nil
+	}
+}
+
+func (f *fiber) Dial(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "unix", f.sock)
+}
+
+// Destroy implements backend.Fiber.
+func (f *fiber) Destroy() error {
+	var err error
+	f.destroy.Do(func() {
+		f.mu.Lock()
+		if f.err == nil {
+			f.err = errors.New("fiber destroyed")
+		}
+		f.mu.Unlock()
+		if f.cmd != nil && f.cmd.Process != nil {
+			// Killing PID 1 of the namespace kills every process in it.
+			f.cmd.Process.Signal(unix.SIGKILL)
+			<-f.done
+		}
+		err = f.cleanup()
+	})
+	return err
+}
+
+func (f *fiber) cleanup() error {
+	var errs []error
+	if f.cmd != nil && f.cmd.Process != nil {
+		select {
+		case <-f.done:
+		default:
+			f.cmd.Process.Signal(unix.SIGKILL)
+			<-f.done
+		}
+	}
+	// The cgroup can only be removed once its last task has been reaped,
+	// which may trail the helper's exit by a moment.
+	for i := 0; ; i++ {
+		err := os.Remove(f.cgroup)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if i == 200 {
+			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", f.cgroup, err))
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := os.RemoveAll(f.dir); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// prefixWriter prefixes each line with the fiber id so handler logs from
+// many fibers stay attributable in fiberd's log.
+type prefixWriter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	prefix string
+	midln  bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(b)
+	for len(b) > 0 {
+		if !p.midln {
+			io.WriteString(p.w, p.prefix)
+		}
+		i := strings.IndexByte(string(b), '\n')
+		if i < 0 {
+			p.w.Write(b)
+			p.midln = true
+			break
+		}
+		p.w.Write(b[:i+1])
+		p.midln = false
+		b = b[i+1:]
+	}
+	return n, nil
+}

@@ -1,0 +1,261 @@
+// Package client is the Go client of fiberd's HTTP API (docs/contracts.md §4).
+// fiber-router, fiberctl and the tests use it; the server in
+// lampyr.dev/serving/impl/fiberd/server uses the same wire types, so the two
+// cannot drift.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FiberHeader names the fiber a proxied request is for. fiberd removes it
+// before the request reaches the handler.
+const FiberHeader = "Lampyr-Fiber"
+
+// ProxyAuthHeader carries the router token ("Bearer <token>") on proxied
+// requests instead of Authorization, so the client's own Authorization header
+// reaches the handler untouched. fiberd removes it.
+const ProxyAuthHeader = "Lampyr-Fiberd-Authorization"
+
+// Paths of the API.
+const (
+	FibersPath  = "/v1/fibers"
+	HealthzPath = "/healthz"
+	ReadyzPath  = "/readyz"
+	MetricsPath = "/metrics"
+	GrantPath   = "/v1/grant"
+)
+
+// Fiber states reported by List.
+const (
+	StateWarm     = "warm"     // pre-started, never used, in the pool
+	StateAcquired = "acquired" // leased to fiber-router, idle between requests
+	StateBusy     = "busy"     // serving a request
+	StateSpent    = "spent"    // fresh fiber that has served its one request
+)
+
+// Fiber is one fiber as the API reports it.
+type Fiber struct {
+	ID        string    `json:"id"`
+	State     string    `json:"state,omitempty"`
+	StartedAt time.Time `json:"startedAt"`
+	// AgeSeconds is how long the fiber has been alive.
+	AgeSeconds float64 `json:"ageSeconds,omitempty"`
+	// Requests is how many requests the fiber has served (at most 1 in fresh mode).
+	Requests int64 `json:"requests,omitempty"`
+}
+
+// FiberList is the body of GET /v1/fibers.
+type FiberList struct {
+	Revision string  `json:"revision,omitempty"`
+	Mode     string  `json:"mode,omitempty"`
+	Max      int32   `json:"maxFibers,omitempty"`
+	Fibers   []Fiber `json:"fibers"`
+}
+
+// GrantInfo is the body of GET /v1/grant: the signed grant fiberd runs under.
+type GrantInfo struct {
+	GrantID          string    `json:"grantID"`
+	Namespace        string    `json:"namespace"`
+	Revision         string    `json:"revision"`
+	SnapshotArtifact string    `json:"snapshotArtifact"`
+	Template         string    `json:"template"`
+	MaxFibers        int32     `json:"maxFibers"`
+	MemoryPerFiber   int64     `json:"memoryPerFiberBytes"`
+	Mode             string    `json:"mode"`
+	IssuedAt         time.Time `json:"issuedAt"`
+	ExpiresAt        time.Time `json:"expiresAt"`
+	TemplateLoaded   bool      `json:"templateLoaded"`
+}
+
+// Error is the JSON body of every non-2xx answer of the API.
+type Error struct {
+	// Status is the HTTP status code (not on the wire).
+	Status int `json:"-"`
+	// Reason is a CamelCase machine-readable reason, e.g. "MaxFibersReached".
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	// RetryAfter is the Retry-After header of a 429 or 503 (not on the wire).
+	RetryAfter time.Duration `json:"-"`
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("fiberd: %d %s: %s", e.Status, e.Reason, e.Message)
+}
+
+// Reasons the API uses.
+const (
+	ReasonMaxFibersReached = "MaxFibersReached"
+	ReasonNoGrant          = "NoValidGrant"
+	ReasonNotReady         = "NotReady"
+	ReasonUnknownFiber     = "UnknownFiber"
+	ReasonFiberBusy        = "FiberBusy"
+	ReasonFiberSpent       = "FiberSpent"
+	ReasonUnauthorized     = "Unauthorized"
+	ReasonFiberFailed      = "FiberFailed"
+)
+
+// IsMaxFibers reports whether err is the 429 answer at the grant's maxFibers.
+func IsMaxFibers(err error) bool { return hasStatus(err, http.StatusTooManyRequests) }
+
+// IsUnavailable reports whether err is the 503 answer (no valid grant, or
+// template/pool not ready).
+func IsUnavailable(err error) bool { return hasStatus(err, http.StatusServiceUnavailable) }
+
+// IsNotFound reports whether err says the fiber does not exist (any more).
+func IsNotFound(err error) bool { return hasStatus(err, http.StatusNotFound) }
+
+func hasStatus(err error, status int) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Status == status
+}
+
+// Client talks to one fiberd.
+type Client struct {
+	base  *url.URL
+	token string
+	// HTTP is the client used for API calls and proxied requests.
+	HTTP *http.Client
+}
+
+// New returns a client for the fiberd at endpoint ("host:port" as in a
+// CapacityGrant's status.homeEndpoint, or a full http:// URL) that
+// authenticates with token.
+func New(endpoint, token string) (*Client, error) {
+	if endpoint == "" {
+		return nil, errors.New("fiberd client: endpoint is empty; pass host:port (CapacityGrant status.homeEndpoint)")
+	}
+	if !strings.Contains(endpoint, "://") {
+		endpoint = "http://" + endpoint
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("fiberd client: endpoint %q: %w", endpoint, err)
+	}
+	return &Client{base: u, token: token, HTTP: &http.Client{}}, nil
+}
+
+// URL is the base URL of the fiberd, e.g. as a reverse-proxy target.
+func (c *Client) URL() *url.URL { u := *c.base; return &u }
+
+// Token is the bearer token the client sends.
+func (c *Client) Token() string { return c.token }
+
+// Acquire leases a never-used fiber. At the grant's maxFibers it fails with an
+// *Error for which IsMaxFibers is true and whose RetryAfter says when to retry.
+func (c *Client) Acquire(ctx context.Context) (Fiber, error) {
+	var f Fiber
+	err := c.call(ctx, http.MethodPost, FibersPath, http.StatusCreated, &f)
+	return f, err
+}
+
+// Release kills the fiber and destroys its sandbox. Releasing a fiber that is
+// already gone is not an error.
+func (c *Client) Release(ctx context.Context, id string) error {
+	err := c.call(ctx, http.MethodDelete, FibersPath+"/"+url.PathEscape(id), http.StatusNoContent, nil)
+	if IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// List returns the live fibers.
+func (c *Client) List(ctx context.Context) (FiberList, error) {
+	var l FiberList
+	err := c.call(ctx, http.MethodGet, FibersPath, http.StatusOK, &l)
+	return l, err
+}
+
+// Grant returns the signed grant fiberd currently runs under.
+func (c *Client) Grant(ctx context.Context) (GrantInfo, error) {
+	var g GrantInfo
+	err := c.call(ctx, http.MethodGet, GrantPath, http.StatusOK, &g)
+	return g, err
+}
+
+// Healthy checks /healthz (the process is up).
+func (c *Client) Healthy(ctx context.Context) error {
+	return c.call(ctx, http.MethodGet, HealthzPath, http.StatusOK, nil)
+}
+
+// Ready checks /readyz: valid grant, template loaded, pool warm.
+func (c *Client) Ready(ctx context.Context) error {
+	return c.call(ctx, http.MethodGet, ReadyzPath, http.StatusOK, nil)
+}
+
+// NewFiberRequest prepares req (aimed at any path) to be proxied by fiberd
+// into fiber id: it points the URL at fiberd, keeps the path and query, and
+// sets the fiber and fiberd-authorization headers. The Host header and the
+// request's own Authorization header are kept.
+func (c *Client) NewFiberRequest(req *http.Request, id string) *http.Request {
+	out := req.Clone(req.Context())
+	out.URL.Scheme = c.base.Scheme
+	out.URL.Host = c.base.Host
+	if out.Host == "" {
+		out.Host = req.URL.Host
+	}
+	out.RequestURI = ""
+	SetFiberHeaders(out.Header, id, c.token)
+	return out
+}
+
+// SetFiberHeaders sets the headers fiberd needs on a request proxied into
+// fiber id (for callers that build their own reverse proxy).
+func SetFiberHeaders(h http.Header, id, token string) {
+	h.Set(FiberHeader, id)
+	h.Set(ProxyAuthHeader, "Bearer "+token)
+}
+
+// Do sends req into fiber id through fiberd and returns the handler's answer.
+func (c *Client) Do(req *http.Request, id string) (*http.Response, error) {
+	return c.HTTP.Do(c.NewFiberRequest(req, id))
+}
+
+func (c *Client) call(ctx context.Context, method, path string, want int, out any) error {
+	u := c.base.ResolveReference(&url.URL{Path: path})
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	if err != nil {
+		return err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("fiberd %s %s: %w", method, path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("fiberd %s %s: reading answer: %w", method, path, err)
+	}
+	if resp.StatusCode != want {
+		e := &Error{Status: resp.StatusCode}
+		if json.Unmarshal(body, e) != nil || e.Reason == "" {
+			e.Reason = http.StatusText(resp.StatusCode)
+			e.Message = string(bytes.TrimSpace(body))
+		}
+		if s := resp.Header.Get("Retry-After"); s != "" {
+			if n, err := strconv.Atoi(s); err == nil {
+				e.RetryAfter = time.Duration(n) * time.Second
+			}
+		}
+		return e
+	}
+	if out != nil {
+		if err := json.Unmarshal(body, out); err != nil {
+			return fmt.Errorf("fiberd %s %s: decoding answer: %w", method, path, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,419 @@
+// Package fiberdtest starts a real fiberd with the process backend on
+// loopback for tests, with everything it needs around it: an in-memory OCI
+// registry on 127.0.0.1, a snapshot artifact of a handler built with
+// `go build`, a template sealed to a fresh fleet key and a signed grant.
+//
+//	endpoint, token := fiberdtest.Start(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: time.Second})
+//	c, _ := client.New(endpoint, token)
+//
+// The process backend needs root and the cgroup v1 memory controller; where
+// they are missing, Start skips the test and says why.
+package fiberdtest
+
+import (
+	"context"
+	"crypto/ed25519"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/registry"
+
+	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/server"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+)
+
+// TestHandlerPackage is the default handler: endpoints that expose the
+// sandbox (/, /read, /write, /ps, /dial, /alloc, /stream, /sleep, /exit, /ws),
+// HTTP/1.1 and h2c.
+const TestHandlerPackage = "lampyr.dev/serving/impl/fiberd/internal/testhandler"
+
+// HelperPackage is lampyr-helper's main package.
+const HelperPackage = "lampyr.dev/serving/impl/cmd/lampyr-helper"
+
+// Options shape the fiberd under test. Zero values give a fresh-mode
+// Revision "hello-00001" of the test handler, 10 fibers max, 2 warm.
+type Options struct {
+	Namespace, Revision string
+	// Mode is "fresh" (default) or "reuse".
+	Mode string
+	// IdleTimeout for reuse mode (whole seconds; default 30s).
+	IdleTimeout time.Duration
+	MaxFibers   int32
+	// WarmFibers is the warm pool size (default 2; -1 for none).
+	WarmFibers        int
+	MemoryPerFiber    int64
+	MaxRequestSeconds int64
+	// Protocol is "http1" (default) or "h2c".
+	Protocol string
+	// HandlerPackage is a main package built (CGO_ENABLED=0) as the handler;
+	// default TestHandlerPackage. It must listen on $PORT.
+	HandlerPackage string
+	// HandlerBinary is a prebuilt static handler used instead.
+	HandlerBinary string
+	// Port the handler listens on (default 8080).
+	Port int32
+	// Env is added to every fiber's environment (K_SERVICE etc. have defaults).
+	Env map[string]string
+	// Logf receives fiberd's and the fibers' logs; default t.Logf.
+	Logf func(format string, args ...any)
+	// NoWait returns before fiberd is ready.
+	NoWait bool
+}
+
+// Instance is a running fiberd under test.
+type Instance struct {
+	// Endpoint is host:port of fiberd's API (like status.homeEndpoint).
+	Endpoint string
+	// Token is the router token.
+	Token  string
+	Client *client.Client
+	Server *server.Server
+	// Registry is host:port of the in-memory registry holding the artifacts.
+	Registry    string
+	FleetKey    *seal.PrivateKey
+	GrantKey    ed25519.PrivateKey
+	GrantFile   string
+	SnapshotRef string
+	TemplateRef string
+	// Claims is the grant last written.
+	Claims signedgrant.Claims
+}
+
+// Start starts fiberd and returns its endpoint and router token. Everything
+// is torn down when the test ends.
+func Start(t testing.TB, opts Options) (endpoint, token string) {
+	i := StartInstance(t, opts)
+	return i.Endpoint, i.Token
+}
+
+var (
+	buildMu  sync.Mutex
+	built    = map[string]string{}
+	buildDir string
+)
+
+// Build compiles a main package (static) once per test process and returns
+// the binary's path.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := built[pkg]; ok {
+		return p
+	}
+	if buildDir == "" {
+		d, err := os.MkdirTemp("", "fiberdtest-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		buildDir = d
+	}
+	out := filepath.Join(buildDir, strings.ReplaceAll(pkg, "/", "_"))
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, b)
+	}
+	built[pkg] = out
+	return out
+}
+
+// Artifact builds a snapshot artifact of the handler binary and pushes it
+// to registry; it returns the digest-pinned reference.
+func Artifact(t testing.TB, registryHost, handlerBinary string, port int32, protocol string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "app"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(handlerBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "app", "handler"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	img, err := artifact.Build(dir, artifact.Config{
+		Entrypoint: []string{"/app/handler"},
+		Port:       port,
+		Protocol:   protocol,
+		Runtime:    artifact.Runtime{Name: "go"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := artifact.Push(context.Background(), img, registryHost+"/lampyr/snapshots:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref.String()
+}
+
+// StartRegistry serves an in-memory OCI registry on 127.0.0.1 until the
+// test ends and returns its host:port.
+func StartRegistry(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// StartInstance is Start with access to everything around fiberd.
+func StartInstance(t testing.TB, opts Options) *Instance {
+	t.Helper()
+	if err := process.Supported(); err != nil {
+		t.Skipf("fiberdtest: skipping, real fibers are not possible here: %v", err)
+	}
+	setDefaults(&opts, t)
+	// Fibers and pool goroutines may log while the test is being torn down;
+	// testing panics on Logf after a test completes, so the log is cut off
+	// after the last cleanup.
+	logs := &guardedLog{logf: opts.Logf}
+	opts.Logf = logs.Logf
+	t.Cleanup(logs.close)
+	handler := opts.HandlerBinary
+	if handler == "" {
+		handler = Build(t, opts.HandlerPackage)
+	}
+	helperBin := Build(t, HelperPackage)
+
+	i := &Instance{Token: "router-token-" + fmt.Sprint(time.Now().UnixNano())}
+	i.Registry = StartRegistry(t)
+	i.SnapshotRef = Artifact(t, i.Registry, handler, opts.Port, opts.Protocol)
+	snapDigest := i.SnapshotRef[strings.LastIndex(i.SnapshotRef, "@")+1:]
+
+	var err error
+	if i.FleetKey, err = seal.GenerateFleetKey(); err != nil {
+		t.Fatal(err)
+	}
+	tpl := seal.Template{
+		Revision:       opts.Revision,
+		SnapshotDigest: snapDigest,
+		Execution:      seal.ExecutionPolicy{Mode: opts.Mode},
+		Helper:         seal.HelperFacts{Port: opts.Port, Protocol: opts.Protocol, Runtime: "go"},
+	}
+	if opts.Mode == "reuse" {
+		tpl.Execution.IdleTimeoutSeconds = int64(opts.IdleTimeout / time.Second)
+		tpl.Execution.IdleAction = "release"
+	}
+	sealed, err := seal.Seal(i.FleetKey.Public(), tpl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tref, err := artifact.PushTemplate(context.Background(), sealed, i.Registry+"/lampyr/templates", opts.Revision, i.FleetKey.Public().KeyID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	i.TemplateRef = tref.String()
+
+	var pub ed25519.PublicKey
+	if pub, i.GrantKey, err = signedgrant.GenerateKey(); err != nil {
+		t.Fatal(err)
+	}
+	// Socket paths are limited to 107 bytes, so the state lives under a
+	// short directory rather than t.TempDir().
+	state, err := os.MkdirTemp("/tmp", "fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
+	i.GrantFile = filepath.Join(state, "grant")
+	env := map[string]string{
+		"K_SERVICE":       strings.TrimSuffix(opts.Revision, "-00001"),
+		"K_CONFIGURATION": strings.TrimSuffix(opts.Revision, "-00001"),
+		"K_REVISION":      opts.Revision,
+	}
+	for k, v := range opts.Env {
+		env[k] = v
+	}
+	now := time.Now()
+	i.Claims = signedgrant.Claims{
+		GrantID:             "grant-test-1",
+		Namespace:           opts.Namespace,
+		Revision:            opts.Revision,
+		Template:            i.TemplateRef,
+		SnapshotArtifact:    i.SnapshotRef,
+		MemoryPerFiberBytes: opts.MemoryPerFiber,
+		MaxFibers:           opts.MaxFibers,
+		MaxRequestSeconds:   opts.MaxRequestSeconds,
+		Execution:           signedgrant.Execution{Mode: opts.Mode, IdleTimeoutSeconds: tpl.Execution.IdleTimeoutSeconds},
+		Env:                 env,
+		IssuedAt:            now,
+		ExpiresAt:           now.Add(time.Hour),
+	}
+	i.WriteGrant(t, i.Claims)
+
+	be, err := process.New(process.Config{
+		HelperPath:   helperBin,
+		StateDir:     filepath.Join(state, "f"),
+		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
+		Log:          logWriter{opts.Logf},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := opts.WarmFibers
+	if warm < 0 {
+		warm = 0
+	}
+	srv, err := server.New(server.Config{
+		Token:             i.Token,
+		GrantFile:         i.GrantFile,
+		GrantKey:          pub,
+		FleetKey:          i.FleetKey,
+		StateDir:          filepath.Join(state, "s"),
+		Backend:           be,
+		WarmFibers:        warm,
+		GrantPollInterval: 200 * time.Millisecond,
+		Logf:              opts.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i.Server = srv
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		srv.Close()
+		os.Remove(filepath.Join(process.DefaultCgroupParent, filepath.Base(state)))
+	})
+	i.Endpoint = ln.Addr().String()
+	if i.Client, err = client.New(i.Endpoint, i.Token); err != nil {
+		t.Fatal(err)
+	}
+	if !opts.NoWait {
+		i.WaitReady(t, 30*time.Second)
+	}
+	return i
+}
+
+func setDefaults(o *Options, t testing.TB) {
+	if o.Namespace == "" {
+		o.Namespace = "default"
+	}
+	if o.Revision == "" {
+		o.Revision = "hello-00001"
+	}
+	if o.Mode == "" {
+		o.Mode = "fresh"
+	}
+	if o.Mode == "reuse" && o.IdleTimeout < time.Second {
+		if o.IdleTimeout == 0 {
+			o.IdleTimeout = 30 * time.Second
+		} else {
+			o.IdleTimeout = time.Second
+		}
+	}
+	if o.MaxFibers == 0 {
+		o.MaxFibers = 10
+	}
+	if o.WarmFibers == 0 {
+		o.WarmFibers = 2
+	}
+	if o.MemoryPerFiber == 0 {
+		o.MemoryPerFiber = 128 << 20
+	}
+	if o.MaxRequestSeconds == 0 {
+		o.MaxRequestSeconds = 300
+	}
+	if o.Protocol == "" {
+		o.Protocol = "http1"
+	}
+	if o.HandlerPackage == "" {
+		o.HandlerPackage = TestHandlerPackage
+	}
+	if o.Port == 0 {
+		o.Port = 8080
+	}
+	if o.Logf == nil {
+		o.Logf = t.Logf
+	}
+}
+
+// WriteGrant signs c with the test grant key and installs it as the grant
+// file, as the grant controller's Secret update would; fiberd picks it up
+// immediately.
+func (i *Instance) WriteGrant(t testing.TB, c signedgrant.Claims) {
+	t.Helper()
+	b, err := signedgrant.Sign(i.GrantKey, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := i.GrantFile + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, i.GrantFile); err != nil {
+		t.Fatal(err)
+	}
+	i.Claims = c
+	if i.Server != nil {
+		i.Server.SyncGrant()
+	}
+}
+
+// WaitReady waits until /readyz answers 200.
+func (i *Instance) WaitReady(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err = i.Client.Ready(ctx)
+		cancel()
+		if err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("fiberd at %s not ready within %s: %v", i.Endpoint, timeout, err)
+}
+
+type logWriter struct{ logf func(string, ...any) }
+
+func (l logWriter) Write(b []byte) (int, error) {
+	l.logf("%s", strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+type guardedLog struct {
+	mu     sync.Mutex
+	logf   func(string, ...any)
+	closed bool
+}
+
+func (g *guardedLog) Logf(format string, args ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.logf(format, args...)
+	}
+}
+
+func (g *guardedLog) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}

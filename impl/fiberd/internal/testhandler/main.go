@@ -1,0 +1,148 @@
+// Command testhandler is the fixture handler fiberd's tests run in fibers.
+// Each endpoint makes one property of the sandbox observable from inside.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorilla/websocket"
+)
+
+var served atomic.Int64
+
+func main() {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		n := served.Add(1)
+		host, _ := os.Hostname()
+		writeJSON(w, map[string]any{
+			"served":          n,
+			"pid":             os.Getpid(),
+			"uid":             os.Getuid(),
+			"hostname":        host,
+			"port":            os.Getenv("PORT"),
+			"k_service":       os.Getenv("K_SERVICE"),
+			"k_configuration": os.Getenv("K_CONFIGURATION"),
+			"k_revision":      os.Getenv("K_REVISION"),
+			"env":             os.Environ(),
+			"headers":         r.Header,
+			"proto":           r.Proto,
+			"host":            r.Host,
+		})
+	})
+	// read?path=P: can the fiber read P?
+	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {
+		b, err := os.ReadFile(r.URL.Query().Get("path"))
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		w.Write(b)
+	})
+	// write?path=P: can the fiber write P?
+	mux.HandleFunc("/write", func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Query().Get("path")
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			http.Error(w, err.Error(), http.StatusForbidden)
+			return
+		}
+		fmt.Fprintln(w, "wrote", p)
+	})
+	// ps: the processes this fiber can see.
+	mux.HandleFunc("/ps", func(w http.ResponseWriter, r *http.Request) {
+		ents, _ := os.ReadDir("/proc")
+		procs := map[string]string{}
+		for _, e := range ents {
+			if _, err := strconv.Atoi(e.Name()); err == nil {
+				c, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+				procs[e.Name()] = strings.ReplaceAll(strings.TrimRight(string(c), "\x00"), "\x00", " ")
+			}
+		}
+		writeJSON(w, procs)
+	})
+	// dial?addr=H:P: can the fiber open a TCP connection to H:P?
+	mux.HandleFunc("/dial", func(w http.ResponseWriter, r *http.Request) {
+		c, err := net.DialTimeout("tcp", r.URL.Query().Get("addr"), time.Second)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		c.Close()
+		fmt.Fprintln(w, "connected")
+	})
+	// alloc?mb=N: allocate and touch N MiB and hold it.
+	var hold [][]byte
+	mux.HandleFunc("/alloc", func(w http.ResponseWriter, r *http.Request) {
+		mb, _ := strconv.Atoi(r.URL.Query().Get("mb"))
+		for i := 0; i < mb; i++ {
+			b := make([]byte, 1<<20)
+			for j := 0; j < len(b); j += 4096 {
+				b[j] = 1
+			}
+			hold = append(hold, b)
+		}
+		fmt.Fprintf(w, "allocated %d MiB\n", mb)
+	})
+	// stream?n=N: N flushed chunks, 10 ms apart.
+	mux.HandleFunc("/stream", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(w, "chunk %d\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	// sleep?ms=N
+	mux.HandleFunc("/sleep", func(w http.ResponseWriter, r *http.Request) {
+		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+			fmt.Fprintln(w, "slept")
+		case <-r.Context().Done():
+		}
+	})
+	// exit: the handler crashes.
+	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) { os.Exit(3) })
+	up := websocket.Upgrader{}
+	mux.HandleFunc("/ws", func(w http.ResponseWriter, r *http.Request) {
+		c, err := up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		for {
+			t, m, err := c.ReadMessage()
+			if err != nil {
+				return
+			}
+			c.WriteMessage(t, append([]byte("echo: "), m...))
+		}
+	})
+	port := os.Getenv("PORT")
+	if port == "" {
+		port = "8080"
+	}
+	srv := &http.Server{Addr: "127.0.0.1:" + port, Handler: mux}
+	// Serve h2c as well, as a gRPC handler on a named h2c port would.
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	if err := srv.ListenAndServe(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,533 @@
+// Package pool keeps one Revision's fibers: a warm pool of pre-started,
+// never-used fibers (so a fresh acquisition is a list pop, not a process
+// start), the fibers leased to fiber-router, the grant's maximum, the
+// one-request-at-a-time rule, fresh vs reuse, idle release and replacement of
+// fibers that die.
+package pool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log"
+	"sort"
+	"sync"
+	"time"
+
+	"lampyr.dev/serving/impl/fiberd/backend"
+)
+
+// Modes.
+const (
+	ModeFresh = "fresh"
+	ModeReuse = "reuse"
+)
+
+// Errors the pool returns; the API maps each to a status code.
+var (
+	ErrMaxFibers = errors.New("the grant's maxFibers fibers are all leased")
+	ErrUnknown   = errors.New("no such fiber (released, reaped or died)")
+	ErrBusy      = errors.New("fiber is serving another request (one request at a time per fiber)")
+	ErrSpent     = errors.New("fiber already served its request (fresh mode: one request per fiber); acquire a new one")
+	ErrClosed    = errors.New("pool closed")
+	ErrNotLeased = errors.New("fiber is in the warm pool, not leased; acquire it first")
+)
+
+// Config is one Revision's pool policy.
+type Config struct {
+	Spec    *backend.Spec
+	Backend backend.Backend
+	// Mode is fresh or reuse.
+	Mode string
+	// IdleTimeout releases reuse-mode fibers idle that long.
+	IdleTimeout time.Duration
+	// MaxFibers bounds warm + leased fibers together, so the pool never
+	// holds more memory than the grant admitted.
+	MaxFibers int
+	// WarmTarget is how many never-used fibers to keep ready.
+	WarmTarget int
+	// LeaseTimeout reaps leased fibers nobody used or released for that long
+	// (a crashed router must not leak fibers). Fresh mode only; reuse uses
+	// IdleTimeout.
+	LeaseTimeout time.Duration
+	// StartConcurrency bounds parallel fiber starts when refilling.
+	StartConcurrency int
+	// Observer, if set, is told about events (for metrics).
+	Observer Observer
+	Logf     func(format string, args ...any)
+}
+
+// Observer receives pool events.
+type Observer interface {
+	FiberStarted(d time.Duration, err error)
+	FiberAcquired(d time.Duration, warm bool)
+	FiberEnded(reason string)
+}
+
+// Fiber is a fiber the pool holds.
+type Fiber struct {
+	backend.Fiber
+	StartedAt time.Time
+
+	state    string // warm, acquired, busy, spent
+	lastUsed time.Time
+	requests int64
+	ending   bool
+}
+
+// Snapshot is a fiber's state at one moment.
+type Snapshot struct {
+	ID        string
+	State     string
+	StartedAt time.Time
+	Requests  int64
+}
+
+// Pool holds one Revision's fibers.
+type Pool struct {
+	cfg Config
+
+	mu       sync.Mutex
+	fibers   map[string]*Fiber
+	warm     []*Fiber // FIFO: the oldest warm fiber is handed out first
+	starting int
+	closed   bool
+	changed  chan struct{} // closed and replaced on every state change
+	warmOnce bool          // the warm target has been reached once
+
+	wake chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// New starts the pool's refill and reaper loops.
+func New(cfg Config) (*Pool, error) {
+	if cfg.Spec == nil || cfg.Backend == nil {
+		return nil, errors.New("pool: Spec and Backend are required")
+	}
+	if cfg.MaxFibers <= 0 {
+		return nil, fmt.Errorf("pool: MaxFibers %d must be > 0", cfg.MaxFibers)
+	}
+	switch cfg.Mode {
+	case ModeFresh:
+	case ModeReuse:
+		if cfg.IdleTimeout <= 0 {
+			return nil, errors.New("pool: reuse mode needs IdleTimeout > 0")
+		}
+	default:
+		return nil, fmt.Errorf("pool: mode %q: want fresh or reuse", cfg.Mode)
+	}
+	if cfg.WarmTarget < 0 {
+		cfg.WarmTarget = 0
+	}
+	if cfg.StartConcurrency <= 0 {
+		cfg.StartConcurrency = 2
+	}
+	if cfg.LeaseTimeout <= 0 {
+		cfg.LeaseTimeout = 5 * time.Minute
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	p := &Pool{
+		cfg:     cfg,
+		fibers:  map[string]*Fiber{},
+		changed: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+	}
+	p.wg.Add(2)
+	go p.refillLoop()
+	go p.reapLoop()
+	p.kick()
+	return p, nil
+}
+
+// Mode is the pool's execution mode.
+func (p *Pool) Mode() string { return p.cfg.Mode }
+
+// MaxFibers is the pool's maximum.
+func (p *Pool) MaxFibers() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cfg.MaxFibers
+}
+
+// SetMaxFibers applies a renewed grant's maximum; surplus warm fibers are
+// destroyed, leased ones are left to finish.
+func (p *Pool) SetMaxFibers(n int) {
+	if n <= 0 {
+		return
+	}
+	p.mu.Lock()
+	p.cfg.MaxFibers = n
+	var surplus []*Fiber
+	for len(p.fibers)+p.starting > n && len(p.warm) > 0 {
+		f := p.warm[len(p.warm)-1]
+		p.warm = p.warm[:len(p.warm)-1]
+		surplus = append(surplus, f)
+		f.ending = true
+		delete(p.fibers, f.ID())
+	}
+	p.notifyLocked()
+	p.mu.Unlock()
+	for _, f := range surplus {
+		go p.end(f, "max lowered")
+	}
+}
+
+// Warm reports whether the warm target was reached at least once (readiness:
+// once warm, a Home stays ready while its fibers are all leased).
+func (p *Pool) Warm() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.warmOnce
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func (p *Pool) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Pool) notifyLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+func (p *Pool) leasedLocked() int { return len(p.fibers) - len(p.warm) }
+
+func (p *Pool) warmTargetLocked() int {
+	t := p.cfg.WarmTarget
+	if room := p.cfg.MaxFibers - p.leasedLocked(); t > room {
+		t = room
+	}
+	return t
+}
+
+// Acquire leases a never-used fiber: from the warm pool if one is ready,
+// otherwise by starting one (or waiting for one being started). It fails
+// with ErrMaxFibers when MaxFibers fibers are leased.
+func (p *Pool) Acquire(ctx context.Context) (*Fiber, error) {
+	t0 := time.Now()
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if p.leasedLocked() >= p.cfg.MaxFibers {
+			p.mu.Unlock()
+			return nil, ErrMaxFibers
+		}
+		if n := len(p.warm); n > 0 {
+			f := p.warm[0]
+			p.warm = p.warm[1:]
+			f.state, f.lastUsed = "acquired", time.Now()
+			p.notifyLocked()
+			p.mu.Unlock()
+			p.kick()
+			if p.cfg.Observer != nil {
+				p.cfg.Observer.FiberAcquired(time.Since(t0), true)
+			}
+			return f, nil
+		}
+		if len(p.fibers)+p.starting < p.cfg.MaxFibers {
+			p.starting++
+			p.mu.Unlock()
+			f, err := p.startOne(ctx, "acquired")
+			if err != nil {
+				return nil, err
+			}
+			if p.cfg.Observer != nil {
+				p.cfg.Observer.FiberAcquired(time.Since(t0), false)
+			}
+			return f, nil
+		}
+		// Every remaining slot is a fiber being started: wait for it.
+		ch := p.changed
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// startOne starts a fiber for a slot already reserved in p.starting.
+func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
+	id := newID()
+	t0 := time.Now()
+	bf, err := p.cfg.Backend.Start(ctx, id, p.cfg.Spec)
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.FiberStarted(time.Since(t0), err)
+	}
+	p.mu.Lock()
+	p.starting--
+	if err != nil {
+		p.notifyLocked()
+		p.mu.Unlock()
+		return nil, err
+	}
+	if p.closed {
+		p.mu.Unlock()
+		bf.Destroy()
+		return nil, ErrClosed
+	}
+	now := time.Now()
+	f := &Fiber{Fiber: bf, StartedAt: now, state: state, lastUsed: now}
+	p.fibers[id] = f
+	if state == "warm" {
+		p.warm = append(p.warm, f)
+		if len(p.warm) >= p.warmTargetLocked() {
+			p.warmOnce = true
+		}
+	}
+	p.notifyLocked()
+	p.mu.Unlock()
+	go p.watch(f)
+	return f, nil
+}
+
+// watch replaces a fiber that dies on its own (killed, OOM, crashed).
+func (p *Pool) watch(f *Fiber) {
+	select {
+	case <-f.Done():
+	case <-p.stop:
+		return
+	}
+	p.mu.Lock()
+	if f.ending {
+		p.mu.Unlock()
+		return
+	}
+	f.ending = true
+	p.removeLocked(f)
+	p.mu.Unlock()
+	p.cfg.Logf("fiber %s died (%v); replacing it", f.ID(), f.Err())
+	p.end(f, "died")
+	p.kick()
+}
+
+func (p *Pool) removeLocked(f *Fiber) {
+	delete(p.fibers, f.ID())
+	for i, w := range p.warm {
+		if w == f {
+			p.warm = append(p.warm[:i], p.warm[i+1:]...)
+			break
+		}
+	}
+	p.notifyLocked()
+}
+
+func (p *Pool) end(f *Fiber, reason string) {
+	if err := f.Destroy(); err != nil {
+		p.cfg.Logf("destroying fiber %s: %v", f.ID(), err)
+	}
+	if p.cfg.Observer != nil {
+		p.cfg.Observer.FiberEnded(reason)
+	}
+	p.kick()
+}
+
+// Release destroys a leased fiber; it returns once its processes are gone.
+func (p *Pool) Release(id string) error {
+	p.mu.Lock()
+	f, ok := p.fibers[id]
+	if !ok || f.ending {
+		p.mu.Unlock()
+		return ErrUnknown
+	}
+	if f.state == "warm" {
+		p.mu.Unlock()
+		return ErrNotLeased
+	}
+	f.ending = true
+	p.removeLocked(f)
+	p.mu.Unlock()
+	p.end(f, "released")
+	return nil
+}
+
+// Begin marks a leased fiber busy for one request. The returned func ends
+// the request; in fresh mode the fiber is then spent.
+func (p *Pool) Begin(id string) (*Fiber, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f, ok := p.fibers[id]
+	if !ok || f.ending {
+		return nil, nil, ErrUnknown
+	}
+	switch f.state {
+	case "warm":
+		return nil, nil, ErrNotLeased
+	case "busy":
+		return nil, nil, ErrBusy
+	case "spent":
+		return nil, nil, ErrSpent
+	}
+	f.state = "busy"
+	f.requests++
+	return f, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		f.lastUsed = time.Now()
+		if f.state != "busy" {
+			return
+		}
+		if p.cfg.Mode == ModeFresh {
+			f.state = "spent"
+		} else {
+			f.state = "acquired"
+		}
+	}, nil
+}
+
+// List returns every fiber, oldest first.
+func (p *Pool) List() []Snapshot {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Snapshot, 0, len(p.fibers))
+	for _, f := range p.fibers {
+		out = append(out, Snapshot{ID: f.ID(), State: f.state, StartedAt: f.StartedAt, Requests: f.requests})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
+	return out
+}
+
+// Counts returns warm, leased and starting fiber counts.
+func (p *Pool) Counts() (warm, leased, starting int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.warm), p.leasedLocked(), p.starting
+}
+
+func (p *Pool) refillLoop() {
+	defer p.wg.Done()
+	sem := make(chan struct{}, p.cfg.StartConcurrency)
+	var failMu sync.Mutex
+	backoff := time.Duration(0)
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.wake:
+		case <-time.After(time.Second):
+		}
+		for {
+			p.mu.Lock()
+			need := !p.closed && len(p.warm)+p.starting < p.warmTargetLocked() && len(p.fibers)+p.starting < p.cfg.MaxFibers
+			if need {
+				p.starting++
+			}
+			p.mu.Unlock()
+			if !need {
+				break
+			}
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem }()
+				ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Spec.StartupTimeout+10*time.Second)
+				defer cancel()
+				if _, err := p.startOne(ctx, "warm"); err != nil && !errors.Is(err, ErrClosed) {
+					p.cfg.Logf("warming a fiber: %v", err)
+					// Back off so a broken snapshot does not spin the CPU.
+					failMu.Lock()
+					backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+					d := backoff
+					failMu.Unlock()
+					select {
+					case <-time.After(d):
+					case <-p.stop:
+					}
+					p.kick()
+					return
+				}
+				failMu.Lock()
+				backoff = 0
+				failMu.Unlock()
+				p.kick()
+			}()
+		}
+	}
+}
+
+// reapLoop releases idle reuse fibers, spent fresh fibers the router never
+// released, and leases nobody used.
+func (p *Pool) reapLoop() {
+	defer p.wg.Done()
+	tick := 100 * time.Millisecond
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(tick):
+		}
+		now := time.Now()
+		var victims []*Fiber
+		var reasons []string
+		p.mu.Lock()
+		for _, f := range p.fibers {
+			if f.ending {
+				continue
+			}
+			idle := now.Sub(f.lastUsed)
+			reason := ""
+			switch {
+			case f.state == "acquired" && p.cfg.Mode == ModeReuse && idle >= p.cfg.IdleTimeout:
+				reason = "idle timeout"
+			case f.state == "acquired" && p.cfg.Mode == ModeFresh && idle >= p.cfg.LeaseTimeout:
+				reason = "lease unused"
+			case f.state == "spent" && idle >= 10*time.Second:
+				reason = "spent, not released"
+			}
+			if reason != "" {
+				f.ending = true
+				p.removeLocked(f)
+				victims = append(victims, f)
+				reasons = append(reasons, reason)
+			}
+		}
+		p.mu.Unlock()
+		for i, f := range victims {
+			p.end(f, reasons[i])
+		}
+	}
+}
+
+// Close destroys every fiber and stops the loops.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	all := make([]*Fiber, 0, len(p.fibers))
+	for _, f := range p.fibers {
+		f.ending = true
+		all = append(all, f)
+	}
+	p.fibers = map[string]*Fiber{}
+	p.warm = nil
+	p.notifyLocked()
+	p.mu.Unlock()
+	close(p.stop)
+	p.wg.Wait()
+	var wg sync.WaitGroup
+	for _, f := range all {
+		wg.Add(1)
+		go func() { defer wg.Done(); f.Destroy() }()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,673 @@
+// Package server is fiberd: it holds the signed grant the grant controller
+// issued to this Home, opens the sealed template with the fleet key, pulls
+// and verifies the snapshot artifact, keeps the fiber pool and serves the
+// API of docs/contracts.md §4 to fiber-router.
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/helper"
+	"lampyr.dev/serving/impl/fiberd/pool"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+)
+
+// Config configures fiberd.
+type Config struct {
+	// Token is the bearer token fiber-router presents.
+	Token string
+	// GrantFile holds the signed grant (the grant controller's Secret, mounted).
+	GrantFile string
+	// GrantKey verifies the grant's signature.
+	GrantKey ed25519.PublicKey
+	// FleetKey opens sealed templates.
+	FleetKey *seal.PrivateKey
+	// StateDir keeps unpacked snapshots.
+	StateDir string
+	// Backend runs fibers.
+	Backend backend.Backend
+	// WarmFibers is the warm pool's target size (capped by maxFibers).
+	WarmFibers int
+	// RegistryOptions are passed to every registry call (auth, transport).
+	RegistryOptions []remote.Option
+	// GrantPollInterval is how often the grant file is re-read; default 1s.
+	GrantPollInterval time.Duration
+	// StartupTimeout bounds a fiber's start when the snapshot does not say.
+	StartupTimeout time.Duration
+	Logf           func(format string, args ...any)
+	// Now is the clock (tests); default time.Now.
+	Now func() time.Time
+}
+
+// Server is a running fiberd.
+type Server struct {
+	cfg     Config
+	metrics *metrics
+	mux     *http.ServeMux
+
+	mu        sync.Mutex
+	grant     *signedgrant.Claims
+	grantRaw  []byte
+	grantErr  error
+	loaded    *loaded // template opened, snapshot unpacked, pool running
+	loadErr   error
+	loadKey   string
+	lastTry   time.Time
+	stopOnce  sync.Once
+	stop      chan struct{}
+	loopDone  chan struct{}
+	httpSrv   *http.Server
+	listeners []net.Listener
+}
+
+type loaded struct {
+	template seal.Template
+	snapshot *artifact.Snapshot
+	pool     *pool.Pool
+	spec     *backend.Spec
+	protocol string
+}
+
+// New validates cfg and returns a server; call Serve to run it.
+func New(cfg Config) (*Server, error) {
+	var errs []string
+	if cfg.Token == "" {
+		errs = append(errs, "Token (router service token, --token-file) is empty")
+	}
+	if cfg.GrantFile == "" {
+		errs = append(errs, "GrantFile (--grant-file) is empty")
+	}
+	if len(cfg.GrantKey) != ed25519.PublicKeySize {
+		errs = append(errs, "GrantKey (--grant-key-file) is not an Ed25519 public key")
+	}
+	if cfg.FleetKey == nil {
+		errs = append(errs, "FleetKey (--fleet-key-file) is missing")
+	}
+	if cfg.StateDir == "" {
+		errs = append(errs, "StateDir (--state-dir) is empty")
+	}
+	if cfg.Backend == nil {
+		errs = append(errs, "Backend is nil")
+	}
+	if len(errs) > 0 {
+		return nil, errors.New("fiberd config: " + strings.Join(errs, "; "))
+	}
+	if cfg.GrantPollInterval <= 0 {
+		cfg.GrantPollInterval = time.Second
+	}
+	if cfg.StartupTimeout <= 0 {
+		cfg.StartupTimeout = 10 * time.Second
+	}
+	if cfg.Logf == nil {
+		cfg.Logf = log.Printf
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, metrics: newMetrics(), stop: make(chan struct{}), loopDone: make(chan struct{})}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("GET "+client.HealthzPath, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
+	s.mux.HandleFunc("GET "+client.ReadyzPath, s.readyz)
+	s.mux.Handle("GET "+client.MetricsPath, s.auth(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
+	s.mux.Handle("POST "+client.FibersPath, s.auth(http.HandlerFunc(s.acquire)))
+	s.mux.Handle("GET "+client.FibersPath, s.auth(http.HandlerFunc(s.list)))
+	s.mux.Handle("DELETE "+client.FibersPath+"/{id}", s.auth(http.HandlerFunc(s.release)))
+	s.mux.Handle("GET "+client.GrantPath, s.auth(http.HandlerFunc(s.grantInfo)))
+	go s.grantLoop()
+	return s, nil
+}
+
+// Handler is fiberd's HTTP handler (API and fiber proxy).
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
+
+// Serve serves on ln until Close. HTTP/1.1 and h2c are both accepted so
+// fiber-router can carry gRPC through.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.httpSrv == nil {
+		s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second}
+		s.httpSrv.Protocols = new(http.Protocols)
+		s.httpSrv.Protocols.SetHTTP1(true)
+		s.httpSrv.Protocols.SetUnencryptedHTTP2(true)
+	}
+	srv := s.httpSrv
+	s.mu.Unlock()
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops serving and destroys every fiber.
+func (s *Server) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	<-s.loopDone
+	s.mu.Lock()
+	srv, l := s.httpSrv, s.loaded
+	s.loaded = nil
+	s.mu.Unlock()
+	if srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		srv.Shutdown(ctx)
+		cancel()
+		srv.Close()
+	}
+	if l != nil {
+		l.pool.Close()
+	}
+	return nil
+}
+
+// Pool returns the current pool (nil until loaded); for tests and fiberctl.
+func (s *Server) Pool() *pool.Pool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loaded == nil {
+		return nil
+	}
+	return s.loaded.pool
+}
+
+// ---- grant, template and snapshot ----
+
+func (s *Server) grantLoop() {
+	defer close(s.loopDone)
+	for {
+		s.syncGrant()
+		select {
+		case <-s.stop:
+			return
+		case <-time.After(s.cfg.GrantPollInterval):
+		}
+	}
+}
+
+// SyncGrant re-reads the grant file now (tests; the loop does it on its own).
+func (s *Server) SyncGrant() { s.syncGrant() }
+
+func (s *Server) syncGrant() {
+	raw, err := os.ReadFile(s.cfg.GrantFile)
+	now := s.cfg.Now()
+	var claims signedgrant.Claims
+	if err == nil {
+		claims, err = signedgrant.Verify(s.cfg.GrantKey, bytes.TrimSpace(raw), now)
+	} else if errors.Is(err, os.ErrNotExist) {
+		err = fmt.Errorf("no grant yet at %s (the grant controller writes it once the CapacityGrant is admitted)", s.cfg.GrantFile)
+	}
+	s.mu.Lock()
+	if err != nil {
+		if s.grantErr == nil || s.grantErr.Error() != err.Error() {
+			s.cfg.Logf("grant not valid: %v", err)
+		}
+		s.grant, s.grantErr = nil, err
+		s.mu.Unlock()
+		s.metrics.grantValid.Set(0)
+		return
+	}
+	if !bytes.Equal(raw, s.grantRaw) {
+		s.cfg.Logf("grant %s for %s/%s valid until %s", claims.GrantID, claims.Namespace, claims.Revision, claims.ExpiresAt.Format(time.RFC3339))
+	}
+	s.grant, s.grantErr, s.grantRaw = &claims, nil, raw
+	key := claims.Namespace + "/" + claims.Revision + "|" + claims.Template + "|" + claims.SnapshotArtifact + "|" + claims.Execution.Mode + "|" + strconv.FormatInt(claims.Execution.IdleTimeoutSeconds, 10) + "|" + strconv.FormatInt(claims.MemoryPerFiberBytes, 10)
+	cur := s.loaded
+	needLoad := cur == nil || key != s.loadKey
+	retryDue := now.Sub(s.lastTry) >= 5*time.Second
+	s.mu.Unlock()
+	s.metrics.grantValid.Set(1)
+	s.metrics.grantExpiry.Set(float64(claims.ExpiresAt.Unix()))
+
+	if !needLoad {
+		cur.pool.SetMaxFibers(int(claims.MaxFibers))
+		return
+	}
+	s.mu.Lock()
+	if s.loadKey == key && s.loadErr != nil && !retryDue {
+		s.mu.Unlock()
+		return
+	}
+	s.lastTry = now
+	s.mu.Unlock()
+	l, err := s.load(claims)
+	s.mu.Lock()
+	s.loadKey = key
+	s.loadErr = err
+	old := s.loaded
+	if err == nil {
+		s.loaded = l
+	}
+	s.mu.Unlock()
+	if err != nil {
+		s.cfg.Logf("cannot run %s/%s: %v", claims.Namespace, claims.Revision, err)
+		return
+	}
+	if old != nil {
+		old.pool.Close()
+	}
+}
+
+// LoadError is a refusal to run a grant's Revision, with a CamelCase reason.
+type LoadError struct {
+	Reason string
+	Err    error
+}
+
+func (e *LoadError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *LoadError) Unwrap() error { return e.Err }
+
+func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sealed, _, err := artifact.FetchTemplate(ctx, c.Template, s.cfg.RegistryOptions...)
+	if err != nil {
+		return nil, &LoadError{"TemplateUnavailable", err}
+	}
+	t, err := seal.Open(s.cfg.FleetKey, sealed)
+	if err != nil {
+		return nil, &LoadError{"TemplateUnsealable", err}
+	}
+	snapRef, err := artifact.ParseDigestRef(c.SnapshotArtifact)
+	if err != nil {
+		return nil, &LoadError{"SnapshotUnavailable", err}
+	}
+	if err := CheckTemplate(t, c, snapRef.DigestStr()); err != nil {
+		return nil, &LoadError{"TemplateMismatch", err}
+	}
+	snap, err := artifact.Fetch(ctx, c.SnapshotArtifact, s.cfg.RegistryOptions...)
+	if err != nil {
+		return nil, &LoadError{"SnapshotUnavailable", err}
+	}
+	if snap.Config.Port != t.Helper.Port {
+		return nil, &LoadError{"TemplateMismatch", fmt.Errorf("template helper.port %d differs from the snapshot's port %d; rebuild and redeploy", t.Helper.Port, snap.Config.Port)}
+	}
+	root, err := s.unpack(snap)
+	if err != nil {
+		return nil, &LoadError{"SnapshotUnavailable", err}
+	}
+	env := map[string]string{}
+	for k, v := range c.Env {
+		env[k] = v
+	}
+	env["PORT"] = strconv.Itoa(int(snap.Config.Port))
+	env["HOME"] = "/tmp"
+	env["TMPDIR"] = "/tmp"
+	env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+	if _, ok := env["K_REVISION"]; !ok {
+		env["K_REVISION"] = c.Revision
+	}
+	startup := s.cfg.StartupTimeout
+	if snap.Config.StartupTimeoutSeconds > 0 {
+		startup = time.Duration(snap.Config.StartupTimeoutSeconds) * time.Second
+	}
+	spec := &backend.Spec{
+		Revision:       c.Revision,
+		RootFS:         root,
+		Entrypoint:     snap.Config.Entrypoint,
+		Port:           snap.Config.Port,
+		Env:            env,
+		MemoryBytes:    c.MemoryPerFiberBytes,
+		StartupTimeout: startup,
+	}
+	p, err := pool.New(pool.Config{
+		Spec:         spec,
+		Backend:      s.cfg.Backend,
+		Mode:         c.Execution.Mode,
+		IdleTimeout:  time.Duration(c.Execution.IdleTimeoutSeconds) * time.Second,
+		MaxFibers:    int(c.MaxFibers),
+		WarmTarget:   s.cfg.WarmFibers,
+		LeaseTimeout: time.Duration(c.MaxRequestSeconds)*time.Second + time.Minute,
+		Observer:     s.metrics,
+		Logf:         s.cfg.Logf,
+	})
+	if err != nil {
+		return nil, &LoadError{"InvalidGrant", err}
+	}
+	proto := snap.Config.Protocol
+	if proto == "" {
+		proto = "http1"
+	}
+	s.cfg.Logf("loaded %s/%s: template opened, snapshot %s verified, mode %s, max %d fibers", c.Namespace, c.Revision, snap.Digest(), c.Execution.Mode, c.MaxFibers)
+	return &loaded{template: t, snapshot: snap, pool: p, spec: spec, protocol: proto}, nil
+}
+
+// CheckTemplate is the rule "fiberd runs a Revision only from a template it
+// opened with the fleet key whose snapshot digest matches the grant".
+func CheckTemplate(t seal.Template, c signedgrant.Claims, grantDigest string) error {
+	if t.SnapshotDigest != grantDigest {
+		return fmt.Errorf("template names snapshot %s but the grant names %s; the template was sealed for another build: redeploy with `ly deploy` so template and Revision agree", t.SnapshotDigest, grantDigest)
+	}
+	if t.Revision != c.Revision {
+		return fmt.Errorf("template was sealed for Revision %q but the grant is for %q", t.Revision, c.Revision)
+	}
+	mode := t.Execution.Mode
+	if mode == "" {
+		mode = "fresh"
+	}
+	if mode != c.Execution.Mode || (mode == "reuse" && t.Execution.IdleTimeoutSeconds != c.Execution.IdleTimeoutSeconds) {
+		return fmt.Errorf("template execution policy (%s, idle %ds) differs from the grant's (%s, idle %ds)", mode, t.Execution.IdleTimeoutSeconds, c.Execution.Mode, c.Execution.IdleTimeoutSeconds)
+	}
+	return nil
+}
+
+// unpack extracts a verified snapshot once per digest and adds the mount
+// points the helper needs.
+func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
+	dir := filepath.Join(s.cfg.StateDir, "snapshots", strings.ReplaceAll(snap.Digest(), ":", "-"))
+	root := filepath.Join(dir, "rootfs")
+	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
+		return root, nil
+	}
+	os.RemoveAll(dir)
+	if err := snap.Unpack(root); err != nil {
+		return "", err
+	}
+	for _, d := range helper.MountPoints {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return "", err
+		}
+	}
+	// The root is read-only, so name resolution of "localhost" must work
+	// without writing.
+	etc := filepath.Join(root, "etc")
+	os.MkdirAll(etc, 0o755)
+	if _, err := os.Stat(filepath.Join(etc, "hosts")); err != nil {
+		os.WriteFile(filepath.Join(etc, "hosts"), []byte("127.0.0.1 localhost\n::1 localhost\n"), 0o644)
+	}
+	// Only root may change the unpacked snapshot; fibers see it read-only anyway.
+	os.Chmod(dir, 0o755)
+	return root, os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644)
+}
+
+// ---- HTTP ----
+
+func writeErr(w http.ResponseWriter, status int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(client.Error{Reason: reason, Message: msg})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (s *Server) tokenOK(h string) bool {
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
+}
+
+func (s *Server) auth(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !s.tokenOK(r.Header.Get("Authorization")) {
+			writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "missing or wrong bearer token (the router token from Secret lampyr-system/fiber-router-token)")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get(client.FiberHeader); id != "" {
+		s.proxy(w, r, id)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// current returns the loaded Revision if the grant is valid now.
+func (s *Server) current() (*loaded, *signedgrant.Claims, int, string, string) {
+	s.mu.Lock()
+	g, gerr, l, lerr := s.grant, s.grantErr, s.loaded, s.loadErr
+	s.mu.Unlock()
+	if g == nil || !s.cfg.Now().Before(g.ExpiresAt) {
+		msg := "no valid grant"
+		if gerr != nil {
+			msg = gerr.Error()
+		} else if g != nil {
+			msg = "grant expired at " + g.ExpiresAt.Format(time.RFC3339)
+		}
+		return nil, g, http.StatusServiceUnavailable, client.ReasonNoGrant, msg
+	}
+	if l == nil {
+		msg := "template and snapshot not loaded yet"
+		if lerr != nil {
+			msg = lerr.Error()
+		}
+		return nil, g, http.StatusServiceUnavailable, client.ReasonNotReady, msg
+	}
+	return l, g, 0, "", ""
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	l, _, status, reason, msg := s.current()
+	if l == nil {
+		writeErr(w, status, reason, msg)
+		return
+	}
+	if !l.pool.Warm() {
+		writeErr(w, http.StatusServiceUnavailable, client.ReasonNotReady, "warm pool not filled yet")
+		return
+	}
+	w.Write([]byte("ok\n"))
+}
+
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	l, _, status, reason, msg := s.current()
+	if l == nil {
+		writeErr(w, status, reason, msg)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), l.spec.StartupTimeout+10*time.Second)
+	defer cancel()
+	f, err := l.pool.Acquire(ctx)
+	switch {
+	case errors.Is(err, pool.ErrMaxFibers):
+		s.metrics.refused.Inc()
+		writeErr(w, http.StatusTooManyRequests, client.ReasonMaxFibersReached, fmt.Sprintf("all %d fibers the grant allows are leased; release one or retry", l.pool.MaxFibers()))
+		return
+	case err != nil:
+		writeErr(w, http.StatusServiceUnavailable, client.ReasonFiberFailed, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusCreated, client.Fiber{ID: f.ID(), State: client.StateAcquired, StartedAt: f.StartedAt})
+}
+
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	p := s.Pool()
+	if p == nil {
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, "no fibers: nothing loaded")
+		return
+	}
+	switch err := p.Release(r.PathValue("id")); {
+	case errors.Is(err, pool.ErrUnknown):
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
+	case errors.Is(err, pool.ErrNotLeased):
+		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+	case err != nil:
+		writeErr(w, http.StatusInternalServerError, client.ReasonFiberFailed, err.Error())
+	default:
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	out := client.FiberList{Fibers: []client.Fiber{}}
+	s.mu.Lock()
+	l, g := s.loaded, s.grant
+	s.mu.Unlock()
+	if g != nil {
+		out.Revision, out.Mode, out.Max = g.Revision, g.Execution.Mode, g.MaxFibers
+	}
+	if l != nil {
+		now := time.Now()
+		for _, f := range l.pool.List() {
+			out.Fibers = append(out.Fibers, client.Fiber{ID: f.ID, State: f.State, StartedAt: f.StartedAt, AgeSeconds: now.Sub(f.StartedAt).Seconds(), Requests: f.Requests})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	g, gerr, l := s.grant, s.grantErr, s.loaded
+	s.mu.Unlock()
+	if g == nil {
+		msg := "no grant"
+		if gerr != nil {
+			msg = gerr.Error()
+		}
+		writeErr(w, http.StatusServiceUnavailable, client.ReasonNoGrant, msg)
+		return
+	}
+	writeJSON(w, http.StatusOK, client.GrantInfo{
+		GrantID: g.GrantID, Namespace: g.Namespace, Revision: g.Revision,
+		SnapshotArtifact: g.SnapshotArtifact, Template: g.Template,
+		MaxFibers: g.MaxFibers, MemoryPerFiber: g.MemoryPerFiberBytes, Mode: g.Execution.Mode,
+		IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, TemplateLoaded: l != nil,
+	})
+}
+
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
+	if !s.tokenOK(r.Header.Get(client.ProxyAuthHeader)) {
+		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "proxied requests carry the router token in "+client.ProxyAuthHeader)
+		return
+	}
+	l, g, status, reason, msg := s.current()
+	if l == nil {
+		writeErr(w, status, reason, msg)
+		return
+	}
+	f, end, err := l.pool.Begin(id)
+	switch {
+	case errors.Is(err, pool.ErrUnknown):
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
+		return
+	case errors.Is(err, pool.ErrBusy):
+		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, err.Error())
+		return
+	case errors.Is(err, pool.ErrSpent):
+		writeErr(w, http.StatusConflict, client.ReasonFiberSpent, err.Error())
+		return
+	case err != nil:
+		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+		return
+	}
+	defer end()
+	ctx := r.Context()
+	if g.MaxRequestSeconds > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(g.MaxRequestSeconds)*time.Second)
+		defer cancel()
+	}
+	tr := &http.Transport{
+		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return f.Dial(ctx) },
+		DisableKeepAlives: l.protocol != "h2c",
+		// The router already decompresses nothing; pass bytes through.
+		DisableCompression: true,
+	}
+	if l.protocol == "h2c" {
+		tr.Protocols = new(http.Protocols)
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	}
+	defer tr.CloseIdleConnections()
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "fiber-" + id
+			pr.Out.Host = pr.In.Host
+			pr.Out.Header.Del(client.FiberHeader)
+			pr.Out.Header.Del(client.ProxyAuthHeader)
+		},
+		Transport:     tr,
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				writeErr(w, http.StatusGatewayTimeout, "RequestTimeout", fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
+				return
+			}
+			if ferr := f.Err(); ferr != nil {
+				err = fmt.Errorf("%w (%v)", err, ferr)
+			}
+			writeErr(w, http.StatusBadGateway, client.ReasonFiberFailed, "fiber "+id+": "+err.Error())
+		},
+	}
+	s.metrics.requests.Inc()
+	rp.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// ---- metrics ----
+
+type metrics struct {
+	reg         *prometheus.Registry
+	started     *prometheus.CounterVec
+	startDur    prometheus.Histogram
+	acquireDur  *prometheus.HistogramVec
+	ended       *prometheus.CounterVec
+	refused     prometheus.Counter
+	requests    prometheus.Counter
+	grantValid  prometheus.Gauge
+	grantExpiry prometheus.Gauge
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg:         prometheus.NewRegistry(),
+		started:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fiber_starts_total", Help: "Fiber starts by result."}, []string{"result"}),
+		startDur:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fiberd_fiber_start_seconds", Help: "Time to start a fiber until its handler listens.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		acquireDur:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fiberd_acquire_seconds", Help: "Acquisition latency by source (warm pool or cold start).", Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"source"}),
+		ended:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fibers_ended_total", Help: "Fibers ended by reason."}, []string{"reason"}),
+		refused:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_acquire_refused_total", Help: "Acquisitions refused at maxFibers."}),
+		requests:    prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_proxied_requests_total", Help: "Requests proxied into fibers."}),
+		grantValid:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
+		grantExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),
+	}
+	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.grantValid, m.grantExpiry)
+	return m
+}
+
+func (m *metrics) FiberStarted(d time.Duration, err error) {
+	if err != nil {
+		m.started.WithLabelValues("error").Inc()
+		return
+	}
+	m.started.WithLabelValues("ok").Inc()
+	m.startDur.Observe(d.Seconds())
+}
+
+func (m *metrics) FiberAcquired(d time.Duration, warm bool) {
+	src := "cold"
+	if warm {
+		src = "warm"
+	}
+	m.acquireDur.WithLabelValues(src).Observe(d.Seconds())
+}
+
+func (m *metrics) FiberEnded(reason string) { m.ended.WithLabelValues(reason).Inc() }
