@@ -1,0 +1,108 @@
+// Package metrics holds fiber-router's Prometheus metrics, served on the admin
+// port.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics is one router's set of metrics. Each router instance (and each
+// test) gets its own registry, so parallel routers never share counters.
+type Metrics struct {
+	Registry *prometheus.Registry
+
+	Requests        *prometheus.CounterVec
+	RequestDuration *prometheus.HistogramVec
+	FibersAcquired  *prometheus.CounterVec
+	FibersReleased  *prometheus.CounterVec
+	FibersLeaked    *prometheus.CounterVec
+	FibersLive      *prometheus.GaugeVec
+	QueueDepth      *prometheus.GaugeVec
+	InFlight        prometheus.Gauge
+	Revisions       prometheus.Gauge
+}
+
+// Label names. Revision-level labels only: per-request values such as paths
+// would explode the series count.
+var revLabels = []string{"namespace", "revision"}
+
+// New creates and registers the metrics.
+func New() *Metrics {
+	r := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: r,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_requests_total",
+			Help: "Requests answered, by Revision and status class (1xx for upgraded WebSockets; 'probe' and router errors included).",
+		}, []string{"namespace", "revision", "code"}),
+		RequestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "lampyr_router_request_duration_seconds",
+			Help: "Time from request arrival to the end of the response, stream or WebSocket.",
+			// From sub-millisecond router errors to streams near timeoutSeconds.
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+		}, revLabels),
+		FibersAcquired: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_fibers_acquired_total",
+			Help: "Fibers acquired from fiberd.",
+		}, revLabels),
+		FibersReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_fibers_released_total",
+			Help: "Fibers released to fiberd (killed).",
+		}, revLabels),
+		FibersLeaked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_fibers_leaked_total",
+			Help: "Fibers whose release failed after retries; they may live until fiberd reaps them.",
+		}, revLabels),
+		FibersLive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lampyr_router_fibers_live",
+			Help: "Fibers this router holds (acquired and not yet released).",
+		}, revLabels),
+		QueueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lampyr_router_queue_depth",
+			Help: "Requests waiting for a fiber because their Revision is at max-scale.",
+		}, revLabels),
+		InFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lampyr_router_in_flight_requests",
+			Help: "Requests, streams and WebSockets being served.",
+		}),
+		Revisions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lampyr_router_revisions",
+			Help: "Revisions in the routing table.",
+		}),
+	}
+	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.FibersReleased, m.FibersLeaked,
+		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Revision returns the pool observer for one Revision.
+func (m *Metrics) Revision(namespace, revision string) *RevisionObserver {
+	return &RevisionObserver{
+		acquired: m.FibersAcquired.WithLabelValues(namespace, revision),
+		released: m.FibersReleased.WithLabelValues(namespace, revision),
+		leaked:   m.FibersLeaked.WithLabelValues(namespace, revision),
+		live:     m.FibersLive.WithLabelValues(namespace, revision),
+		queue:    m.QueueDepth.WithLabelValues(namespace, revision),
+	}
+}
+
+// RevisionObserver implements pool.Observer with pre-resolved series, so the
+// hot path does no label lookups.
+type RevisionObserver struct {
+	acquired, released, leaked prometheus.Counter
+	live, queue                prometheus.Gauge
+}
+
+// Acquired implements pool.Observer.
+func (o *RevisionObserver) Acquired() { o.acquired.Inc(); o.live.Inc() }
+
+// Released implements pool.Observer.
+func (o *RevisionObserver) Released() { o.released.Inc(); o.live.Dec() }
+
+// Leaked implements pool.Observer.
+func (o *RevisionObserver) Leaked() { o.leaked.Inc(); o.live.Dec() }
+
+// QueueDepth implements pool.Observer.
+func (o *RevisionObserver) QueueDepth(delta int) { o.queue.Add(float64(delta)) }
