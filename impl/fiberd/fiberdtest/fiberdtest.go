@@ -361,6 +361,13 @@ func (i *Instance) WriteGrant(t testing.TB, c signedgrant.Claims) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	i.WriteRawGrant(t, b)
+	i.Claims = c
+}
+
+// WriteRawGrant installs b as the grant file as is (e.g. a forged grant).
+func (i *Instance) WriteRawGrant(t testing.TB, b []byte) {
+	t.Helper()
 	tmp := i.GrantFile + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -368,7 +375,6 @@ func (i *Instance) WriteGrant(t testing.TB, c signedgrant.Claims) {
 	if err := os.Rename(tmp, i.GrantFile); err != nil {
 		t.Fatal(err)
 	}
-	i.Claims = c
 	if i.Server != nil {
 		i.Server.SyncGrant()
 	}

@@ -256,17 +256,16 @@ func (s *Server) syncGrant() {
 	s.mu.Lock()
 	s.loadKey = key
 	s.loadErr = err
+	// The previous template/snapshot is no longer what the grant covers,
+	// so it stops serving whether or not the new one loaded.
 	old := s.loaded
-	if err == nil {
-		s.loaded = l
-	}
+	s.loaded = l
 	s.mu.Unlock()
-	if err != nil {
-		s.cfg.Logf("cannot run %s/%s: %v", claims.Namespace, claims.Revision, err)
-		return
-	}
 	if old != nil {
 		old.pool.Close()
+	}
+	if err != nil {
+		s.cfg.Logf("cannot run %s/%s: %v", claims.Namespace, claims.Revision, err)
 	}
 }
 

@@ -9,6 +9,7 @@ package process
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -338,31 +339,30 @@ func (f *fiber) cleanup() error {
 }
 
 // prefixWriter prefixes each line with the fiber id so handler logs from
-// many fibers stay attributable in fiberd's log.
+// many fibers stay attributable in fiberd's log. Partial lines are held back
+// (up to 4 KiB) so every write downstream is one whole line.
 type prefixWriter struct {
 	mu     sync.Mutex
 	w      io.Writer
 	prefix string
-	midln  bool
+	buf    []byte
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(b)
-	for len(b) > 0 {
-		if !p.midln {
-			io.WriteString(p.w, p.prefix)
-		}
-		i := strings.IndexByte(string(b), '\n')
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
 		if i < 0 {
-			p.w.Write(b)
-			p.midln = true
 			break
 		}
-		p.w.Write(b[:i+1])
-		p.midln = false
-		b = b[i+1:]
+		p.w.Write(append([]byte(p.prefix), p.buf[:i+1]...))
+		p.buf = p.buf[i+1:]
 	}
-	return n, nil
+	if len(p.buf) > 4096 {
+		p.w.Write(append(append([]byte(p.prefix), p.buf...), '\n'))
+		p.buf = nil
+	}
+	return len(b), nil
 }

@@ -1,0 +1,161 @@
+package artifact
+
+import (
+	"context"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+)
+
+func startRegistry(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(io.Discard, "", 0)))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+func handlerDir(t *testing.T) string {
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "app", "static"), 0o755)
+	os.WriteFile(filepath.Join(dir, "app", "handler"), []byte("#!/bin/false\n"), 0o755)
+	os.WriteFile(filepath.Join(dir, "app", "static", "index.html"), []byte("<h1>hi</h1>"), 0o644)
+	os.Symlink("static/index.html", filepath.Join(dir, "app", "index"))
+	return dir
+}
+
+var cfg = Config{Entrypoint: []string{"/app/handler"}, Port: 8080, Runtime: Runtime{Name: "go", Version: "go1.26"}}
+
+func TestBuildIsReproducibleAndRoundTrips(t *testing.T) {
+	dir := handlerDir(t)
+	a, err := Build(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().Add(time.Hour)
+	os.Chtimes(filepath.Join(dir, "app", "handler"), later, later)
+	b, err := Build(dir, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, _ := a.Digest()
+	db, _ := b.Digest()
+	if da != db {
+		t.Fatalf("same files and config gave digests %s and %s", da, db)
+	}
+	reg := startRegistry(t)
+	ref, err := Push(context.Background(), a, reg+"/lampyr/hello:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.DigestStr() != da.String() {
+		t.Fatalf("pushed ref %s, want digest %s", ref, da)
+	}
+	snap, err := Fetch(context.Background(), ref.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Config.Port != 8080 || snap.Config.HelperVersion != HelperProtocolVersion {
+		t.Fatalf("config %+v", snap.Config)
+	}
+	out := filepath.Join(t.TempDir(), "root")
+	if err := snap.Unpack(out); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "app", "index")); err != nil || string(b) != "<h1>hi</h1>" {
+		t.Fatalf("unpacked symlink target: %q %v", b, err)
+	}
+	if fi, _ := os.Stat(filepath.Join(out, "app", "handler")); fi == nil || fi.Mode()&0o111 == 0 {
+		t.Fatal("entrypoint lost its executable bit")
+	}
+}
+
+func TestFetchVerifies(t *testing.T) {
+	reg := startRegistry(t)
+	img, _ := Build(handlerDir(t), cfg)
+	ref, err := Push(context.Background(), img, reg+"/lampyr/hello:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A tag is not enough: consumers only take digests.
+	if _, err := Fetch(context.Background(), reg+"/lampyr/hello:v1"); err == nil || !strings.Contains(err.Error(), "digest-pinned") {
+		t.Fatalf("fetch by tag: %v", err)
+	}
+	// A digest the registry does not have.
+	bad := ref.Context().Digest("sha256:" + strings.Repeat("1", 64)).String()
+	if _, err := Fetch(context.Background(), bad); err == nil {
+		t.Fatal("fetch of an unknown digest succeeded")
+	}
+	// A sealed-template artifact is not a snapshot.
+	tref, err := PushTemplate(context.Background(), []byte("sealed"), reg+"/lampyr/templates", "hello-00001", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Fetch(context.Background(), tref.String()); err == nil || !strings.Contains(err.Error(), "ly build") {
+		t.Fatalf("fetching a template as a snapshot: %v", err)
+	}
+	sealed, tc, err := FetchTemplate(context.Background(), tref.String())
+	if err != nil || string(sealed) != "sealed" || tc.Revision != "hello-00001" {
+		t.Fatalf("FetchTemplate: %q %+v %v", sealed, tc, err)
+	}
+	// The template is tagged with the Revision name.
+	tag, _ := name.NewTag(reg + "/lampyr/templates:hello-00001")
+	if d, err := remote.Head(tag); err != nil || d.Digest.String() != tref.DigestStr() {
+		t.Fatalf("tag hello-00001: %v %v", d, err)
+	}
+}
+
+func TestBuildRejects(t *testing.T) {
+	dir := handlerDir(t)
+	for field, c := range map[string]Config{
+		"entrypoint": {Entrypoint: []string{"handler"}, Port: 8080, Runtime: Runtime{Name: "go"}},
+		"port":       {Entrypoint: []string{"/app/handler"}, Port: 0, Runtime: Runtime{Name: "go"}},
+		"protocol":   {Entrypoint: []string{"/app/handler"}, Port: 8080, Protocol: "grpc", Runtime: Runtime{Name: "go"}},
+		"runtime":    {Entrypoint: []string{"/app/handler"}, Port: 8080},
+	} {
+		if _, err := Build(dir, c); err == nil || !strings.Contains(err.Error(), field) {
+			t.Errorf("%s: %v should name the field", field, err)
+		}
+	}
+	if _, err := Build(dir, Config{Entrypoint: []string{"/app/missing"}, Port: 8080, Runtime: Runtime{Name: "go"}}); err == nil {
+		t.Error("missing entrypoint accepted")
+	}
+}
+
+func TestUnpackRefusesEscapes(t *testing.T) {
+	// A layer whose symlink would redirect a later file outside the root.
+	dir := t.TempDir()
+	os.Symlink("/tmp", filepath.Join(dir, "evil"))
+	layer, err := tarGz(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Append an entry below the symlink by building a second tree.
+	dir2 := t.TempDir()
+	os.MkdirAll(filepath.Join(dir2, "evil"), 0o755)
+	os.WriteFile(filepath.Join(dir2, "evil", "pwned"), []byte("x"), 0o644)
+	layer2, _ := tarGz(dir2)
+	out := t.TempDir()
+	if err := untarGz(layer, out); err != nil {
+		t.Fatal(err)
+	}
+	if err := untarGz(layer2, out); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("writing through a symlink: %v", err)
+	}
+	if _, err := os.Stat("/tmp/pwned"); err == nil {
+		t.Fatal("unpack wrote outside its root")
+	}
+}
