@@ -1,0 +1,200 @@
+// Package config holds the configuration the Lampyr Revision reconciler reads:
+// Lampyr's own ConfigMap (config-lampyr in the Lampyr namespace) and Knative's
+// config-defaults / config-features / config-autoscaler, which the reconciler
+// needs to tell webhook-defaulted fields from user-written ones.
+package config
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"knative.dev/pkg/configmap"
+	apisconfig "knative.dev/serving/pkg/apis/config"
+)
+
+const (
+	// LampyrConfigName is the ConfigMap in the Lampyr namespace.
+	LampyrConfigName = "config-lampyr"
+
+	// BackendStrategyKey selects how a Revision's backend Service reaches
+	// fiber-router (docs/contracts.md §3).
+	BackendStrategyKey = "backend-strategy"
+	// DefaultMemoryPerFiberKey is the memory each fiber gets when the
+	// Revision has no memory request (a plain Service without resources).
+	DefaultMemoryPerFiberKey = "default-memory-per-fiber"
+	// VerifyArtifactsKey turns on a registry HEAD of the snapshot artifact
+	// before a Revision can become Ready. Off by default: the controller Pod
+	// often cannot reach the registry the Homes pull from (Kind's
+	// localhost:5002 is not localhost inside a Pod).
+	VerifyArtifactsKey = "verify-artifacts"
+
+	// NamespaceEnvKey overrides the Lampyr namespace.
+	NamespaceEnvKey = "LAMPYR_NAMESPACE"
+	// DefaultNamespace is where config-lampyr and fiber-router live.
+	DefaultNamespace = "lampyr-system"
+	// RouterServiceName is fiber-router's Service in the Lampyr namespace.
+	RouterServiceName = "fiber-router"
+)
+
+// BackendStrategy is the value of backend-strategy.
+type BackendStrategy string
+
+const (
+	// BackendExternalName makes the Revision Service an ExternalName alias of
+	// fiber-router (works with Kourier, which resolves it as a DNS upstream).
+	BackendExternalName BackendStrategy = "externalname"
+	// BackendEndpointSlice makes it a selectorless ClusterIP Service whose
+	// EndpointSlice mirrors fiber-router's ready endpoints (works with
+	// providers that dial ClusterIPs or read EndpointSlices, e.g. Traefik).
+	BackendEndpointSlice BackendStrategy = "endpointslice"
+)
+
+// Namespace is the Lampyr system namespace (config-lampyr, fiber-router).
+func Namespace() string {
+	if ns := os.Getenv(NamespaceEnvKey); ns != "" {
+		return ns
+	}
+	return DefaultNamespace
+}
+
+// Lampyr is the parsed config-lampyr.
+type Lampyr struct {
+	BackendStrategy       BackendStrategy
+	DefaultMemoryPerFiber resource.Quantity
+	VerifyArtifacts       bool
+	// RouterNamespace and RouterService name fiber-router; the ExternalName
+	// target and the EndpointSlice mirror source are derived from them.
+	RouterNamespace string
+	RouterService   string
+}
+
+// RouterHost is fiber-router's cluster DNS name, the ExternalName target.
+func (l *Lampyr) RouterHost() string {
+	return l.RouterService + "." + l.RouterNamespace + ".svc.cluster.local"
+}
+
+// DefaultLampyr is used while config-lampyr does not exist.
+func DefaultLampyr() *Lampyr {
+	return &Lampyr{
+		BackendStrategy:       BackendExternalName,
+		DefaultMemoryPerFiber: resource.MustParse("256Mi"),
+		RouterNamespace:       Namespace(),
+		RouterService:         RouterServiceName,
+	}
+}
+
+// NewLampyrFromMap parses config-lampyr's data. Unknown keys are ignored
+// because other components (ly, the grant controller) share the ConfigMap.
+func NewLampyrFromMap(data map[string]string) (*Lampyr, error) {
+	l := DefaultLampyr()
+	if v, ok := data[BackendStrategyKey]; ok {
+		switch s := BackendStrategy(strings.ToLower(strings.TrimSpace(v))); s {
+		case BackendExternalName, BackendEndpointSlice:
+			l.BackendStrategy = s
+		default:
+			return nil, fmt.Errorf("%s: %q is neither %q nor %q", BackendStrategyKey, v, BackendExternalName, BackendEndpointSlice)
+		}
+	}
+	if v, ok := data[DefaultMemoryPerFiberKey]; ok {
+		q, err := resource.ParseQuantity(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", DefaultMemoryPerFiberKey, err)
+		}
+		if q.Sign() <= 0 {
+			return nil, fmt.Errorf("%s: %q must be positive", DefaultMemoryPerFiberKey, v)
+		}
+		l.DefaultMemoryPerFiber = q
+	}
+	if v, ok := data[VerifyArtifactsKey]; ok {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", VerifyArtifactsKey, err)
+		}
+		l.VerifyArtifacts = b
+	}
+	return l, nil
+}
+
+// NewLampyrFromConfigMap is the configmap.Constructor for config-lampyr.
+func NewLampyrFromConfigMap(cm *corev1.ConfigMap) (*Lampyr, error) {
+	return NewLampyrFromMap(cm.Data)
+}
+
+// Config is everything a reconcile reads, frozen for its duration.
+type Config struct {
+	Lampyr *Lampyr
+	// Serving is Knative's config-defaults/-features/-autoscaler.
+	Serving *apisconfig.Config
+}
+
+type cfgKey struct{}
+
+// ToContext attaches c to ctx. Serving's config is attached too so that the
+// generated reconciler's SetDefaults (PreProcessReconcile) uses the
+// installation's config-defaults, exactly as the webhook did.
+func ToContext(ctx context.Context, c *Config) context.Context {
+	ctx = context.WithValue(ctx, cfgKey{}, c)
+	if c.Serving != nil {
+		ctx = apisconfig.ToContext(ctx, c.Serving)
+	}
+	return ctx
+}
+
+// FromContext returns the Config attached by ToContext, or defaults.
+func FromContext(ctx context.Context) *Config {
+	if c, ok := ctx.Value(cfgKey{}).(*Config); ok {
+		return c
+	}
+	return &Config{Lampyr: DefaultLampyr(), Serving: apisconfig.FromContextOrDefaults(ctx)}
+}
+
+// Store watches both namespaces' ConfigMaps.
+type Store struct {
+	serving *apisconfig.Store
+	lampyr  *configmap.UntypedStore
+}
+
+// NewStore makes a Store; onAfterStore runs after any watched ConfigMap changes.
+func NewStore(logger configmap.Logger, onAfterStore ...func(name string, value interface{})) *Store {
+	return &Store{
+		serving: apisconfig.NewStore(logger, onAfterStore...),
+		lampyr: configmap.NewUntypedStore("lampyr", logger,
+			configmap.Constructors{LampyrConfigName: NewLampyrFromConfigMap}, onAfterStore...),
+	}
+}
+
+// DefaultingWatcher is a configmap.Watcher that can fall back to a default
+// ConfigMap while the real one does not exist (configmap/informer.InformedWatcher).
+type DefaultingWatcher interface {
+	WatchWithDefault(cm corev1.ConfigMap, o ...configmap.Observer)
+}
+
+// WatchConfigs registers the Knative ConfigMaps on servingWatcher (the
+// Knative system namespace) and config-lampyr on lampyrWatcher, where it may
+// be absent: then the defaults apply.
+func (s *Store) WatchConfigs(servingWatcher configmap.Watcher, lampyrWatcher DefaultingWatcher) {
+	s.serving.WatchConfigs(servingWatcher)
+	empty := corev1.ConfigMap{}
+	empty.Name = LampyrConfigName
+	empty.Namespace = Namespace()
+	lampyrWatcher.WatchWithDefault(empty, s.lampyr.OnConfigChanged)
+}
+
+// Load returns the current Config.
+func (s *Store) Load() *Config {
+	c := &Config{Serving: s.serving.Load(), Lampyr: DefaultLampyr()}
+	if l, ok := s.lampyr.UntypedLoad(LampyrConfigName).(*Lampyr); ok && l != nil {
+		c.Lampyr = l
+	}
+	return c
+}
+
+// ToContext attaches the current Config to ctx (controller.ConfigStore).
+func (s *Store) ToContext(ctx context.Context) context.Context {
+	return ToContext(ctx, s.Load())
+}

@@ -1,0 +1,342 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"knative.dev/pkg/logging"
+	v1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/reconciler/revision/resources"
+	"lampyr.dev/serving/impl/routermeta"
+)
+
+// verifyArtifact checks the snapshot artifact exists in its registry when
+// the installation asks for it (config-lampyr verify-artifacts). Validation
+// already proved the reference is well-formed and digest-pinned.
+func (r *Reconciler) verifyArtifact(ctx context.Context, _ *v1.Revision, p *progress) error {
+	if !p.cfg.VerifyArtifacts || r.artifacts == nil {
+		return nil
+	}
+	err := r.artifacts.Verify(ctx, p.tmpl.SnapshotArtifact)
+	var missing *ArtifactMissingError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &missing):
+		p.artifactMissing = v1.RevisionContainerMissingMessage(p.tmpl.SnapshotArtifact, missing.Detail)
+		return nil
+	default:
+		// The registry could not answer: retry rather than fail the Revision.
+		return err
+	}
+}
+
+func notOwnedMessage(kind, name string) string { return v1.ResourceNotOwnedMessage(kind, name) }
+
+// reconcileGrant creates the Revision's CapacityGrant or brings its spec
+// back to what the Revision says; the grant controller owns its status.
+func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *progress) error {
+	want := resources.MakeCapacityGrant(rev, p.tmpl, p.cfg)
+	got, err := r.grants.Get(rev.Namespace, rev.Name)
+	switch {
+	case apierrs.IsNotFound(err):
+		if err := r.grants.Create(ctx, want); err != nil {
+			if apierrs.IsAlreadyExists(err) {
+				p.notOwned = append(p.notOwned, notOwnedMessage("CapacityGrant", want.Name))
+				return nil
+			}
+			return fmt.Errorf("creating CapacityGrant %s: %w", want.Name, err)
+		}
+		p.grant, p.grantSpecWritten = want, true
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading CapacityGrant %s: %w", want.Name, err)
+	case !metav1.IsControlledBy(got, rev):
+		p.notOwned = append(p.notOwned, notOwnedMessage("CapacityGrant", want.Name))
+		return nil
+	}
+	if equality.Semantic.DeepEqual(got.Spec, want.Spec) && labelsContain(got.Labels, want.Labels) {
+		p.grant = got
+		return nil
+	}
+	updated := got.DeepCopy()
+	updated.Spec = want.Spec
+	updated.Labels = mergeLabels(got.Labels, want.Labels)
+	if err := r.grants.Update(ctx, updated); err != nil {
+		return fmt.Errorf("updating CapacityGrant %s: %w", want.Name, err)
+	}
+	p.grant, p.grantSpecWritten = updated, true
+	return nil
+}
+
+// reconcileBackendService creates or repairs the Service the Route reconciler
+// routes to. Only the fields we decide are compared, so values the API
+// server fills in (clusterIP, ipFamilies, sessionAffinity) cause no updates.
+func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revision, p *progress) error {
+	want := resources.MakeService(rev, p.tmpl, p.cfg)
+	got, err := r.serviceLister.Services(rev.Namespace).Get(want.Name)
+	switch {
+	case apierrs.IsNotFound(err):
+		if _, err := r.kubeclient.CoreV1().Services(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			if apierrs.IsAlreadyExists(err) {
+				p.notOwned = append(p.notOwned, notOwnedMessage("Service", want.Name))
+				return nil
+			}
+			return fmt.Errorf("creating Service %s: %w", want.Name, err)
+		}
+		p.serviceReady = true
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading Service %s: %w", want.Name, err)
+	case !metav1.IsControlledBy(got, rev):
+		p.notOwned = append(p.notOwned, notOwnedMessage("Service", want.Name))
+		return nil
+	}
+	if serviceMatches(got, want) {
+		p.serviceReady = true
+		return nil
+	}
+	updated := got.DeepCopy()
+	updated.Labels = mergeLabels(got.Labels, want.Labels)
+	if updated.Spec.Type != want.Spec.Type {
+		// Switching strategy: the API server rejects cluster IP fields on an
+		// ExternalName Service and allocates them afresh for ClusterIP.
+		updated.Spec.ClusterIP, updated.Spec.ClusterIPs = "", nil
+		updated.Spec.IPFamilies, updated.Spec.IPFamilyPolicy = nil, nil
+		updated.Spec.InternalTrafficPolicy = nil
+		updated.Spec.SessionAffinity = ""
+	}
+	updated.Spec.Type = want.Spec.Type
+	updated.Spec.ExternalName = want.Spec.ExternalName
+	updated.Spec.Ports = want.Spec.Ports
+	updated.Spec.Selector = nil
+	if _, err := r.kubeclient.CoreV1().Services(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating Service %s: %w", want.Name, err)
+	}
+	p.serviceReady = true
+	return nil
+}
+
+func serviceMatches(got, want *corev1.Service) bool {
+	if got.Spec.Type != want.Spec.Type || got.Spec.ExternalName != want.Spec.ExternalName ||
+		len(got.Spec.Selector) != 0 || len(got.Spec.Ports) != len(want.Spec.Ports) ||
+		!labelsContain(got.Labels, want.Labels) {
+		return false
+	}
+	for i, w := range want.Spec.Ports {
+		g := got.Spec.Ports[i]
+		if g.Name != w.Name || g.Port != w.Port || g.TargetPort != w.TargetPort ||
+			g.Protocol != w.Protocol || !equality.Semantic.DeepEqual(g.AppProtocol, w.AppProtocol) {
+			return false
+		}
+	}
+	return true
+}
+
+// reconcileEndpointSlice keeps the mirror of fiber-router's ready endpoints
+// in the endpointslice strategy, and removes it in the externalname one
+// (after a strategy switch).
+func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revision, p *progress) error {
+	if p.cfg.BackendStrategy != config.BackendEndpointSlice {
+		p.sliceReady = true
+		return r.deleteEndpointSlice(ctx, rev)
+	}
+	routerSlices, err := r.routerSliceLister.EndpointSlices(p.cfg.RouterNamespace).List(
+		labels.SelectorFromSet(labels.Set{discoveryv1.LabelServiceName: p.cfg.RouterService}))
+	if err != nil {
+		return fmt.Errorf("listing %s/%s EndpointSlices: %w", p.cfg.RouterNamespace, p.cfg.RouterService, err)
+	}
+	want := resources.MakeEndpointSlice(rev, p.tmpl, routerSlices)
+	got, err := r.mirrorSliceLister.EndpointSlices(rev.Namespace).Get(want.Name)
+	switch {
+	case apierrs.IsNotFound(err):
+		if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			if apierrs.IsAlreadyExists(err) {
+				p.notOwned = append(p.notOwned, notOwnedMessage("EndpointSlice", want.Name))
+				return nil
+			}
+			return fmt.Errorf("creating EndpointSlice %s: %w", want.Name, err)
+		}
+		p.sliceReady = true
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading EndpointSlice %s: %w", want.Name, err)
+	case !metav1.IsControlledBy(got, rev):
+		p.notOwned = append(p.notOwned, notOwnedMessage("EndpointSlice", want.Name))
+		return nil
+	}
+	if got.AddressType == want.AddressType && labelsContain(got.Labels, want.Labels) &&
+		equality.Semantic.DeepEqual(got.Endpoints, want.Endpoints) && equality.Semantic.DeepEqual(got.Ports, want.Ports) {
+		p.sliceReady = true
+		return nil
+	}
+	if got.AddressType != want.AddressType {
+		// addressType is immutable: replace the slice.
+		if err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+			return fmt.Errorf("replacing EndpointSlice %s: %w", got.Name, err)
+		}
+		if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating EndpointSlice %s: %w", want.Name, err)
+		}
+		p.sliceReady = true
+		return nil
+	}
+	updated := got.DeepCopy()
+	updated.Labels = mergeLabels(got.Labels, want.Labels)
+	updated.Endpoints = want.Endpoints
+	updated.Ports = want.Ports
+	if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating EndpointSlice %s: %w", want.Name, err)
+	}
+	p.sliceReady = true
+	return nil
+}
+
+// publishRouterMetadata writes `<rev>-lampyr-route`, with ready=true only
+// when everything else is ready, so fiber-router never routes to a Revision
+// whose Home or backend is missing.
+func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision, p *progress) error {
+	p.routerReady = p.readyForRouting()
+	want := resources.MakeRouterMetadata(rev, p.tmpl, p.homeEndpoint(), p.routerReady)
+	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(want.Name)
+	switch {
+	case apierrs.IsNotFound(err):
+		if _, err := r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			if apierrs.IsAlreadyExists(err) {
+				// Exists without our label, so our filtered lister cannot see it.
+				p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", want.Name))
+				p.routerReady = false
+				return nil
+			}
+			return fmt.Errorf("creating ConfigMap %s: %w", want.Name, err)
+		}
+		p.published = true
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading ConfigMap %s: %w", want.Name, err)
+	case !metav1.IsControlledBy(got, rev):
+		p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", want.Name))
+		p.routerReady = false
+		return nil
+	}
+	if equality.Semantic.DeepEqual(got.Data, want.Data) && labelsContain(got.Labels, want.Labels) {
+		p.published = true
+		return nil
+	}
+	updated := got.DeepCopy()
+	updated.Labels = mergeLabels(got.Labels, want.Labels)
+	updated.Data = want.Data
+	if _, err := r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating ConfigMap %s: %w", want.Name, err)
+	}
+	p.published = true
+	return nil
+}
+
+// withdrawRouterMetadata marks existing metadata not ready when the
+// Revision is rejected (e.g. after an upgrade narrowed the subset), so
+// fiber-router stops routing to it. Nothing else is torn down: the
+// Revision may still be deleted or the controller downgraded.
+func (r *Reconciler) withdrawRouterMetadata(ctx context.Context, rev *v1.Revision) error {
+	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(routermeta.Name(rev.Name))
+	if apierrs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if !metav1.IsControlledBy(got, rev) || got.Data["ready"] != "true" {
+		return nil
+	}
+	updated := got.DeepCopy()
+	updated.Data["ready"] = "false"
+	_, err = r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{})
+	return err
+}
+
+// The delete* functions remove an object only if the cache shows it exists
+// and is controlled by rev, so finalizing is idempotent and never deletes
+// an object someone else created under our name.
+
+func (r *Reconciler) deleteRouterMetadata(ctx context.Context, rev *v1.Revision) error {
+	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(routermeta.Name(rev.Name))
+	if skip, err := skipDelete(ctx, got, err, rev); skip {
+		return err
+	}
+	return ignoreNotFound(r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}))
+}
+
+func (r *Reconciler) deleteEndpointSlice(ctx context.Context, rev *v1.Revision) error {
+	got, err := r.mirrorSliceLister.EndpointSlices(rev.Namespace).Get(resources.EndpointSliceName(rev))
+	if skip, err := skipDelete(ctx, got, err, rev); skip {
+		return err
+	}
+	return ignoreNotFound(r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}))
+}
+
+func (r *Reconciler) deleteBackendService(ctx context.Context, rev *v1.Revision) error {
+	got, err := r.serviceLister.Services(rev.Namespace).Get(rev.Name)
+	if skip, err := skipDelete(ctx, got, err, rev); skip {
+		return err
+	}
+	return ignoreNotFound(r.kubeclient.CoreV1().Services(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}))
+}
+
+func (r *Reconciler) deleteGrant(ctx context.Context, rev *v1.Revision) error {
+	got, err := r.grants.Get(rev.Namespace, rev.Name)
+	if skip, err := skipDelete(ctx, got, err, rev); skip {
+		return err
+	}
+	return ignoreNotFound(r.grants.Delete(ctx, rev.Namespace, rev.Name))
+}
+
+// skipDelete says whether to skip deleting obj, and with which error.
+func skipDelete[T metav1.Object](ctx context.Context, obj T, err error, rev *v1.Revision) (bool, error) {
+	switch {
+	case apierrs.IsNotFound(err):
+		return true, nil
+	case err != nil:
+		return true, err
+	case !metav1.IsControlledBy(obj, rev):
+		logging.FromContext(ctx).Infof("Not deleting %s: not controlled by Revision %s", obj.GetName(), rev.Name)
+		return true, nil
+	}
+	return false, nil
+}
+
+func ignoreNotFound(err error) error {
+	if apierrs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// labelsContain: every label we set is present with our value; labels
+// others added are left alone.
+func labelsContain(got, want map[string]string) bool {
+	for k, v := range want {
+		if got[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func mergeLabels(got, want map[string]string) map[string]string {
+	out := make(map[string]string, len(got)+len(want))
+	for k, v := range got {
+		out[k] = v
+	}
+	for k, v := range want {
+		out[k] = v
+	}
+	return out
+}

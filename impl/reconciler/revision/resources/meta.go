@@ -1,0 +1,38 @@
+package resources
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"knative.dev/pkg/kmeta"
+	"knative.dev/serving/pkg/apis/serving"
+	v1 "knative.dev/serving/pkg/apis/serving/v1"
+)
+
+// ManagedByLabelKey marks every object this reconciler creates, so a person
+// (or `kubectl get -l`) can find them.
+const (
+	ManagedByLabelKey   = "app.kubernetes.io/managed-by"
+	ManagedByLabelValue = "lampyr-controller"
+)
+
+// Labels are put on every owned object. They deliberately never include
+// serving.knative.dev/route: the Route reconciler deletes Services carrying
+// it that it did not create (UPSTREAM-CONTRACT.md, Pitfall).
+func Labels(rev *v1.Revision) map[string]string {
+	l := map[string]string{
+		serving.RevisionLabelKey: rev.Name,
+		serving.RevisionUID:      string(rev.UID),
+		ManagedByLabelKey:        ManagedByLabelValue,
+	}
+	for _, k := range []string{serving.ConfigurationLabelKey, serving.ServiceLabelKey} {
+		if v := rev.Labels[k]; v != "" {
+			l[k] = v
+		}
+	}
+	return l
+}
+
+// OwnerReferences makes rev the controlling owner, so garbage collection
+// cleans up even if the finalizer never ran.
+func OwnerReferences(rev *v1.Revision) []metav1.OwnerReference {
+	return []metav1.OwnerReference{*kmeta.NewControllerRef(rev)}
+}

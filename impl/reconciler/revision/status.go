@@ -1,0 +1,152 @@
+package revision
+
+import (
+	"strings"
+
+	"knative.dev/pkg/apis"
+	v1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/reconciler/revision/resources"
+)
+
+// Condition reasons Lampyr adds to the stock ones (v1.ReasonDeploying,
+// v1.ReasonNotOwned, v1.ReasonContainerMissing).
+const (
+	// ReasonWaitingForGrant: the grant controller has not decided yet.
+	ReasonWaitingForGrant = "WaitingForCapacityGrant"
+	// ReasonWaitingForHome: admitted, the Home is not ready yet.
+	ReasonWaitingForHome = "WaitingForHome"
+)
+
+// progress collects what the reconcile steps observed; markConditions turns
+// it into conditions in one place, so the reader finds every rule here.
+type progress struct {
+	tmpl *resources.Template
+	cfg  *config.Lampyr
+
+	// artifactMissing is set when the registry says the artifact is absent.
+	artifactMissing string
+	// notOwned names objects that exist under our names but are not ours.
+	notOwned []string
+	// grant is the CapacityGrant as last read (status from the grant controller).
+	grant *fiberdv1alpha1.CapacityGrant
+	// grantSpecWritten: we just created or changed the grant spec, so its
+	// status does not describe it yet.
+	grantSpecWritten bool
+	serviceReady     bool
+	sliceReady       bool
+	// routerReady: everything but the metadata is ready (its ready flag).
+	routerReady bool
+	// published: the metadata ConfigMap matches what we want.
+	published bool
+}
+
+func (p *progress) grantCondition(t apis.ConditionType) *apis.Condition {
+	if p.grant == nil || p.grantSpecWritten {
+		return nil
+	}
+	return p.grant.Status.GetCondition(t)
+}
+
+// homeEndpoint is set only while the grant is Ready: fiber-router must not
+// be pointed at a Home that has not loaded the template.
+func (p *progress) homeEndpoint() string {
+	if !p.grantCondition(fiberdv1alpha1.GrantConditionReady).IsTrue() {
+		return ""
+	}
+	return p.grant.Status.HomeEndpoint
+}
+
+// backendReady is the backend Service plus, in the endpointslice strategy,
+// its mirrored EndpointSlice.
+func (p *progress) backendReady() bool {
+	if p.cfg.BackendStrategy == config.BackendEndpointSlice {
+		return p.serviceReady && p.sliceReady
+	}
+	return p.serviceReady
+}
+
+// readyForRouting: verified artifact, admitted grant, ready Home with an
+// endpoint, ready backend. Router metadata says ready exactly then.
+func (p *progress) readyForRouting() bool {
+	return p.artifactMissing == "" && len(p.notOwned) == 0 &&
+		p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted).IsTrue() &&
+		p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady).IsTrue() &&
+		p.homeEndpoint() != "" && p.backendReady()
+}
+
+// markConditions maps what was observed onto the stock Revision conditions:
+//
+//	ContainerHealthy  = artifact verified AND the Home is ready (fiberd has
+//	                    opened the sealed template and warmed its pool: the
+//	                    fiber analogue of a container passing readiness).
+//	ResourcesAvailable = grant admitted AND backend Service ready AND router
+//	                    metadata published with ready=true.
+//	Ready             = both (the stock living condition set).
+//	Active            = True once Ready: fibers start per request, so a
+//	                    ready Revision is always able to serve.
+func (p *progress) markConditions(st *v1.RevisionStatus) {
+	admitted := p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted)
+	home := p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady)
+
+	switch {
+	case p.artifactMissing != "":
+		st.MarkContainerHealthyFalse(v1.ReasonContainerMissing, p.artifactMissing)
+	case home.IsFalse():
+		st.MarkContainerHealthyFalse(reasonOr(home.Reason, ReasonWaitingForHome), home.Message)
+	case home.IsTrue():
+		st.MarkContainerHealthyTrue()
+	default:
+		st.MarkContainerHealthyUnknown(ReasonWaitingForHome, "Waiting for the CapacityGrant's Home to load the sealed template.")
+	}
+
+	switch {
+	case len(p.notOwned) > 0:
+		st.MarkResourcesAvailableFalse(v1.ReasonNotOwned, strings.Join(p.notOwned, " "))
+	case admitted.IsFalse():
+		// The grant controller's refusal, verbatim (docs/contracts.md §1).
+		st.MarkResourcesAvailableFalse(reasonOr(admitted.Reason, "CapacityGrantRefused"), admitted.Message)
+	case !admitted.IsTrue():
+		st.MarkResourcesAvailableUnknown(ReasonWaitingForGrant, "Waiting for the grant controller to admit the CapacityGrant.")
+	case !p.backendReady():
+		st.MarkResourcesAvailableUnknown(v1.ReasonDeploying, "Waiting for the backend Service.")
+	case !p.published || !p.routerReady:
+		st.MarkResourcesAvailableUnknown(v1.ReasonDeploying, "Waiting to publish router metadata.")
+	default:
+		st.MarkResourcesAvailableTrue()
+	}
+
+	ready := st.GetCondition(v1.RevisionConditionReady)
+	switch {
+	case ready.IsTrue():
+		st.MarkActiveTrue()
+	case ready != nil:
+		st.MarkActiveUnknown(reasonOr(ready.Reason, v1.ReasonDeploying), ready.Message)
+	}
+}
+
+// markRejected reports a template outside the subset: ResourcesAvailable
+// (hence Ready) False with the reason naming the first offending field.
+// ContainerHealthy stays Unknown: nothing was started.
+func markRejected(st *v1.RevisionStatus, r Rejection) {
+	st.MarkResourcesAvailableFalse(r.Reason(), r.Message())
+	st.MarkActiveFalse(r.Reason(), "The Revision cannot run on Lampyr.")
+	// No container status: nothing was accepted to record.
+	st.ContainerStatuses = nil
+}
+
+// recordContainerStatus records the independently supplied runnable image.
+// It is already digest-pinned (validation requires it), so it is its own
+// resolved digest, like stock's resolved imageDigest.
+func recordContainerStatus(st *v1.RevisionStatus, t *resources.Template) {
+	st.ContainerStatuses = []v1.ContainerStatus{{Name: t.ContainerName, ImageDigest: t.Image}}
+}
+
+func reasonOr(reason, fallback string) string {
+	if reason == "" {
+		return fallback
+	}
+	return reason
+}
