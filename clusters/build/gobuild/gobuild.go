@@ -31,7 +31,8 @@ type Spec struct {
 	// Module and Version pin the module that holds the packages. An empty
 	// Module builds from Dir (the caller's own module) instead.
 	Module, Version string
-	// Dir is a local module root, used when Module is empty.
+	// Dir is a local module root, used when Module is empty; such builds
+	// are never served from the done-marker cache.
 	Dir string
 	// Packages are import paths of main packages.
 	Packages []string
@@ -130,7 +131,9 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 	for i, p := range s.Packages {
 		bins[i] = Binary{Package: p, Path: filepath.Join(outDir, BinaryName(p))}
 	}
-	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
+	// Local sources change without a version: only pinned modules are
+	// cached here (go's own build cache still makes local rebuilds quick).
+	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil && s.Module != "" {
 		return bins, nil
 	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {

@@ -1,0 +1,102 @@
+package gobuild
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestScratchGoMod(t *testing.T) {
+	got, err := ScratchGoMod(Spec{
+		Name: "Kubernetes", Module: "k8s.io/kubernetes", Version: "v1.35.4",
+		Replace: map[string]string{"k8s.io/api": "v0.35.4", "k8s.io/apimachinery": "v0.35.4"},
+		Require: map[string]string{"golang.org/x/net": "v0.50.0"},
+	}, "go1.26.8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"module lampyr.dev/build/kubernetes",
+		"go 1.26.8",
+		"k8s.io/kubernetes v1.35.4",
+		"golang.org/x/net v0.50.0",
+		"k8s.io/api => k8s.io/api v0.35.4",
+		"k8s.io/apimachinery => k8s.io/apimachinery v0.35.4",
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("go.mod lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+func TestKeyChangesWithEveryInput(t *testing.T) {
+	base := Spec{Name: "x", Module: "m", Version: "v1", Packages: []string{"m/cmd/a"}}
+	k := base.Key("go1.26.8", "")
+	variants := []Spec{base, base, base, base}
+	variants[0].Version = "v2"
+	variants[1].Packages = []string{"m/cmd/b"}
+	variants[2].LDFlags = "-s"
+	variants[3].Replace = map[string]string{"a": "v1"}
+	for i, v := range variants {
+		if v.Key("go1.26.8", "") == k {
+			t.Errorf("variant %d has the same key as the base", i)
+		}
+	}
+	if base.Key("go1.27.0", "") == k || base.Key("go1.26.8", "src") == k {
+		t.Error("the Go version and the extra key must change the key")
+	}
+	if base.Key("go1.26.8", "") != k {
+		t.Error("the key must be stable")
+	}
+}
+
+func TestStagingReplaces(t *testing.T) {
+	gomod := []byte(`module k8s.io/kubernetes
+
+go 1.25
+
+require k8s.io/api v0.0.0
+
+replace (
+	k8s.io/api => ./staging/src/k8s.io/api
+	k8s.io/client-go => ./staging/src/k8s.io/client-go
+	github.com/x/y => github.com/x/y v1.0.0
+)
+`)
+	got, err := StagingReplaces(gomod, "v0.35.4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got["k8s.io/api"] != "v0.35.4" || got["k8s.io/client-go"] != "v0.35.4" {
+		t.Fatalf("got %v", got)
+	}
+	if _, err := StagingReplaces([]byte("module x\n"), "v0"); err == nil {
+		t.Fatal("a go.mod without staging replacements must be an error")
+	}
+}
+
+// TestBuildLocal builds a tiny main package from a local module: a real go
+// build, seconds with a warm cache.
+func TestBuildLocal(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/hello\n\ngo 1.22\n")
+	write("main.go", "package main\n\nfunc main() { println(\"hi\") }\n")
+	b := &Builder{WorkDir: t.TempDir()}
+	bins, err := b.Build(context.Background(), Spec{Name: "hello", Dir: dir, Packages: []string{"example.com/hello"}}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bins) != 1 || filepath.Base(bins[0].Path) != "hello" {
+		t.Fatalf("bins = %v", bins)
+	}
+	if st, err := os.Stat(bins[0].Path); err != nil || st.Mode()&0o111 == 0 {
+		t.Fatalf("binary missing or not executable: %v", err)
+	}
+}

@@ -1,0 +1,201 @@
+// The clusters suite proves the offline cluster inputs end to end: two real
+// Kind clusters created in parallel from the offline node image, a pod from an
+// image built by the project's image builder answering on 127.0.0.1, and an
+// image pushed to localhost:5002 from the host pulled by a pod in each
+// cluster. It also interrupts a creation and checks nothing is left behind.
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/progress"
+)
+
+func TestClusters(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "clusters")
+}
+
+var (
+	env     *clusters.Env
+	names   = []string{"lampyr-e2e-a", "lampyr-e2e-b"}
+	infos   []kindcluster.Info
+	clients = map[string]*e2eutil.Clients{}
+	keep    = os.Getenv("LAMPYR_KEEP") == "1"
+	timings = map[string]time.Duration{}
+	skipWhy = "cluster suites create real Kind clusters: run them with `just test-clusters` (sets LAMPYR_E2E=1)"
+	enabled = os.Getenv("LAMPYR_E2E") == "1"
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip(skipWhy)
+	}
+	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	start := time.Now()
+	_, err := env.Inputs(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	timings["inputs"] = time.Since(start)
+
+	start = time.Now()
+	infos, err = env.Up(ctx, names, keep)
+	Expect(err).NotTo(HaveOccurred())
+	timings["pair"] = time.Since(start)
+	for _, i := range infos {
+		c, err := e2eutil.NewClients(i.Kubeconfig)
+		Expect(err).NotTo(HaveOccurred())
+		clients[i.Name] = c
+	}
+}, NodeTimeout(60*time.Minute))
+
+var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
+	if !r.Failed() || !enabled {
+		return
+	}
+	dir := filepath.Join(e2eutil.ArtifactsDir(), "clusters", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
+	for name, c := range clients {
+		_ = e2eutil.Dump(ctx, c, filepath.Join(dir, name))
+		_ = env.Manager().ExportLogs(name, filepath.Join(dir, "kind-logs"))
+	}
+})
+
+var _ = AfterSuite(func() {
+	if !enabled {
+		return
+	}
+	for k, d := range timings {
+		fmt.Fprintf(GinkgoWriter, "timing %-8s %s\n", k, d.Round(100*time.Millisecond))
+	}
+	if keep {
+		return
+	}
+	for _, n := range names {
+		_ = env.Manager().Delete(n)
+	}
+})
+
+var _ = Describe("offline paired clusters", Label("cluster"), func() {
+	It("has every node Ready in both clusters", func(ctx SpecContext) {
+		for _, n := range names {
+			nodes, err := clients[n].Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(nodes.Items).NotTo(BeEmpty())
+			for _, node := range nodes.Items {
+				Expect(nodeReady(node)).To(BeTrue(), "cluster %s node %s not Ready: %v", n, node.Name, node.Status.Conditions)
+			}
+		}
+	})
+
+	It("serves a pod built by the image builder and pulled from localhost:5002 in each cluster, on 127.0.0.1", func(ctx SpecContext) {
+		ref, err := e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", infos[0].Registry, "e2e/handler", "v1")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ref).To(ContainSubstring("@sha256:"), "the pod must pull by digest")
+		for _, info := range infos {
+			c := clients[info.Name]
+			Expect(deployHandler(ctx, c, ref)).To(Succeed())
+			url := fmt.Sprintf("http://127.0.0.1:%d/", info.HostPort(clusters.GatewayNodePort))
+			Eventually(func() (string, error) { return get(url) }).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
+				Should(Equal("Hello World!\n"), "cluster %s: %s", info.Name, url)
+			pod, err := c.Kube.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=handler"})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(pod.Items).To(HaveLen(1))
+			Expect(pod.Items[0].Status.ContainerStatuses[0].ImageID).To(HaveSuffix(ref[strings.Index(ref, "@")+1:]),
+				"cluster %s ran a different image than the one pushed", info.Name)
+		}
+	})
+
+	It("leaves no container behind when creation is interrupted", func(ctx SpecContext) {
+		bin := filepath.Join(e2eutil.RepoRoot(), "build", "lampyr-clusters")
+		Expect(exec.CommandContext(ctx, "go", "build", "-o", bin, "./clusters/cmd/lampyr-clusters").Run()).To(Succeed())
+		name := "lampyr-e2e-interrupt"
+		cmd := exec.CommandContext(ctx, bin, "up", name)
+		cmd.Dir = e2eutil.RepoRoot()
+		cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
+		Expect(cmd.Start()).To(Succeed())
+		// Interrupt once the node container exists: mid-creation.
+		Eventually(func() string { return containers(name) }).WithTimeout(3 * time.Minute).WithPolling(200 * time.Millisecond).ShouldNot(BeEmpty())
+		Expect(cmd.Process.Signal(syscall.SIGINT)).To(Succeed())
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		Eventually(done).WithTimeout(3 * time.Minute).Should(Receive())
+		Expect(containers(name)).To(BeEmpty(), "interrupted creation left containers behind")
+		_, err := os.Stat(env.Manager().KubeconfigPath(name))
+		Expect(os.IsNotExist(err)).To(BeTrue(), "interrupted creation left a kubeconfig behind")
+	})
+})
+
+func containers(cluster string) string {
+	out, _ := exec.Command("docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+cluster).Output()
+	return strings.TrimSpace(string(out))
+}
+
+func nodeReady(n corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func deployHandler(ctx context.Context, c *e2eutil.Clients, ref string) error {
+	labels := map[string]string{"app": "handler"}
+	one := int32(1)
+	dep := &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: "handler", Namespace: "default"},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &one,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{
+					Name: "handler", Image: ref, ImagePullPolicy: corev1.PullIfNotPresent,
+					Ports: []corev1.ContainerPort{{ContainerPort: 8080}},
+				}}},
+			},
+		},
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "handler", Namespace: "default"},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeNodePort,
+			Selector: labels,
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt(8080), NodePort: clusters.GatewayNodePort}},
+		},
+	}
+	if _, err := c.Kube.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	_, err := c.Kube.CoreV1().Services("default").Create(ctx, svc, metav1.CreateOptions{})
+	return err
+}
+
+func get(url string) (string, error) {
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
