@@ -1,0 +1,218 @@
+// Package knative renders Knative Serving's release manifests from the pinned
+// knative.dev/serving module's own config/core tree, the way Knative's
+// release does (ko resolve -R -f config/core), with ko:// references
+// resolved to images this project builds, and into two install profiles:
+// stock (everything) and lampyr (upstream CRDs, webhook, configuration,
+// certificates and RBAC, with the Pod-based Revision machinery filtered out
+// before apply).
+package knative
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/mod/modfile"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
+)
+
+// ServingModule and ServingVersion pin Knative Serving 1.23.
+const (
+	ServingModule  = "knative.dev/serving"
+	ServingVersion = "v0.50.0"
+)
+
+// Source is one YAML file in release order.
+type Source struct {
+	// Path is the file's place in upstream's config/core tree.
+	Path string
+	// Origin says where the bytes came from (module@version/path).
+	Origin string
+	Data   []byte
+}
+
+// symlinkedFiles are files that are symlinks in upstream's config/core and
+// therefore missing from the module zip; each comes from the module that
+// owns it, at the version serving pins.
+var symlinkedFiles = []struct{ path, module, file string }{
+	{"config/core/300-resources/certificate.yaml", "knative.dev/networking", "config/certificate.yaml"},
+	{"config/core/300-resources/domain-claim.yaml", "knative.dev/networking", "config/domain-claim.yaml"},
+	{"config/core/300-resources/ingress.yaml", "knative.dev/networking", "config/ingress.yaml"},
+	{"config/core/300-resources/serverlessservice.yaml", "knative.dev/networking", "config/serverlessservice.yaml"},
+	{"config/core/configmaps/network.yaml", "knative.dev/networking", "config/config-network.yaml"},
+	{"config/core/300-imagecache.yaml", "knative.dev/caching", "config/image.yaml"},
+}
+
+// Sources lists config/core of the pinned serving module plus the symlinked
+// files, sorted by path (ko's order).
+func Sources(ctx context.Context) ([]Source, error) {
+	serving, err := gobuild.Download(ctx, ServingModule, ServingVersion)
+	if err != nil {
+		return nil, err
+	}
+	var out []Source
+	root := filepath.Join(serving.Dir, "config", "core")
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(serving.Dir, p)
+		out = append(out, Source{Path: rel, Origin: ServingModule + "@" + ServingVersion + "/" + rel, Data: b})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	gomod, err := os.ReadFile(serving.GoMod)
+	if err != nil {
+		return nil, err
+	}
+	versions, err := requiredVersions(gomod)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range symlinkedFiles {
+		v := versions[f.module]
+		if v == "" {
+			return nil, fmt.Errorf("%s@%s does not require %s", ServingModule, ServingVersion, f.module)
+		}
+		mod, err := gobuild.Download(ctx, f.module, v)
+		if err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(filepath.Join(mod.Dir, f.file))
+		if err != nil {
+			return nil, fmt.Errorf("%s (upstream symlink to %s@%s/%s): %w", f.path, f.module, v, f.file, err)
+		}
+		out = append(out, Source{Path: f.path, Origin: f.module + "@" + v + "/" + f.file, Data: b})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Path < out[j].Path })
+	return out, nil
+}
+
+func requiredVersions(gomod []byte) (map[string]string, error) {
+	f, err := modfile.Parse("go.mod", gomod, nil)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]string{}
+	for _, r := range f.Require {
+		m[r.Mod.Path] = r.Mod.Version
+	}
+	return m, nil
+}
+
+// Object is one manifest with where it came from.
+type Object struct {
+	*unstructured.Unstructured
+	Source string
+}
+
+// Parse splits every source into objects, skipping empty documents.
+func Parse(sources []Source) ([]Object, error) {
+	var out []Object
+	for _, s := range sources {
+		objs, err := ParseYAML(s.Data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Origin, err)
+		}
+		for _, o := range objs {
+			out = append(out, Object{Unstructured: o, Source: s.Path})
+		}
+	}
+	return out, nil
+}
+
+// ParseYAML decodes a multi-document YAML stream.
+func ParseYAML(data []byte) ([]*unstructured.Unstructured, error) {
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	var out []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		if err := dec.Decode(&m); err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return nil, err
+		}
+		if len(m) == 0 {
+			continue
+		}
+		out = append(out, &unstructured.Unstructured{Object: m})
+	}
+}
+
+// KoPrefix marks an image reference ko resolves at release time.
+const KoPrefix = "ko://"
+
+// KoReferences lists the distinct ko:// import paths in objs, sorted.
+func KoReferences(objs []Object) []string {
+	set := map[string]bool{}
+	for _, o := range objs {
+		walkStrings(o.Object, func(s string) string {
+			if strings.HasPrefix(s, KoPrefix) {
+				set[strings.TrimPrefix(s, KoPrefix)] = true
+			}
+			return s
+		})
+	}
+	out := make([]string, 0, len(set))
+	for k := range set {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// ResolveImages replaces every ko://IMPORTPATH string with images[IMPORTPATH]
+// and fails naming each one left unresolved.
+func ResolveImages(objs []Object, images map[string]string) error {
+	var missing []string
+	for _, o := range objs {
+		walkStrings(o.Object, func(s string) string {
+			if !strings.HasPrefix(s, KoPrefix) {
+				return s
+			}
+			ref, ok := images[strings.TrimPrefix(s, KoPrefix)]
+			if !ok {
+				missing = append(missing, fmt.Sprintf("%s in %s %s (%s)", s, o.GetKind(), o.GetName(), o.Source))
+				return s
+			}
+			return ref
+		})
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("unresolved image references: %s", strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+func walkStrings(v any, fn func(string) string) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			t[k] = walkStrings(x, fn)
+		}
+	case []any:
+		for i, x := range t {
+			t[i] = walkStrings(x, fn)
+		}
+	case string:
+		return fn(t)
+	}
+	return v
+}
