@@ -8,11 +8,8 @@
 package knative
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -21,9 +18,9 @@ import (
 
 	"golang.org/x/mod/modfile"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/manifest"
 )
 
 // ServingModule and ServingVersion pin Knative Serving 1.23.
@@ -126,7 +123,7 @@ type Object struct {
 func Parse(sources []Source) ([]Object, error) {
 	var out []Object
 	for _, s := range sources {
-		objs, err := ParseYAML(s.Data)
+		objs, err := manifest.Parse(s.Data)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Origin, err)
 		}
@@ -135,25 +132,6 @@ func Parse(sources []Source) ([]Object, error) {
 		}
 	}
 	return out, nil
-}
-
-// ParseYAML decodes a multi-document YAML stream.
-func ParseYAML(data []byte) ([]*unstructured.Unstructured, error) {
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	var out []*unstructured.Unstructured
-	for {
-		var m map[string]any
-		if err := dec.Decode(&m); err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return nil, err
-		}
-		if len(m) == 0 {
-			continue
-		}
-		out = append(out, &unstructured.Unstructured{Object: m})
-	}
 }
 
 // KoPrefix marks an image reference ko resolves at release time.
