@@ -5,8 +5,17 @@ package clusters
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/install"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/clusters/publish"
 
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/kindcluster"
@@ -90,4 +99,46 @@ func (e *Env) Up(ctx context.Context, names []string, keep bool) ([]kindcluster.
 func cgroupV2() bool {
 	_, err := os.Stat("/sys/fs/cgroup/cgroup.controllers")
 	return err == nil
+}
+
+// ProfileFor infers the install profile from a cluster's name: "stock" and
+// "lampyr" (and names starting with "stock-"/"lampyr-") get theirs; any
+// other name gets a bare cluster.
+func ProfileFor(name string) string {
+	for _, p := range []string{"stock", "lampyr"} {
+		if name == p || strings.HasPrefix(name, p+"-") {
+			return p
+		}
+	}
+	return ""
+}
+
+// Publisher builds images and pushes them to the local registry.
+func (e *Env) Publisher() *publish.Publisher {
+	return &publish.Publisher{
+		Go:       &gobuild.Builder{WorkDir: filepath.Join(e.Cache, "go"), Log: e.Log},
+		Registry: fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
+		Log:      e.Log,
+	}
+}
+
+// Install puts a profile on a cluster with a networking provider.
+func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provider string) error {
+	prov, err := networking.Get(provider)
+	if err != nil {
+		return err
+	}
+	c, err := e2eutil.NewClients(info.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	switch profile {
+	case "stock":
+		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: GatewayNodePort})
+		})
+	case "lampyr":
+		return fmt.Errorf("cluster %s: the lampyr install profile is not implemented yet (needs the controller, fiberd and fiber-router manifests)", info.Name)
+	}
+	return fmt.Errorf("unknown profile %q: want stock or lampyr", profile)
 }

@@ -2,7 +2,8 @@
 // Kind clusters wired to the local registry.
 //
 //	lampyr-clusters inputs              build (or find cached) node and registry images
-//	lampyr-clusters up NAME...          create or reuse clusters, in parallel
+//	lampyr-clusters up NAME...          create or reuse clusters, in parallel, and install
+//	                                    their profile (stock*, lampyr*; --profile overrides)
 //	lampyr-clusters down NAME...        delete clusters
 //	lampyr-clusters logs NAME DIR       export node logs (kind export logs)
 //	lampyr-clusters load NAME TAR...    load docker-archive images into a cluster
@@ -36,12 +37,21 @@ func main() {
 	}
 }
 
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New("usage: lampyr-clusters inputs|up|down|logs|load|info ...")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	keep := fs.Bool("keep", os.Getenv("LAMPYR_KEEP") == "1", "keep clusters whose creation failed or was interrupted")
+	provider := fs.String("provider", envOr("LAMPYR_NETWORKING", "traefik"), "networking provider for installed profiles (traefik, kourier)")
+	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: from the name (stock*, lampyr*)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -63,6 +73,18 @@ func run(ctx context.Context, args []string) error {
 		infos, err := env.Up(ctx, fs.Args(), *keep)
 		if err != nil {
 			return err
+		}
+		for _, i := range infos {
+			p := *profile
+			if p == "" {
+				p = clusters.ProfileFor(i.Name)
+			}
+			if p == "" || p == "none" {
+				continue
+			}
+			if err := env.Install(ctx, i, p, *provider); err != nil {
+				return err
+			}
 		}
 		for _, i := range infos {
 			log.Printf("cluster %s: KUBECONFIG=%s gateway http://127.0.0.1:%d registry %s", i.Name, i.Kubeconfig, i.HostPort(clusters.GatewayNodePort), i.Registry)

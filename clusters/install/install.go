@@ -1,0 +1,144 @@
+// Package install puts an install profile on a cluster: Knative Serving
+// rendered from the pinned module (clusters/knative), a networking provider
+// (clusters/networking) and, for the lampyr profile, Lampyr's own
+// components. Images are built here and pulled by digest from the local
+// registry.
+package install
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"lampyr.dev/serving/clusters/apply"
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/build/image"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/clusters/publish"
+)
+
+// ServingCommands are the knative.dev/serving commands a release builds.
+var ServingCommands = []string{"controller", "webhook", "activator", "autoscaler", "queue"}
+
+// ServingImages builds Knative Serving's images from the pinned module, as
+// its release does (ko: static binary, non-root, /ko-app/<name>), and
+// returns ko import path -> digest reference.
+func ServingImages(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
+	spec := gobuild.Spec{Name: "knative-serving", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+	var imgs []publish.Image
+	for _, c := range ServingCommands {
+		pkg := knative.ServingModule + "/cmd/" + c
+		spec.Packages = append(spec.Packages, pkg)
+		imgs = append(imgs, publish.Image{Package: pkg, Repo: "knative-serving/" + c, Options: image.Options{}})
+	}
+	return p.Publish(ctx, spec, imgs)
+}
+
+// Options for an install.
+type Options struct {
+	Profile  knative.Profile
+	Provider networking.Provider
+	// NodePort is the gateway's public NodePort.
+	NodePort int
+	// Domain for config-domain; empty keeps Knative's example.com.
+	Domain string
+	// Extra are more objects to apply after Knative (Lampyr's components).
+	Extra []*unstructured.Unstructured
+	// Timeout bounds the wait for Deployments.
+	Timeout time.Duration
+}
+
+// Install renders and applies a profile, then waits for every Deployment of
+// Knative and the provider to be Available.
+func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log *progress.Log, o Options) error {
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Minute
+	}
+	if why := o.Provider.NeedsRegistry(); why != "" && !registryReachable() {
+		return fmt.Errorf("networking provider %s cannot be installed here: %s", o.Provider.Name(), why)
+	}
+	images, err := ServingImages(ctx, p)
+	if err != nil {
+		return err
+	}
+	provImages, err := o.Provider.Publish(ctx, p)
+	if err != nil {
+		return err
+	}
+	var objs []knative.Object
+	err = log.Step(fmt.Sprintf("Rendering Knative Serving %s (%s profile)", knative.ServingVersion, o.Profile), func() error {
+		src, err := knative.Sources(ctx)
+		if err != nil {
+			return err
+		}
+		all, err := knative.Parse(src)
+		if err != nil {
+			return err
+		}
+		if err := knative.ResolveImages(all, images); err != nil {
+			return err
+		}
+		if err := knative.ApplySettings(all, knative.Settings{IngressClass: o.Provider.IngressClass(), Domain: o.Domain}); err != nil {
+			return err
+		}
+		kept, excluded, err := knative.Filter(all, o.Profile)
+		if err != nil {
+			return err
+		}
+		objs = kept
+		log.Printf("   %s", knative.Kinds(kept))
+		if len(excluded) > 0 {
+			log.Printf("   filtered out before apply: %d objects (stock controller, activator, autoscaler and their support)", len(excluded))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	prov, err := o.Provider.Manifests(provImages, o.Provider.Gateway(o.NodePort))
+	if err != nil {
+		return err
+	}
+	a, err := apply.New(c.Config, log)
+	if err != nil {
+		return err
+	}
+	var all []*unstructured.Unstructured
+	for _, k := range objs {
+		all = append(all, k.Unstructured)
+	}
+	all = append(all, prov...)
+	all = append(all, o.Extra...)
+	if err := log.Step(fmt.Sprintf("Applying %d objects (server-side)", len(all)), func() error { return a.Apply(ctx, all) }); err != nil {
+		return err
+	}
+	namespaces := []string{knative.Namespace, o.Provider.Gateway(o.NodePort).Namespace}
+	for _, x := range o.Extra {
+		if x.GetKind() == "Deployment" {
+			namespaces = append(namespaces, x.GetNamespace())
+		}
+	}
+	seen := map[string]bool{}
+	for _, ns := range namespaces {
+		if seen[ns] {
+			continue
+		}
+		seen[ns] = true
+		if err := log.Step("Waiting for Deployments in "+ns, func() error { return a.WaitDeployments(ctx, ns, o.Timeout) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registryReachable reports LAMPYR_ONLINE=1: the operator says upstream
+// registries are reachable, so providers that pull images (kourier's Envoy)
+// may run. Offline is the default.
+func registryReachable() bool { return os.Getenv("LAMPYR_ONLINE") == "1" }
+
