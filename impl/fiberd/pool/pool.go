@@ -123,7 +123,9 @@ func New(cfg Config) (*Pool, error) {
 		cfg.WarmTarget = 0
 	}
 	if cfg.StartConcurrency <= 0 {
-		cfg.StartConcurrency = 2
+		// Starting a fiber mostly waits (exec, handler start-up), so a few
+		// in parallel refill the pool faster even on two cores.
+		cfg.StartConcurrency = 4
 	}
 	if cfg.LeaseTimeout <= 0 {
 		cfg.LeaseTimeout = 5 * time.Minute

@@ -304,7 +304,13 @@ func (f *fiber) Destroy() error {
 			f.cmd.Process.Signal(unix.SIGKILL)
 			<-f.done
 		}
-		err = f.cleanup()
+		// The processes are gone; removing the emptied cgroup and the
+		// fiber's directory need not hold up the caller (release latency).
+		go func() {
+			if err := f.cleanup(); err != nil {
+				fmt.Fprintf(os.Stderr, "fiber %s cleanup: %v\n", f.id, err)
+			}
+		}()
 	})
 	return err
 }
