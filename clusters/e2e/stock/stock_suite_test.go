@@ -1,0 +1,215 @@
+// The stock suite proves genuine upstream Knative Serving 1.23 runs offline
+// on a Kind cluster built by this project, behind the offline networking
+// provider: a digest-pinned helloworld Service answers through the gateway on
+// 127.0.0.1, scales to zero and back, splits traffic 50/50 between two
+// Revisions, and routes a tagged hostname to its Revision.
+package stock
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/clusters/publish"
+)
+
+func TestStock(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "stock")
+}
+
+const (
+	clusterName = "stock"
+	ns          = "demo"
+	helloPkg    = "knative.dev/serving/test/test_images/helloworld"
+)
+
+var (
+	env     *clusters.Env
+	info    kindcluster.Info
+	c       *e2eutil.Clients
+	gateway string
+	hello   string // digest-pinned helloworld image
+	enabled = os.Getenv("LAMPYR_E2E") == "1"
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip("cluster suites create real Kind clusters: run them with `just test-stock` (sets LAMPYR_E2E=1)")
+	}
+	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
+	Expect(err).NotTo(HaveOccurred())
+	info = infos[0]
+	Expect(env.Install(ctx, info, "stock", "traefik")).To(Succeed())
+	c, err = e2eutil.NewClients(info.Kubeconfig)
+	Expect(err).NotTo(HaveOccurred())
+	gateway = fmt.Sprintf("http://127.0.0.1:%d", info.HostPort(clusters.GatewayNodePort))
+	refs, err := env.Publisher().Publish(ctx, gobuild.Spec{Name: "knative-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, Packages: []string{helloPkg}, LDFlags: "-s -w"},
+		[]publish.Image{{Package: helloPkg, Repo: "knative-serving/test/helloworld"}})
+	Expect(err).NotTo(HaveOccurred())
+	hello = refs[helloPkg]
+	_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !strings.Contains(err.Error(), "already exists") {
+		Expect(err).NotTo(HaveOccurred())
+	}
+}, NodeTimeout(60*time.Minute))
+
+var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
+	if r.Failed() && c != nil {
+		dir := filepath.Join(e2eutil.ArtifactsDir(), "stock", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
+		_ = e2eutil.Dump(ctx, c, dir)
+	}
+})
+
+func ksvc(name string, annotations map[string]string) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "serving.knative.dev/v1", "kind": "Service",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec": map[string]any{"template": map[string]any{
+			"metadata": map[string]any{"annotations": toAny(annotations)},
+			"spec":     map[string]any{"containers": []any{map[string]any{"image": hello}}},
+		}},
+	}}
+}
+
+func toAny(m map[string]string) map[string]any {
+	out := map[string]any{}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func applyKsvc(ctx context.Context, u *unstructured.Unstructured) {
+	body, err := u.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	force := true
+	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "stock-suite", Force: &force})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+func host(name string) string { return name + "." + ns + ".example.com" }
+
+var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "stock"), Ordered, func() {
+	It("serves a digest-pinned helloworld through the gateway on 127.0.0.1", func(ctx SpecContext) {
+		Expect(hello).To(ContainSubstring("@sha256:"))
+		// A short stable window so the scale-to-zero check below takes
+		// under a minute; the grace period is upstream's default.
+		applyKsvc(ctx, ksvc("hello", map[string]string{"autoscaling.knative.dev/window": "6s"}))
+		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "hello", 3*time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(func() (string, error) {
+			code, body, _, err := e2eutil.Get(ctx, gateway, host("hello"), "/")
+			if err == nil && code != 200 {
+				err = fmt.Errorf("status %d: %s", code, body)
+			}
+			return body, err
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal("Hello World!\n"))
+	})
+
+	It("scales to zero and serves the next request from zero", func(ctx SpecContext) {
+		sel := "serving.knative.dev/service=hello"
+		Eventually(func() (int, error) {
+			pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+			if err != nil {
+				return -1, err
+			}
+			return len(pods.Items), nil
+		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "pods of hello still exist after the stable window")
+		start := time.Now()
+		code, body, _, err := e2eutil.Get(ctx, gateway, host("hello"), "/")
+		cold := time.Since(start)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(code).To(Equal(200), body)
+		Expect(body).To(Equal("Hello World!\n"))
+		AddReportEntry("cold request latency (stock, scale from zero)", cold.String())
+		fmt.Fprintf(GinkgoWriter, "cold request latency: %s\n", cold)
+	})
+
+	It("splits traffic 50/50 between two Revisions and routes a tag to its Revision", func(ctx SpecContext) {
+		split := func(target string) *unstructured.Unstructured {
+			u := ksvc("split", nil)
+			tmpl := u.Object["spec"].(map[string]any)["template"].(map[string]any)
+			tmpl["metadata"].(map[string]any)["name"] = "split-" + target
+			tmpl["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["env"] = []any{map[string]any{"name": "TARGET", "value": target}}
+			return u
+		}
+		applyKsvc(ctx, split("a"))
+		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		u := split("b")
+		u.Object["spec"].(map[string]any)["traffic"] = []any{
+			map[string]any{"revisionName": "split-a", "percent": int64(50), "tag": "a"},
+			map[string]any{"revisionName": "split-b", "percent": int64(50), "tag": "b"},
+		}
+		applyKsvc(ctx, u)
+		Eventually(func() (bool, error) {
+			s, err := c.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
+			if err != nil {
+				return false, err
+			}
+			traffic, _, _ := unstructured.NestedSlice(s.Object, "status", "traffic")
+			return len(traffic) == 2, nil
+		}).WithTimeout(3 * time.Minute).Should(BeTrue())
+		// Wait until both Revisions have answered once (cold starts).
+		Eventually(func() (int, error) {
+			seen := map[string]bool{}
+			for i := 0; i < 20; i++ {
+				_, body, _, err := e2eutil.Get(ctx, gateway, host("split"), "/")
+				if err != nil {
+					return 0, err
+				}
+				seen[body] = true
+			}
+			return len(seen), nil
+		}).WithTimeout(2 * time.Minute).Should(Equal(2))
+		counts := map[string]int{}
+		const n = 200
+		for i := 0; i < n; i++ {
+			code, body, _, err := e2eutil.Get(ctx, gateway, host("split"), "/")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(code).To(Equal(200), body)
+			counts[body]++
+		}
+		keys := make([]string, 0, len(counts))
+		for k := range counts {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		report := ""
+		for _, k := range keys {
+			report += fmt.Sprintf("%q=%d ", k, counts[k])
+		}
+		AddReportEntry("50/50 split over 200 requests", report)
+		fmt.Fprintf(GinkgoWriter, "split: %s\n", report)
+		for _, want := range []string{"Hello a!\n", "Hello b!\n"} {
+			Expect(counts[want]).To(BeNumerically(">=", 70), "split %s", report)
+			Expect(counts[want]).To(BeNumerically("<=", 130), "split %s", report)
+		}
+		for i := 0; i < 20; i++ {
+			code, body, _, err := e2eutil.Get(ctx, gateway, "a-split."+ns+".example.com", "/")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(code).To(Equal(200))
+			Expect(body).To(Equal("Hello a!\n"), "the tag host a-split must always reach split-a")
+		}
+	})
+})
