@@ -87,7 +87,7 @@ func run() error {
 			DefaultMaxFibers: *maxFibers,
 		},
 		Source:       src,
-		Client:       fibers.NewHTTPClient(token),
+		Client:       fibers.NewFiberdClient(token),
 		Logger:       logger,
 		DrainDelay:   *drainDelay,
 		DrainTimeout: *drainTimeout,

@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"lampyr.dev/serving/impl/fiberd/client"
 )
 
 // FiberHeader names the fiber a proxied request must run in. fiberd removes it
 // before the handler sees the request.
-const FiberHeader = "Lampyr-Fiber"
+const FiberHeader = client.FiberHeader
 
 // Fiber is one leased sandbox in one Home.
 type Fiber struct {

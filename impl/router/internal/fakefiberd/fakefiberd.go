@@ -1,0 +1,178 @@
+// Package fakefiberd is an in-process implementation of the fiberd API
+// (docs/contracts.md §4) whose "fibers" are calls into an http.Handler. The
+// router's tests use it where the real fiberd (impl/fiberd/fiberdtest) cannot
+// show what they need: exactly which headers arrive at fiberd, fiberd
+// answers that are hard to provoke (429, 503), and router overhead measured
+// without process-sandbox costs.
+package fakefiberd
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"lampyr.dev/serving/impl/fiberd/client"
+)
+
+// Server is a fake fiberd.
+type Server struct {
+	*httptest.Server
+	Token string
+	// Handler runs "inside" every fiber.
+	Handler http.Handler
+	// MaxFibers answers 429 beyond that many leased fibers (0: no cap).
+	MaxFibers atomic.Int64
+	// Unavailable makes acquire answer 503 NoValidGrant.
+	Unavailable atomic.Bool
+
+	mu     sync.Mutex
+	fibers map[string]*fiber
+	next   int
+	// LastProxied is the header set of the last request proxied into a fiber,
+	// as fiberd received it.
+	lastProxied http.Header
+	acquired    atomic.Int64
+	released    atomic.Int64
+}
+
+type fiber struct {
+	busy, spent bool
+	started     time.Time
+}
+
+// Start serves a fake fiberd on 127.0.0.1 with h2c enabled.
+func Start(token string, h http.Handler) *Server {
+	s := &Server{Token: token, Handler: h, fibers: map[string]*fiber{}}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.Server.Config.Protocols = new(http.Protocols)
+	s.Server.Config.Protocols.SetHTTP1(true)
+	s.Server.Config.Protocols.SetUnencryptedHTTP2(true)
+	s.Server.Start()
+	return s
+}
+
+// Endpoint is host:port, as in router metadata.
+func (s *Server) Endpoint() string { return strings.TrimPrefix(s.URL, "http://") }
+
+func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get(client.FiberHeader); id != "" {
+		s.proxy(w, r, id)
+		return
+	}
+	if r.Header.Get("Authorization") != "Bearer "+s.Token {
+		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "bad token")
+		return
+	}
+	switch {
+	case r.Method == http.MethodPost && r.URL.Path == client.FibersPath:
+		if s.Unavailable.Load() {
+			w.Header().Set("Retry-After", "1")
+			writeErr(w, http.StatusServiceUnavailable, client.ReasonNoGrant, "no valid grant")
+			return
+		}
+		s.mu.Lock()
+		if max := s.MaxFibers.Load(); max > 0 && int64(len(s.fibers)) >= max {
+			s.mu.Unlock()
+			w.Header().Set("Retry-After", "1")
+			writeErr(w, http.StatusTooManyRequests, client.ReasonMaxFibersReached, "maxFibers reached")
+			return
+		}
+		s.next++
+		id := "f" + strconv.Itoa(s.next)
+		f := &fiber{started: time.Now()}
+		s.fibers[id] = f
+		s.mu.Unlock()
+		s.acquired.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(client.Fiber{ID: id, StartedAt: f.started})
+	case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, client.FibersPath+"/"):
+		id := strings.TrimPrefix(r.URL.Path, client.FibersPath+"/")
+		s.mu.Lock()
+		_, ok := s.fibers[id]
+		delete(s.fibers, id)
+		s.mu.Unlock()
+		if !ok {
+			writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
+			return
+		}
+		s.released.Add(1)
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodGet && r.URL.Path == client.FibersPath:
+		s.mu.Lock()
+		l := client.FiberList{Fibers: []client.Fiber{}}
+		for id, f := range s.fibers {
+			st := client.StateAcquired
+			if f.busy {
+				st = client.StateBusy
+			} else if f.spent {
+				st = client.StateSpent
+			}
+			l.Fibers = append(l.Fibers, client.Fiber{ID: id, State: st, StartedAt: f.started})
+		}
+		s.mu.Unlock()
+		_ = json.NewEncoder(w).Encode(l)
+	default:
+		writeErr(w, http.StatusNotFound, "NotFound", r.Method+" "+r.URL.Path)
+	}
+}
+
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
+	if r.Header.Get(client.ProxyAuthHeader) != "Bearer "+s.Token {
+		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "bad proxy token")
+		return
+	}
+	s.mu.Lock()
+	f, ok := s.fibers[id]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
+		return
+	case f.busy:
+		s.mu.Unlock()
+		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, id)
+		return
+	}
+	f.busy = true
+	s.lastProxied = r.Header.Clone()
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		f.busy = false
+		s.mu.Unlock()
+	}()
+	r.Header.Del(client.FiberHeader)
+	r.Header.Del(client.ProxyAuthHeader)
+	s.Handler.ServeHTTP(w, r)
+}
+
+// LastProxied returns the headers of the last proxied request as they
+// reached fiberd.
+func (s *Server) LastProxied() http.Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lastProxied
+}
+
+// Live is the number of leased fibers.
+func (s *Server) Live() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.fibers)
+}
+
+// Counts returns acquisitions and releases so far.
+func (s *Server) Counts() (acquired, released int64) { return s.acquired.Load(), s.released.Load() }
+
+func writeErr(w http.ResponseWriter, status int, reason, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(client.Error{Reason: reason, Message: fmt.Sprint(msg)})
+}

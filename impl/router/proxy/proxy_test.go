@@ -1,0 +1,256 @@
+package proxy_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"knative.dev/networking/pkg/http/header"
+
+	"lampyr.dev/serving/impl/router/fibers"
+	"lampyr.dev/serving/impl/router/internal/fakefiberd"
+	"lampyr.dev/serving/impl/router/metrics"
+	"lampyr.dev/serving/impl/router/proxy"
+	"lampyr.dev/serving/impl/router/revision"
+	"lampyr.dev/serving/impl/routermeta"
+)
+
+type fixture struct {
+	fd     *fakefiberd.Server
+	router *proxy.Router
+	table  *revision.Table
+	front  *httptest.Server
+	meta   routermeta.Metadata
+}
+
+func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata)) *fixture {
+	t.Helper()
+	fd := fakefiberd.Start("tok", h)
+	t.Cleanup(fd.Close)
+	cfg := proxy.DefaultConfig()
+	cfg.QueueTimeout = 200 * time.Millisecond
+	rt := proxy.New(cfg, fibers.NewFiberdClient(func() string { return "tok" }), metrics.New(), nil)
+	tbl := revision.NewTable(rt)
+	m := routermeta.Metadata{
+		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(),
+		MaxFibers: 5, TimeoutSeconds: 30, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1, Generation: 1,
+	}
+	if mutate != nil {
+		mutate(&m)
+	}
+	tbl.Upsert(m)
+	front := httptest.NewServer(rt)
+	t.Cleanup(front.Close)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = rt.Drain(ctx)
+	})
+	return &fixture{fd: fd, router: rt, table: tbl, front: front, meta: m}
+}
+
+func (f *fixture) get(t *testing.T, path string, hdr map[string]string) (*http.Response, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, f.front.URL+path, nil)
+	req.Header.Set(proxy.RevisionHeader, f.meta.Revision)
+	req.Header.Set(proxy.NamespaceHeader, f.meta.Namespace)
+	for k, v := range hdr {
+		if v == "" {
+			req.Header.Del(k)
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func ok(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }
+
+// What fiberd receives from the router: the Knative forwarding headers the
+// handler is promised, the router's credentials in fiberd's own header, and
+// none of the gateway's selection headers.
+func TestHeadersAsFiberdReceivesThem(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	resp, body := f.get(t, "/", map[string]string{
+		"X-Forwarded-For":   "203.0.113.7",
+		"X-Forwarded-Proto": "https",
+		"X-Forwarded-Host":  "hello.demo.example.com",
+		"Authorization":     "Bearer user",
+		"Lampyr-Fiber":      "f999",
+		header.HashKey:      "h",
+	})
+	if resp.StatusCode != 200 || body != "ok" {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	h := f.fd.LastProxied()
+	want := map[string]string{
+		"X-Forwarded-For":             "203.0.113.7, 127.0.0.1",
+		"X-Forwarded-Proto":           "https",
+		"X-Forwarded-Host":            "hello.demo.example.com",
+		"Forwarded":                   "for=203.0.113.7;host=hello.demo.example.com;proto=https",
+		"Authorization":               "Bearer user",
+		"Lampyr-Fiber":                "f1",
+		"Lampyr-Fiberd-Authorization": "Bearer tok",
+	}
+	for k, v := range want {
+		if got := h.Values(k); len(got) != 1 || got[0] != v {
+			t.Errorf("%s = %v, want %q", k, got, v)
+		}
+	}
+	for _, k := range []string{proxy.RevisionHeader, proxy.NamespaceHeader, header.HashKey} {
+		if v := h.Values(k); len(v) != 0 {
+			t.Errorf("%s reached fiberd: %v", k, v)
+		}
+	}
+	if len(h.Get("X-Request-Id")) != 32 {
+		t.Errorf("X-Request-Id %q, want a generated id", h.Get("X-Request-Id"))
+	}
+}
+
+func TestForwardedWithoutGateway(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	f.get(t, "/", nil)
+	h := f.fd.LastProxied()
+	if got := h.Get("Forwarded"); got != "for=127.0.0.1;proto=http" {
+		t.Fatalf("Forwarded = %q", got)
+	}
+}
+
+func TestSelectionErrors(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	f.table.Upsert(routermeta.Metadata{Revision: "down-00001", Namespace: "demo", Ready: false, Mode: "fresh", Protocol: "http1"})
+	cases := []struct {
+		name   string
+		hdr    map[string]string
+		status int
+		body   string
+	}{
+		{"no headers", map[string]string{proxy.RevisionHeader: "", proxy.NamespaceHeader: ""}, 404, "no Revision selected"},
+		{"no namespace", map[string]string{proxy.NamespaceHeader: ""}, 404, "no Revision selected"},
+		{"unknown revision", map[string]string{proxy.RevisionHeader: "nope-00001"}, 404, `"demo/nope-00001" is not known`},
+		{"other namespace", map[string]string{proxy.NamespaceHeader: "other"}, 404, `"other/hello-00001" is not known`},
+		{"not ready", map[string]string{proxy.RevisionHeader: "down-00001"}, 503, `"demo/down-00001" is not ready`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, body := f.get(t, "/", c.hdr)
+			if resp.StatusCode != c.status || !strings.Contains(body, c.body) || !strings.HasPrefix(body, "fiber-router: ") {
+				t.Fatalf("%d %q, want %d containing %q", resp.StatusCode, body, c.status, c.body)
+			}
+			if c.status == 503 && resp.Header.Get("Retry-After") == "" {
+				t.Fatal("503 without Retry-After")
+			}
+		})
+	}
+	if a, _ := f.fd.Counts(); a != 0 {
+		t.Fatalf("%d fibers acquired for requests that selected no routable Revision", a)
+	}
+}
+
+func TestAmbiguousSelectionIsRefused(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	req, _ := http.NewRequest(http.MethodGet, f.front.URL+"/", nil)
+	req.Header.Add(proxy.RevisionHeader, "hello-00001")
+	req.Header.Add(proxy.RevisionHeader, "other-00001")
+	req.Header.Set(proxy.NamespaceHeader, "demo")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("two Revision headers: %d, want 400", resp.StatusCode)
+	}
+}
+
+func TestProbes(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	resp, body := f.get(t, "/healthz", map[string]string{header.ProbeKey: header.ProbeValue, header.HashKey: "abc123", "User-Agent": header.IngressReadinessUserAgent})
+	if resp.StatusCode != 200 || resp.Header.Get(header.HashKey) != "abc123" {
+		t.Fatalf("ingress probe: %d %q hash %q", resp.StatusCode, body, resp.Header.Get(header.HashKey))
+	}
+	resp, _ = f.get(t, "/healthz", map[string]string{header.ProbeKey: header.ProbeValue, header.HashKey: "abc", proxy.RevisionHeader: "nope-00001"})
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("probe for an unknown Revision: %d, want 503 so the prober retries", resp.StatusCode)
+	}
+	resp, _ = f.get(t, "/healthz", map[string]string{header.ProbeKey: header.ProbeValue})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("probe without hash: %d, want 400", resp.StatusCode)
+	}
+	resp, _ = f.get(t, "/", map[string]string{header.ProbeKey: "queue"})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("unknown probe value: %d, want 400", resp.StatusCode)
+	}
+	if a, _ := f.fd.Counts(); a != 0 {
+		t.Fatalf("probes acquired %d fibers", a)
+	}
+}
+
+func TestFiberdRefusalsBecome503WithRetryAfter(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	f.fd.Unavailable.Store(true)
+	resp, body := f.get(t, "/", nil)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "cannot start fibers") {
+		t.Fatalf("grant missing: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestFiberdAt429IsRetriedThen503(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	// fiberd's cap is 1 and another router "holds" it: acquire directly.
+	f.fd.MaxFibers.Store(1)
+	c := fibers.NewFiberdClient(func() string { return "tok" })
+	held, err := c.Acquire(context.Background(), f.fd.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body := f.get(t, "/", nil)
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "max-scale") {
+		t.Fatalf("fiberd at maxFibers: %d %q", resp.StatusCode, body)
+	}
+	_ = c.Release(context.Background(), held)
+	resp, _ = f.get(t, "/", nil)
+	if resp.StatusCode != 200 {
+		t.Fatalf("after the held fiber was released: %d", resp.StatusCode)
+	}
+}
+
+func TestUnreachableHomeIs503(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), func(m *routermeta.Metadata) { m.HomeEndpoint = "127.0.0.1:1" })
+	resp, body := f.get(t, "/", nil)
+	if resp.StatusCode != 503 || !strings.Contains(body, "cannot start fibers") {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+}
+
+func TestRevisionRemovedStopsRouting(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(ok), nil)
+	if resp, _ := f.get(t, "/", nil); resp.StatusCode != 200 {
+		t.Fatalf("%d", resp.StatusCode)
+	}
+	f.table.Delete(revision.Key{Namespace: "demo", Name: "hello-00001"})
+	if resp, _ := f.get(t, "/", nil); resp.StatusCode != 404 {
+		t.Fatalf("after delete: %d, want 404", resp.StatusCode)
+	}
+	m := f.meta
+	m.Ready = false
+	f.table.Upsert(m)
+	if resp, _ := f.get(t, "/", nil); resp.StatusCode != 503 {
+		t.Fatalf("not ready: %d, want 503", resp.StatusCode)
+	}
+	m.Ready = true
+	f.table.Upsert(m)
+	if resp, _ := f.get(t, "/", nil); resp.StatusCode != 200 {
+		t.Fatalf("ready again: %d", resp.StatusCode)
+	}
+}
