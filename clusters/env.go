@@ -22,9 +22,30 @@ import (
 	"lampyr.dev/serving/clusters/progress"
 )
 
-// GatewayNodePort is the NodePort every profile's gateway listens on; it is
-// published on a 127.0.0.1 port recorded in the cluster's Info.
-const GatewayNodePort = 30080
+// Gateway NodePorts. The paired clusters publish their gateway on
+// 127.0.0.1 at the same port number as the NodePort, because Knative's
+// ingress conformance (-ingressendpoint) dials ENDPOINT:NODEPORT. Other
+// clusters get NodePort 30080 on a free host port.
+const (
+	StockGatewayPort  = 31080
+	LampyrGatewayPort = 32080
+	DefaultNodePort   = 30080
+)
+
+// GatewayPortFor returns the gateway mapping for a cluster name.
+func GatewayPortFor(name string) kindcluster.PortMapping {
+	switch ProfileFor(name) {
+	case "stock":
+		if name == "stock" {
+			return kindcluster.PortMapping{NodePort: StockGatewayPort, HostPort: StockGatewayPort}
+		}
+	case "lampyr":
+		if name == "lampyr" {
+			return kindcluster.PortMapping{NodePort: LampyrGatewayPort, HostPort: LampyrGatewayPort}
+		}
+	}
+	return kindcluster.PortMapping{NodePort: DefaultNodePort}
+}
 
 // RegistryContainer is the local registry's container name.
 const RegistryContainer = "lampyr-registry"
@@ -73,7 +94,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 	return kindcluster.Spec{
 		Name:              name,
 		NodeImage:         nodeImage,
-		Ports:             []kindcluster.PortMapping{{NodePort: GatewayNodePort}},
+		Ports:             []kindcluster.PortMapping{GatewayPortFor(name)},
 		CgroupV1:          !cgroupV2(),
 		DisableDefaultCNI: true,
 		PodSubnet:         inputs.PodSubnet,
@@ -135,7 +156,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 	switch profile {
 	case "stock":
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: GatewayNodePort})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort})
 		})
 	case "lampyr":
 		return fmt.Errorf("cluster %s: the lampyr install profile is not implemented yet (needs the controller, fiberd and fiber-router manifests)", info.Name)

@@ -38,7 +38,7 @@ func TestClusters(t *testing.T) {
 
 var (
 	env     *clusters.Env
-	names   = []string{"lampyr-e2e-a", "lampyr-e2e-b"}
+	names   = []string{"e2e-a", "e2e-b"}
 	infos   []kindcluster.Info
 	clients = map[string]*e2eutil.Clients{}
 	keep    = os.Getenv("LAMPYR_KEEP") == "1"
@@ -113,7 +113,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		for _, info := range infos {
 			c := clients[info.Name]
 			Expect(deployHandler(ctx, c, ref)).To(Succeed())
-			url := fmt.Sprintf("http://127.0.0.1:%d/", info.HostPort(clusters.GatewayNodePort))
+			url := info.GatewayURL() + "/"
 			Eventually(func() (string, error) { return get(url) }).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
 				Should(Equal("Hello World!\n"), "cluster %s: %s", info.Name, url)
 			pod, err := c.Kube.CoreV1().Pods("default").List(ctx, metav1.ListOptions{LabelSelector: "app=handler"})
@@ -127,7 +127,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 	It("leaves no container behind when creation is interrupted", func(ctx SpecContext) {
 		bin := filepath.Join(e2eutil.RepoRoot(), "build", "lampyr-clusters")
 		Expect(exec.CommandContext(ctx, "go", "build", "-o", bin, "./clusters/cmd/lampyr-clusters").Run()).To(Succeed())
-		name := "lampyr-e2e-interrupt"
+		name := "e2e-interrupt"
 		cmd := exec.CommandContext(ctx, bin, "up", name)
 		cmd.Dir = e2eutil.RepoRoot()
 		cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
@@ -180,7 +180,7 @@ func deployHandler(ctx context.Context, c *e2eutil.Clients, ref string) error {
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeNodePort,
 			Selector: labels,
-			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt(8080), NodePort: clusters.GatewayNodePort}},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt(8080), NodePort: clusters.DefaultNodePort}},
 		},
 	}
 	if _, err := c.Kube.AppsV1().Deployments("default").Create(ctx, dep, metav1.CreateOptions{}); err != nil {

@@ -141,4 +141,3 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 // registries are reachable, so providers that pull images (kourier's Envoy)
 // may run. Offline is the default.
 func registryReachable() bool { return os.Getenv("LAMPYR_ONLINE") == "1" }
-

@@ -33,6 +33,17 @@ type Info struct {
 	Registry  string        `json:"registry,omitempty"`
 }
 
+// Gateway is the first published port: the gateway's public NodePort.
+func (i Info) Gateway() PortMapping {
+	if len(i.Ports) == 0 {
+		return PortMapping{}
+	}
+	return i.Ports[0]
+}
+
+// GatewayURL is http://127.0.0.1:<host port of the gateway>.
+func (i Info) GatewayURL() string { return fmt.Sprintf("http://127.0.0.1:%d", i.Gateway().HostPort) }
+
 // HostPort returns the 127.0.0.1 port mapped to nodePort, or 0.
 func (i Info) HostPort(nodePort int) int {
 	for _, p := range i.Ports {

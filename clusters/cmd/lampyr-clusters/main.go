@@ -87,7 +87,7 @@ func run(ctx context.Context, args []string) error {
 			}
 		}
 		for _, i := range infos {
-			log.Printf("cluster %s: KUBECONFIG=%s gateway http://127.0.0.1:%d registry %s", i.Name, i.Kubeconfig, i.HostPort(clusters.GatewayNodePort), i.Registry)
+			log.Printf("cluster %s: KUBECONFIG=%s gateway %s registry %s", i.Name, i.Kubeconfig, i.GatewayURL(), i.Registry)
 		}
 		return nil
 	case "down":

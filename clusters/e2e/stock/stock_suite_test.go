@@ -62,7 +62,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(env.Install(ctx, info, "stock", "traefik")).To(Succeed())
 	c, err = e2eutil.NewClients(info.Kubeconfig)
 	Expect(err).NotTo(HaveOccurred())
-	gateway = fmt.Sprintf("http://127.0.0.1:%d", info.HostPort(clusters.GatewayNodePort))
+	gateway = info.GatewayURL()
 	refs, err := env.Publisher().Publish(ctx, gobuild.Spec{Name: "knative-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, Packages: []string{helloPkg}, LDFlags: "-s -w"},
 		[]publish.Image{{Package: helloPkg, Repo: "knative-serving/test/helloworld"}})
 	Expect(err).NotTo(HaveOccurred())
