@@ -1,0 +1,95 @@
+package v1alpha1
+
+import (
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"knative.dev/pkg/apis"
+)
+
+// grantConditions: Ready is true when the grant is admitted and its Home is
+// ready.
+var grantConditions = apis.NewLivingConditionSet(GrantConditionAdmitted, GrantConditionHomeReady)
+
+// Reasons the grant controller sets. They are copied verbatim into the
+// Revision's ResourcesAvailable condition when the grant is refused, so each
+// says what to change.
+const (
+	// ReasonAdmitted: the grant fits the installation's capacity.
+	ReasonAdmitted = "Admitted"
+	// ReasonInsufficientMemory: memoryPerFiber × maxFibers does not fit in
+	// what is left of the installation's fiber memory.
+	ReasonInsufficientMemory = "InsufficientMemory"
+	// ReasonMemoryPerFiberTooLarge: one fiber asks more than the per-fiber cap.
+	ReasonMemoryPerFiberTooLarge = "MemoryPerFiberTooLarge"
+	// ReasonTooManyFibers: maxFibers is above the per-grant cap.
+	ReasonTooManyFibers = "TooManyFibers"
+	// ReasonInvalidSpec: the spec breaks a rule the CRD schema cannot express.
+	ReasonInvalidSpec = "InvalidSpec"
+	// ReasonHomePending: the Home Pod is being created or scheduled.
+	ReasonHomePending = "HomePending"
+	// ReasonHomeNotReady: fiberd runs but is not ready (no grant yet,
+	// template or snapshot not loaded, pool not warm); message from the Pod.
+	ReasonHomeNotReady = "HomeNotReady"
+	// ReasonHomeFailed: the Home Pod failed and is being replaced.
+	ReasonHomeFailed = "HomeFailed"
+	// ReasonNotAdmitted: HomeReady cannot become true before admission.
+	ReasonNotAdmitted = "NotAdmitted"
+)
+
+// GetConditionSet implements apis.ConditionsAccessor's companion interface.
+func (*CapacityGrant) GetConditionSet() apis.ConditionSet { return grantConditions }
+
+// GetGroupVersionKind returns the GVK of a CapacityGrant.
+func (*CapacityGrant) GetGroupVersionKind() schema.GroupVersionKind {
+	return SchemeGroupVersion.WithKind("CapacityGrant")
+}
+
+// InitializeConditions sets every condition the grant controller owns to
+// Unknown if it is not set yet.
+func (s *CapacityGrantStatus) InitializeConditions() {
+	grantConditions.Manage(s).InitializeConditions()
+}
+
+// MarkAdmitted records that the grant fits the installation's capacity.
+func (s *CapacityGrantStatus) MarkAdmitted(message string) {
+	m := grantConditions.Manage(s)
+	m.MarkTrue(GrantConditionAdmitted)
+	if c := m.GetCondition(GrantConditionAdmitted); c != nil {
+		c.Reason, c.Message = ReasonAdmitted, message
+		m.SetCondition(*c)
+	}
+}
+
+// MarkNotAdmitted refuses the grant with a reason and an actionable message.
+func (s *CapacityGrantStatus) MarkNotAdmitted(reason, messageFormat string, args ...any) {
+	m := grantConditions.Manage(s)
+	// HomeReady first: Ready takes the reason of the last condition marked
+	// false, and the refusal is what a Revision's owner must see.
+	m.MarkFalse(GrantConditionHomeReady, ReasonNotAdmitted, "No Home runs for a grant that is not admitted.")
+	m.MarkFalse(GrantConditionAdmitted, reason, messageFormat, args...)
+}
+
+// MarkHomeReady records that the Home holds a valid grant and loaded the template.
+func (s *CapacityGrantStatus) MarkHomeReady() {
+	grantConditions.Manage(s).MarkTrue(GrantConditionHomeReady)
+}
+
+// MarkHomeNotReady records why the Home is not ready yet (Unknown: it may
+// still become ready).
+func (s *CapacityGrantStatus) MarkHomeNotReady(reason, messageFormat string, args ...any) {
+	grantConditions.Manage(s).MarkUnknown(GrantConditionHomeReady, reason, messageFormat, args...)
+}
+
+// MarkHomeFailed records that the Home failed.
+func (s *CapacityGrantStatus) MarkHomeFailed(reason, messageFormat string, args ...any) {
+	grantConditions.Manage(s).MarkFalse(GrantConditionHomeReady, reason, messageFormat, args...)
+}
+
+// IsAdmitted reports whether the grant is admitted.
+func (s *CapacityGrantStatus) IsAdmitted() bool {
+	return s.GetCondition(GrantConditionAdmitted).IsTrue()
+}
+
+// IsReady reports whether the grant is admitted and its Home ready.
+func (s *CapacityGrantStatus) IsReady() bool {
+	return grantConditions.Manage(s).IsHappy()
+}

@@ -1,0 +1,138 @@
+// Package config is the grant controller's configuration: the installation's
+// fiber capacity and the Home images, from the `config-lampyr` ConfigMap in
+// the system namespace (keys below) with the seed's environment overrides
+// for images.
+package config
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+// ConfigMap name and keys.
+const (
+	ConfigMapName = "config-lampyr"
+
+	KeyFiberMemoryCapacity = "fiber-memory-capacity"
+	KeyMaxMemoryPerFiber   = "max-memory-per-fiber"
+	KeyMaxFibersPerGrant   = "max-fibers-per-grant"
+	KeyDefaultMaxFibers    = "default-max-fibers"
+	KeyGrantTTL            = "grant-ttl"
+	KeyHomeImage           = "home-image"
+	KeyHelperImage         = "helper-image"
+	KeyHomeWarmFibers      = "home-warm-fibers"
+)
+
+// Environment overrides for the images (names from the seed).
+const (
+	EnvGrantImage  = "LAMPYR_GRANT_IMAGE"
+	EnvHelperImage = "LAMPYR_HELPER_IMAGE"
+)
+
+// Config is the grant controller's configuration.
+type Config struct {
+	// FiberMemoryCapacity is the memory all admitted grants may reserve
+	// together (memoryPerFiber × maxFibers summed).
+	FiberMemoryCapacity resource.Quantity
+	// MaxMemoryPerFiber caps one fiber's memory.
+	MaxMemoryPerFiber resource.Quantity
+	// MaxFibersPerGrant caps one grant's maxFibers.
+	MaxFibersPerGrant int32
+	// DefaultMaxFibers applies when a grant's maxFibers is 0.
+	DefaultMaxFibers int32
+	// GrantTTL is the life of a signed grant; it is renewed at half-life.
+	GrantTTL time.Duration
+	// HomeImage runs fiberd (and holds /lampyr-helper unless HelperImage is set).
+	HomeImage string
+	// HelperImage, if set, supplies lampyr-helper through an init container.
+	HelperImage string
+	// HomeWarmFibers is each Home's warm pool size.
+	HomeWarmFibers int
+}
+
+// Defaults returns the configuration of an empty ConfigMap.
+func Defaults() *Config {
+	return &Config{
+		FiberMemoryCapacity: resource.MustParse("8Gi"),
+		MaxMemoryPerFiber:   resource.MustParse("2Gi"),
+		MaxFibersPerGrant:   100,
+		DefaultMaxFibers:    10,
+		GrantTTL:            10 * time.Minute,
+		HomeImage:           os.Getenv(EnvGrantImage),
+		HelperImage:         os.Getenv(EnvHelperImage),
+		HomeWarmFibers:      2,
+	}
+}
+
+// FromConfigMap parses config-lampyr; a nil ConfigMap gives the defaults.
+// Every error names the key and what is accepted.
+func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
+	c := Defaults()
+	if cm == nil {
+		return c, c.check()
+	}
+	d := cm.Data
+	var errs []string
+	qty := func(key string, into *resource.Quantity) {
+		if v, ok := d[key]; ok {
+			q, err := resource.ParseQuantity(strings.TrimSpace(v))
+			if err != nil || q.Sign() <= 0 {
+				errs = append(errs, fmt.Sprintf("%s %q: want a positive quantity such as 8Gi", key, v))
+				return
+			}
+			*into = q
+		}
+	}
+	integer := func(key string, into *int32, minimum int32) {
+		if v, ok := d[key]; ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+			if err != nil || int32(n) < minimum {
+				errs = append(errs, fmt.Sprintf("%s %q: want an integer >= %d", key, v, minimum))
+				return
+			}
+			*into = int32(n)
+		}
+	}
+	qty(KeyFiberMemoryCapacity, &c.FiberMemoryCapacity)
+	qty(KeyMaxMemoryPerFiber, &c.MaxMemoryPerFiber)
+	integer(KeyMaxFibersPerGrant, &c.MaxFibersPerGrant, 1)
+	integer(KeyDefaultMaxFibers, &c.DefaultMaxFibers, 1)
+	var warm int32 = int32(c.HomeWarmFibers)
+	integer(KeyHomeWarmFibers, &warm, 0)
+	c.HomeWarmFibers = int(warm)
+	if v, ok := d[KeyGrantTTL]; ok {
+		ttl, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || ttl < 30*time.Second {
+			errs = append(errs, fmt.Sprintf("%s %q: want a duration of at least 30s, e.g. 10m", KeyGrantTTL, v))
+		} else {
+			c.GrantTTL = ttl
+		}
+	}
+	if v := d[KeyHomeImage]; v != "" {
+		c.HomeImage = v
+	}
+	if v := d[KeyHelperImage]; v != "" {
+		c.HelperImage = v
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("ConfigMap %s: %s", ConfigMapName, strings.Join(errs, "; "))
+	}
+	return c, c.check()
+}
+
+func (c *Config) check() error {
+	if c.DefaultMaxFibers > c.MaxFibersPerGrant {
+		return fmt.Errorf("ConfigMap %s: %s %d exceeds %s %d", ConfigMapName, KeyDefaultMaxFibers, c.DefaultMaxFibers, KeyMaxFibersPerGrant, c.MaxFibersPerGrant)
+	}
+	return nil
+}
+
+// RenewBefore is how long before expiry a grant is renewed: at half-life, so
+// a Home survives one missed renewal plus the kubelet's Secret sync delay.
+func (c *Config) RenewBefore() time.Duration { return c.GrantTTL / 2 }

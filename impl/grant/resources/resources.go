@@ -1,0 +1,227 @@
+// Package resources builds the objects the grant controller keeps for one
+// CapacityGrant: the Home Pod (fiberd + lampyr-helper), its Service and the
+// Secret carrying the signed grant and the keys fiberd needs, plus the
+// grant's claims. Pure functions of the grant and the configuration.
+package resources
+
+import (
+	"fmt"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/grant/config"
+)
+
+// Labels on every object of a Home.
+const (
+	GrantLabel    = "fiberd.io/grant"
+	RevisionLabel = "serving.knative.dev/revision"
+	ComponentKey  = "app.kubernetes.io/component"
+	Component     = "lampyr-home"
+)
+
+// Keys of the Home Secret, mounted at SecretMountPath.
+const (
+	SecretKeyGrant       = "grant"
+	SecretKeyGrantPubKey = "grant-key.pub"
+	SecretKeyFleetKey    = "fleet-key"
+	SecretKeyRouterToken = "router-token"
+	SecretMountPath      = "/var/run/lampyr/home"
+	StateMountPath       = "/var/lib/fiberd"
+	HelperMountPath      = "/var/lib/lampyr-helper"
+)
+
+// APIPort is fiberd's port (docs/contracts.md §4).
+const APIPort = 9090
+
+// HomeOverhead is the memory of fiberd itself, added to the fibers' memory
+// for the Home Pod's request and limit.
+var HomeOverhead = resource.MustParse("256Mi")
+
+// HomeName names the Home Pod, Service and Secret of a grant.
+func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
+
+// HomeEndpoint is status.homeEndpoint: host:port of fiberd's API.
+func HomeEndpoint(g *v1alpha1.CapacityGrant) string {
+	return fmt.Sprintf("%s.%s.svc:%d", HomeName(g), g.Namespace, APIPort)
+}
+
+// EffectiveMaxFibers resolves maxFibers 0 to the installation default.
+func EffectiveMaxFibers(g *v1alpha1.CapacityGrant, cfg *config.Config) int32 {
+	if g.Spec.MaxFibers == 0 {
+		return cfg.DefaultMaxFibers
+	}
+	return g.Spec.MaxFibers
+}
+
+// ReservedMemory is what admitting g reserves: memoryPerFiber × maxFibers.
+func ReservedMemory(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
+	return g.Spec.MemoryPerFiber.Value() * int64(EffectiveMaxFibers(g, cfg))
+}
+
+func labels(g *v1alpha1.CapacityGrant) map[string]string {
+	return map[string]string{
+		GrantLabel:    g.Name,
+		RevisionLabel: g.Spec.RevisionName,
+		ComponentKey:  Component,
+	}
+}
+
+func owner(g *v1alpha1.CapacityGrant) []metav1.OwnerReference {
+	return []metav1.OwnerReference{*metav1.NewControllerRef(g, v1alpha1.SchemeGroupVersion.WithKind("CapacityGrant"))}
+}
+
+// MakeClaims is the content of the signed grant for g.
+func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, grantID string, now metav1.Time) signedgrant.Claims {
+	mode := string(g.Spec.Execution.Mode)
+	if mode == "" {
+		mode = string(v1alpha1.ExecutionFresh)
+	}
+	var idle int64
+	if mode == string(v1alpha1.ExecutionReuse) {
+		idle = g.Spec.Execution.IdleTimeoutSeconds
+	}
+	env := map[string]string{}
+	for k, v := range g.Spec.Env {
+		env[k] = v
+	}
+	return signedgrant.Claims{
+		GrantID:             grantID,
+		Namespace:           g.Namespace,
+		Revision:            g.Spec.RevisionName,
+		Template:            g.Spec.Template,
+		SnapshotArtifact:    g.Spec.SnapshotArtifact,
+		MemoryPerFiberBytes: g.Spec.MemoryPerFiber.Value(),
+		MaxFibers:           EffectiveMaxFibers(g, cfg),
+		MaxRequestSeconds:   g.Spec.MaxRequestSeconds,
+		Execution:           signedgrant.Execution{Mode: mode, IdleTimeoutSeconds: idle},
+		Env:                 env,
+		IssuedAt:            now.UTC(),
+		ExpiresAt:           now.Add(cfg.GrantTTL).UTC(),
+	}
+}
+
+// MakeHomeSecret carries the signed grant, the grant verification key, the
+// fleet private key and the router token into the Home.
+func MakeHomeSecret(g *v1alpha1.CapacityGrant, signedGrant, grantPubKey, fleetKey []byte, routerToken string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            HomeName(g),
+			Namespace:       g.Namespace,
+			Labels:          labels(g),
+			OwnerReferences: owner(g),
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{
+			SecretKeyGrant:       signedGrant,
+			SecretKeyGrantPubKey: grantPubKey,
+			SecretKeyFleetKey:    fleetKey,
+			SecretKeyRouterToken: []byte(routerToken),
+		},
+	}
+}
+
+// MakeHomeService exposes fiberd's API to fiber-router.
+func MakeHomeService(g *v1alpha1.CapacityGrant) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            HomeName(g),
+			Namespace:       g.Namespace,
+			Labels:          labels(g),
+			OwnerReferences: owner(g),
+		},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{GrantLabel: g.Name, ComponentKey: Component},
+			Ports: []corev1.ServicePort{{
+				Name:        "http",
+				Port:        APIPort,
+				TargetPort:  intstr.FromInt32(APIPort),
+				AppProtocol: ptr.To("kubernetes.io/h2c"),
+			}},
+		},
+	}
+}
+
+// MakeHomePod runs fiberd for g. It is privileged because the process
+// backend creates namespaces, mounts and memory cgroups for its fibers; it
+// gets no service-account token and no service links, so nothing of the
+// cluster's identity can reach a fiber.
+func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
+	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
+	mem.Add(HomeOverhead)
+	helperPath := "/lampyr-helper"
+	volumes := []corev1.Volume{
+		{Name: "home", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: HomeName(g), DefaultMode: ptr.To[int32](0o400)}}},
+		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+	}
+	mounts := []corev1.VolumeMount{
+		{Name: "home", MountPath: SecretMountPath, ReadOnly: true},
+		{Name: "state", MountPath: StateMountPath},
+	}
+	var inits []corev1.Container
+	if cfg.HelperImage != "" {
+		helperPath = HelperMountPath + "/lampyr-helper"
+		volumes = append(volumes, corev1.Volume{Name: "helper", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "helper", MountPath: HelperMountPath, ReadOnly: true})
+		inits = append(inits, corev1.Container{
+			Name:         "install-helper",
+			Image:        cfg.HelperImage,
+			Command:      []string{"/lampyr-helper", "install", helperPath},
+			VolumeMounts: []corev1.VolumeMount{{Name: "helper", MountPath: HelperMountPath}},
+		})
+	}
+	probe := func(path string) *corev1.Probe {
+		return &corev1.Probe{
+			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(APIPort)}},
+			PeriodSeconds:    2,
+			FailureThreshold: 3,
+		}
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:            HomeName(g),
+			Namespace:       g.Namespace,
+			Labels:          labels(g),
+			OwnerReferences: owner(g),
+		},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			RestartPolicy:                 corev1.RestartPolicyAlways,
+			InitContainers:                inits,
+			Containers: []corev1.Container{{
+				Name:    "fiberd",
+				Image:   cfg.HomeImage,
+				Command: []string{"/fiberd"},
+				Args: []string{
+					"--listen=:" + strconv.Itoa(APIPort),
+					"--grant-file=" + SecretMountPath + "/" + SecretKeyGrant,
+					"--grant-key-file=" + SecretMountPath + "/" + SecretKeyGrantPubKey,
+					"--fleet-key-file=" + SecretMountPath + "/" + SecretKeyFleetKey,
+					"--token-file=" + SecretMountPath + "/" + SecretKeyRouterToken,
+					"--helper=" + helperPath,
+					"--state-dir=" + StateMountPath,
+					"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
+				},
+				Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: APIPort}},
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: resource.MustParse("100m")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: *mem},
+				},
+				ReadinessProbe: probe("/readyz"),
+				LivenessProbe:  probe("/healthz"),
+				VolumeMounts:   mounts,
+			}},
+			Volumes: volumes,
+		},
+	}
+}
