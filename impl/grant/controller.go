@@ -118,4 +118,3 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	return c.Impl.RunContext(ctx, 1)
 }
-
