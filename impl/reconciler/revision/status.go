@@ -18,7 +18,23 @@ const (
 	ReasonWaitingForGrant = "WaitingForCapacityGrant"
 	// ReasonWaitingForHome: admitted, the Home is not ready yet.
 	ReasonWaitingForHome = "WaitingForHome"
+	// ReasonGrantRefused is used when a refusal carries no reason of its own.
+	ReasonGrantRefused = "CapacityGrantRefused"
 )
+
+// Condition messages; messages that come from elsewhere (grant refusals)
+// are passed through "%s" so a '%' in them survives.
+const (
+	MessageWaitingForHome    = "Waiting for the CapacityGrant's Home to load the sealed template."
+	MessageWaitingForGrant   = "Waiting for the grant controller to admit the CapacityGrant."
+	MessageWaitingForBackend = "Waiting for the backend Service."
+	MessageWaitingForRouting = "Waiting for the Home before routing to the Revision."
+	MessageRejected          = "The Revision cannot run on Lampyr."
+)
+
+// revisionConditions is the stock Revision condition set (Ready =
+// ResourcesAvailable AND ContainerHealthy; Active outside it).
+var revisionConditions = (&v1.Revision{}).GetConditionSet()
 
 // progress collects what the reconcile steps observed; markConditions turns
 // it into conditions in one place, so the reader finds every rule here.
@@ -91,39 +107,40 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	admitted := p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted)
 	home := p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady)
 
+	m := revisionConditions.Manage(st)
 	switch {
 	case p.artifactMissing != "":
-		st.MarkContainerHealthyFalse(v1.ReasonContainerMissing, p.artifactMissing)
+		m.MarkFalse(v1.RevisionConditionContainerHealthy, v1.ReasonContainerMissing, "%s", p.artifactMissing)
 	case home.IsFalse():
-		st.MarkContainerHealthyFalse(reasonOr(home.Reason, ReasonWaitingForHome), home.Message)
+		m.MarkFalse(v1.RevisionConditionContainerHealthy, reasonOr(home.Reason, ReasonWaitingForHome), "%s", home.Message)
 	case home.IsTrue():
-		st.MarkContainerHealthyTrue()
+		m.MarkTrue(v1.RevisionConditionContainerHealthy)
 	default:
-		st.MarkContainerHealthyUnknown(ReasonWaitingForHome, "Waiting for the CapacityGrant's Home to load the sealed template.")
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, ReasonWaitingForHome, "%s", MessageWaitingForHome)
 	}
 
 	switch {
 	case len(p.notOwned) > 0:
-		st.MarkResourcesAvailableFalse(v1.ReasonNotOwned, strings.Join(p.notOwned, " "))
+		m.MarkFalse(v1.RevisionConditionResourcesAvailable, v1.ReasonNotOwned, "%s", strings.Join(p.notOwned, " "))
 	case admitted.IsFalse():
 		// The grant controller's refusal, verbatim (docs/contracts.md §1).
-		st.MarkResourcesAvailableFalse(reasonOr(admitted.Reason, "CapacityGrantRefused"), admitted.Message)
+		m.MarkFalse(v1.RevisionConditionResourcesAvailable, reasonOr(admitted.Reason, ReasonGrantRefused), "%s", admitted.Message)
 	case !admitted.IsTrue():
-		st.MarkResourcesAvailableUnknown(ReasonWaitingForGrant, "Waiting for the grant controller to admit the CapacityGrant.")
+		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, ReasonWaitingForGrant, "%s", MessageWaitingForGrant)
 	case !p.backendReady():
-		st.MarkResourcesAvailableUnknown(v1.ReasonDeploying, "Waiting for the backend Service.")
+		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, v1.ReasonDeploying, "%s", MessageWaitingForBackend)
 	case !p.published || !p.routerReady:
-		st.MarkResourcesAvailableUnknown(v1.ReasonDeploying, "Waiting to publish router metadata.")
+		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, v1.ReasonDeploying, "%s", MessageWaitingForRouting)
 	default:
-		st.MarkResourcesAvailableTrue()
+		m.MarkTrue(v1.RevisionConditionResourcesAvailable)
 	}
 
 	ready := st.GetCondition(v1.RevisionConditionReady)
 	switch {
 	case ready.IsTrue():
-		st.MarkActiveTrue()
+		m.MarkTrue(v1.RevisionConditionActive)
 	case ready != nil:
-		st.MarkActiveUnknown(reasonOr(ready.Reason, v1.ReasonDeploying), ready.Message)
+		m.MarkUnknown(v1.RevisionConditionActive, reasonOr(ready.Reason, v1.ReasonDeploying), "%s", ready.Message)
 	}
 }
 
@@ -131,8 +148,9 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 // (hence Ready) False with the reason naming the first offending field.
 // ContainerHealthy stays Unknown: nothing was started.
 func markRejected(st *v1.RevisionStatus, r Rejection) {
-	st.MarkResourcesAvailableFalse(r.Reason(), r.Message())
-	st.MarkActiveFalse(r.Reason(), "The Revision cannot run on Lampyr.")
+	m := revisionConditions.Manage(st)
+	m.MarkFalse(v1.RevisionConditionResourcesAvailable, r.Reason(), "%s", r.Message())
+	m.MarkFalse(v1.RevisionConditionActive, r.Reason(), "%s", MessageRejected)
 	// No container status: nothing was accepted to record.
 	st.ContainerStatuses = nil
 }

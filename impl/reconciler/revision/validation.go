@@ -174,7 +174,7 @@ func (v *validator) container(c *corev1.Container, path string, t *resources.Tem
 // config-features' secure-pod-defaults is on (computed by running upstream
 // defaulting on a container without one), so that setting stays usable.
 func (v *validator) securityContext(c *corev1.Container, path string) {
-	if c.SecurityContext == nil || isEmpty(reflect.ValueOf(c.SecurityContext)) {
+	if c.SecurityContext == nil || *c.SecurityContext == (corev1.SecurityContext{}) {
 		return
 	}
 	if v.serving != nil && v.serving.Features != nil {
@@ -472,19 +472,13 @@ func setFields(s reflect.Value, handled map[string]bool) []string {
 	return out
 }
 
-// isEmpty treats nil, empty slices and maps, and structs whose fields are all
-// empty as unset; a non-nil pointer to a scalar is set even if it points to a
-// zero value (runAsUser: 0 is a setting).
+// isEmpty treats nil, empty slices and maps, and structs whose fields are
+// all empty as unset. Any non-nil pointer is set, even to a zero value:
+// runAsUser: 0 and tcpSocket: {} are both things a user wrote.
 func isEmpty(v reflect.Value) bool {
 	switch v.Kind() {
 	case reflect.Pointer, reflect.Interface:
-		if v.IsNil() {
-			return true
-		}
-		if e := v.Elem(); e.Kind() == reflect.Struct {
-			return isEmpty(e)
-		}
-		return false
+		return v.IsNil()
 	case reflect.Slice, reflect.Map:
 		return v.Len() == 0
 	case reflect.Struct:

@@ -1,0 +1,519 @@
+package revision
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientgotesting "k8s.io/client-go/testing"
+	"knative.dev/pkg/ptr"
+	rtesting "knative.dev/pkg/reconciler/testing"
+	v1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/reconciler/revision/resources"
+)
+
+var (
+	servicesGVR       = corev1.SchemeGroupVersion.WithResource("services")
+	configMapsGVR     = corev1.SchemeGroupVersion.WithResource("configmaps")
+	endpointSlicesGVR = discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
+)
+
+func TestReconcile(t *testing.T) {
+	tmpl := accepted()
+	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
+
+	table := rtesting.TableTest{{
+		Name: "bad workqueue key",
+		Key:  "too/many/parts",
+	}, {
+		Name: "revision gone",
+		Key:  key(),
+	}, {
+		Name:    "first reconcile adds the finalizer and creates everything",
+		Objects: []runtime.Object{rev(withoutFinalizer)},
+		Key:     key(),
+		WantPatches: []clientgotesting.PatchActionImpl{
+			patchFinalizers(finalizerName),
+		},
+		WantEvents: []string{finalizerEvent()},
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(tmpl)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withoutFinalizer, waitingForGrant())),
+		},
+	}, {
+		Name:    "accepted revision: grant, ExternalName Service and unready metadata created",
+		Objects: []runtime.Object{rev()},
+		Key:     key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(tmpl)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(waitingForGrant())),
+		},
+	}, {
+		Name: "grant admitted, Home starting",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionUnknown, "HomeStarting", "pulling the template")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "grant ready: metadata published ready, Revision Ready",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, true)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
+		},
+	}, {
+		Name: "steady state after a restart: everything present, no writes",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+	}, {
+		Name: "restart with status lost: converges to Ready without touching owned objects",
+		Objects: []runtime.Object{
+			rev(),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
+		},
+	}, {
+		Name: "grant refused: ResourcesAvailable False with the grant's reason and message",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantConditions(corev1.ConditionFalse, corev1.ConditionUnknown, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
+				available(corev1.ConditionFalse, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)"),
+				active(corev1.ConditionUnknown, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)"),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionFalse, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key"),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key"),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "Ready Revision whose Home went away is withdrawn from fiber-router",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionFalse, "HomeLost", "the Home Pod was evicted")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, "", false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, "HomeLost", "the Home Pod was evicted"),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, "HomeLost", "the Home Pod was evicted"),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "grant spec drifted: put back, status not trusted until the grant controller re-reports",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady, func(g *fiberdv1alpha1.CapacityGrant) { g.Spec.MaxFibers = 99 }),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(unstructuredGrant(t, grant(tmpl, grantReady))),
+			update(metadata(tmpl, "", false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(waitingForGrant())),
+		},
+	}, {
+		Name: "h2c template: Service port 81 http2 with appProtocol kubernetes.io/h2c",
+		Objects: []runtime.Object{rev(container(func(c *corev1.Container) {
+			c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}}
+		}))},
+		Key: key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(accepted(h2c))),
+			service(accepted(h2c), config.BackendExternalName),
+			metadata(accepted(h2c), "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(container(func(c *corev1.Container) {
+				c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}}
+			}), waitingForGrant())),
+		},
+	}, {
+		Name: "scaling and execution policy are translated into the grant",
+		Objects: []runtime.Object{rev(
+			annotation("autoscaling.knative.dev/max-scale", "7"),
+			annotation("autoscaling.knative.dev/min-scale", "0"),
+			annotation(ExecutionModeAnnotation, "reuse"),
+			annotation(IdleTimeoutAnnotation, "30s"),
+			annotation(IdleActionAnnotation, "release"),
+			func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(900) },
+			container(func(c *corev1.Container) {
+				c.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}
+			}),
+		)},
+		Key: key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(accepted(), func(g *fiberdv1alpha1.CapacityGrant) {
+				g.Spec.MaxFibers = 7
+				g.Spec.MaxRequestSeconds = 900
+				g.Spec.MemoryPerFiber = resource.MustParse("512Mi")
+				g.Spec.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
+			})),
+			service(tmpl, config.BackendExternalName),
+			resources.MakeRouterMetadata(rev(), accepted(func(t *resources.Template) {
+				t.MaxFibers = 7
+				t.TimeoutSeconds = 900
+				t.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
+			}), "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(
+				annotation("autoscaling.knative.dev/max-scale", "7"),
+				annotation("autoscaling.knative.dev/min-scale", "0"),
+				annotation(ExecutionModeAnnotation, "reuse"),
+				annotation(IdleTimeoutAnnotation, "30s"),
+				annotation(IdleActionAnnotation, "release"),
+				func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(900) },
+				container(func(c *corev1.Container) {
+					c.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}
+				}),
+				waitingForGrant())),
+		},
+	}, {
+		Name:          "endpointslice strategy: selectorless ClusterIP Service and a mirror of fiber-router's ready endpoints",
+		OtherTestData: sliceStrategy,
+		Objects: []runtime.Object{
+			rev(),
+			routerSlice("fiber-router-abcde",
+				endpoint("10.244.0.12", ptr.Bool(true)),
+				endpoint("10.244.0.11", nil),
+				endpoint("10.244.0.13", ptr.Bool(false)),
+			),
+		},
+		Key: key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(tmpl)),
+			service(tmpl, config.BackendEndpointSlice),
+			mirror(tmpl, "10.244.0.11", "10.244.0.12"),
+			metadata(tmpl, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(waitingForGrant())),
+		},
+	}, {
+		Name:          "endpointslice strategy: Ready, API-server defaults on the Service are left alone",
+		OtherTestData: sliceStrategy,
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
+			mirror(tmpl, "10.244.0.11"),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+	}, {
+		Name:          "endpointslice strategy: fiber-router replaced, mirror follows",
+		OtherTestData: sliceStrategy,
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			routerSlice("fiber-router-fghij", endpoint("10.244.0.21", ptr.Bool(true)), endpoint("10.244.0.11", ptr.Bool(false))),
+			mirror(tmpl, "10.244.0.11"),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(mirror(tmpl, "10.244.0.21")),
+		},
+	}, {
+		Name:          "strategy switched to endpointslice: Service becomes ClusterIP",
+		OtherTestData: sliceStrategy,
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
+			mirror(tmpl, "10.244.0.11"),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(service(tmpl, config.BackendEndpointSlice)),
+		},
+	}, {
+		Name: "strategy switched to externalname: Service becomes ExternalName, mirror deleted",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			mirror(tmpl, "10.244.0.11"),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(service(tmpl, config.BackendExternalName)),
+		},
+		WantDeletes: []clientgotesting.DeleteActionImpl{
+			deleteAction(endpointSlicesGVR, testRevName),
+		},
+	}, {
+		Name: "a Service of the same name that the Revision does not own",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady),
+			notOwned(service(tmpl, config.BackendExternalName)),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		// The Home is ready, so its endpoint is published, but not ready.
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionTrue, "", ""),
+				available(corev1.ConditionFalse, v1.ReasonNotOwned, v1.ResourceNotOwnedMessage("Service", testRevName)),
+				active(corev1.ConditionUnknown, v1.ReasonNotOwned, v1.ResourceNotOwnedMessage("Service", testRevName)),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "the Service is missing a port: repaired",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			func() *corev1.Service {
+				s := service(tmpl, config.BackendExternalName)
+				s.Spec.Ports[0].TargetPort = intstr.FromInt32(8080)
+				return s
+			}(),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(service(tmpl, config.BackendExternalName)),
+		},
+	}, {
+		Name:          "artifact verification on: missing artifact is ContainerHealthy False ContainerMissing",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: fakeRegistry{}},
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		// The Home is ready, so its endpoint is published, but not ready.
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, v1.ReasonContainerMissing, v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name:          "artifact verification on: present artifact, Ready",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: fakeRegistry{testArtifact: true}},
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+	}, {
+		Name:          "artifact verification on: registry unreachable is retried, not a failure",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: unreachableRegistry{}},
+		Objects:       []runtime.Object{rev(waitingForGrant())},
+		Key:           key(),
+		WantErr:       true,
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "registry.example: connection refused"),
+		},
+	}, {
+		Name: "API error creating the Service is returned for a retry",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl),
+		},
+		Key:          key(),
+		WithReactors: []clientgotesting.ReactionFunc{rtesting.InduceFailure("create", "services")},
+		WantErr:      true,
+		WantCreates:  []runtime.Object{service(tmpl, config.BackendExternalName)},
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "creating Service %s: inducing failure for create services", testRevName),
+		},
+	}, {
+		Name:    "rejected template after a Lampyr upgrade: published metadata is withdrawn",
+		Objects: []runtime.Object{rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} })), metadata(tmpl, testHome, true)},
+		Key:     key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} }),
+				rejected("UnsupportedCommand", "spec.containers[0].command", detailFor("command")))),
+		},
+	}, {
+		Name: "finalization deletes metadata, EndpointSlice, Service and grant, then the finalizer",
+		Objects: []runtime.Object{
+			rev(deleted, ready()),
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			mirror(tmpl, "10.244.0.11"),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantDeletes: []clientgotesting.DeleteActionImpl{
+			deleteAction(configMapsGVR, testRevName+"-lampyr-route"),
+			deleteAction(endpointSlicesGVR, testRevName),
+			deleteAction(servicesGVR, testRevName),
+			deleteAction(grantGVR, testRevName),
+		},
+		WantPatches: []clientgotesting.PatchActionImpl{patchFinalizers()},
+		WantEvents:  []string{finalizerEvent()},
+	}, {
+		Name: "finalization leaves objects it does not own",
+		Objects: []runtime.Object{
+			rev(deleted, ready()),
+			notOwned(grant(tmpl, grantReady)),
+			notOwned(service(tmpl, config.BackendExternalName)),
+		},
+		Key:         key(),
+		WantPatches: []clientgotesting.PatchActionImpl{patchFinalizers()},
+		WantEvents:  []string{finalizerEvent()},
+	}, {
+		Name:        "finalization after everything is already gone",
+		Objects:     []runtime.Object{rev(deleted, ready())},
+		Key:         key(),
+		WantPatches: []clientgotesting.PatchActionImpl{patchFinalizers()},
+		WantEvents:  []string{finalizerEvent()},
+	}, {
+		Name:         "finalization retries when a delete fails, keeping the finalizer",
+		Objects:      []runtime.Object{rev(deleted, ready()), service(tmpl, config.BackendExternalName)},
+		Key:          key(),
+		WithReactors: []clientgotesting.ReactionFunc{rtesting.InduceFailure("delete", "services")},
+		WantErr:      true,
+		WantDeletes:  []clientgotesting.DeleteActionImpl{deleteAction(servicesGVR, testRevName)},
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "inducing failure for delete services"),
+		},
+	}}
+
+	table = append(table, rejectionRows()...)
+	table.Test(t, makeFactory())
+}
+
+// rejectionRows: one row per unsupported field. Each Revision differs from
+// the accepted rev() in exactly that field, is refused with the reason
+// naming it, and gets nothing created.
+func rejectionRows() rtesting.TableTest {
+	var rows rtesting.TableTest
+	for _, c := range rejectionCases() {
+		rows = append(rows, rtesting.TableRow{
+			Name:    "rejects " + c.name,
+			Objects: []runtime.Object{rev(c.opts...)},
+			Key:     key(),
+			WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+				statusUpdate(rev(append(c.opts, rejected(c.reason, c.field, c.detail))...)),
+			},
+		})
+	}
+	return rows
+}
+
+func mirror(t *resources.Template, ips ...string) *discoveryv1.EndpointSlice {
+	var eps []discoveryv1.Endpoint
+	for _, ip := range ips {
+		eps = append(eps, endpoint(ip, ptr.Bool(true)))
+	}
+	return resources.MakeEndpointSlice(rev(), t, []*discoveryv1.EndpointSlice{routerSlice("fiber-router", eps...)})
+}
+
+func verifying() *config.Lampyr {
+	l := testLampyr(config.BackendExternalName)
+	l.VerifyArtifacts = true
+	return l
+}
+
+// fakeRegistry answers from a set of present references. (The real
+// RegistryVerifier is tested against an in-process registry.)
+type fakeRegistry map[string]bool
+
+func (f fakeRegistry) Verify(_ context.Context, ref string) error {
+	if f[ref] {
+		return nil
+	}
+	return &ArtifactMissingError{Ref: ref, Detail: "not found in the registry"}
+}
+
+type unreachableRegistry struct{}
+
+func (unreachableRegistry) Verify(context.Context, string) error {
+	return errors.New("registry.example: connection refused")
+}
