@@ -212,10 +212,13 @@ func (p *Pool) useGrant(ctx context.Context, cfg Config, g *grant) (*Lease, erro
 func (p *Pool) acquireInSlot(ctx context.Context, cfg Config) (*Lease, error) {
 	deadline := time.Now().Add(cfg.QueueTimeout)
 	for {
-		f, err := p.client.Acquire(ctx, cfg.Home)
+		f, err := p.acquireDetached(ctx, cfg.Home)
 		if err == nil {
-			p.obs.Acquired()
 			return &Lease{Fiber: f, pool: p}, nil
+		}
+		var orphan errOrphaned
+		if errors.As(err, &orphan) {
+			return nil, orphan.error
 		}
 		ce, ok := fibers.IsCapacity(err)
 		if !ok {
@@ -235,6 +238,54 @@ func (p *Pool) acquireInSlot(ctx context.Context, cfg Config) (*Lease, error) {
 		}
 	}
 }
+
+// acquireTimeout bounds one acquire call when the request no longer waits.
+const acquireTimeout = 30 * time.Second
+
+type acquired struct {
+	f   fibers.Fiber
+	err error
+}
+
+// acquireDetached runs the acquire call on a context the client cannot
+// cancel. Cancelling the POST mid-flight would not undo it in fiberd: the
+// fiber would be leased to nobody and live until fiberd's own reaper finds
+// it. If the request gives up first it returns at once, and the fiber,
+// when it arrives, is released in the slot it already holds.
+func (p *Pool) acquireDetached(ctx context.Context, home string) (fibers.Fiber, error) {
+	res := make(chan acquired, 1)
+	p.releases.Add(1) // Close waits for orphaned acquisitions too
+	go func() {
+		defer p.releases.Done()
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireTimeout)
+		defer cancel()
+		f, err := p.client.Acquire(actx, home)
+		if err == nil {
+			p.obs.Acquired()
+		}
+		res <- acquired{f, err}
+	}()
+	select {
+	case r := <-res:
+		return r.f, r.err
+	case <-ctx.Done():
+		p.releases.Add(1)
+		go func() {
+			defer p.releases.Done()
+			if r := <-res; r.err == nil {
+				p.releaseNow(r.f)
+			}
+			p.freeSlot()
+		}()
+		return fibers.Fiber{}, errOrphaned{ctx.Err()}
+	}
+}
+
+// errOrphaned: the request ended while its fiber was being acquired; the
+// slot is already being returned by the orphan's cleanup.
+type errOrphaned struct{ error }
+
+func (e errOrphaned) Unwrap() error { return e.error }
 
 // Done ends the lease. reusable says the request ended cleanly, so in reuse
 // mode the fiber may serve the next request; otherwise (fresh mode, an
