@@ -50,6 +50,10 @@ test-stock: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json
 
+# Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
+test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
+    go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
+
 # Everything CI runs: unit tests, then the cluster suites.
 test: test-unit test-clusters
 
