@@ -1,0 +1,140 @@
+// Command fiberd runs in each Home: it holds the grant the grant controller
+// issued, opens the Revision's sealed template with the fleet key, pulls and
+// verifies the snapshot artifact and serves fibers to fiber-router
+// (docs/contracts.md §4, §5).
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"lampyr.dev/serving/impl/fiberd"
+	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/server"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+)
+
+type multi []string
+
+func (m *multi) String() string     { return strings.Join(*m, ",") }
+func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
+
+func main() {
+	var (
+		listen       = flag.String("listen", ":9090", "address of the fiberd API")
+		grantFile    = flag.String("grant-file", "/var/run/lampyr/home/grant", "signed grant (the Home Secret, mounted)")
+		grantKeyFile = flag.String("grant-key-file", "/var/run/lampyr/home/grant-key.pub", "grant controller's public key (PEM)")
+		fleetKeyFile = flag.String("fleet-key-file", "/var/run/lampyr/home/fleet-key", "fleet private key (PEM)")
+		tokenFile    = flag.String("token-file", "/var/run/lampyr/home/router-token", "fiber-router's bearer token")
+		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
+		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
+		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
+		cgroupParent = flag.String("cgroup-parent", "", "cgroup v1 memory directory for fibers (default: a child of fiberd's own memory cgroup, so the Home's limit covers its fibers)")
+		mirrors      multi
+	)
+	flag.Var(&mirrors, "registry-mirror", "from=to: reach registry host `from` at `to` (repeatable), e.g. localhost:5002=kind-registry:5000")
+	flag.Parse()
+	if err := run(*listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, mirrors); err != nil {
+		log.Fatalf("fiberd: %v", err)
+	}
+}
+
+func run(listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, mirrors []string) error {
+	pubPEM, err := os.ReadFile(grantKeyFile)
+	if err != nil {
+		return fmt.Errorf("--grant-key-file: %w", err)
+	}
+	grantKey, err := signedgrant.ParsePublicKey(pubPEM)
+	if err != nil {
+		return fmt.Errorf("--grant-key-file %s: %w", grantKeyFile, err)
+	}
+	fleetPEM, err := os.ReadFile(fleetKeyFile)
+	if err != nil {
+		return fmt.Errorf("--fleet-key-file: %w", err)
+	}
+	fleetKey, err := seal.ParsePrivateKeyPEM(fleetPEM)
+	if err != nil {
+		return fmt.Errorf("--fleet-key-file %s: %w", fleetKeyFile, err)
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		return fmt.Errorf("--token-file: %w", err)
+	}
+	m, err := fiberd.ParseMirrors(mirrors)
+	if err != nil {
+		return err
+	}
+	if cgroupParent == "" {
+		if cgroupParent, err = ownMemoryCgroup(); err != nil {
+			return err
+		}
+		cgroupParent = filepath.Join(cgroupParent, "fibers")
+	}
+	be, err := process.New(process.Config{
+		HelperPath:   helper,
+		StateDir:     filepath.Join(stateDir, "f"),
+		CgroupParent: cgroupParent,
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := server.New(server.Config{
+		Token:           strings.TrimSpace(string(tok)),
+		GrantFile:       grantFile,
+		GrantKey:        grantKey,
+		FleetKey:        fleetKey,
+		StateDir:        filepath.Join(stateDir, "s"),
+		Backend:         be,
+		WarmFibers:      warm,
+		RegistryOptions: m.RemoteOptions(),
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	log.Printf("fiberd: serving on %s (fleet key %s, fibers in %s)", ln.Addr(), fleetKey.Public().KeyID()[:16], cgroupParent)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go func() {
+		<-ctx.Done()
+		srv.Close()
+	}()
+	err = srv.Serve(ln)
+	srv.Close()
+	return err
+}
+
+// ownMemoryCgroup finds this process's cgroup v1 memory directory.
+func ownMemoryCgroup() (string, error) {
+	f, err := os.Open("/proc/self/cgroup")
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		parts := strings.SplitN(s.Text(), ":", 3)
+		if len(parts) == 3 {
+			for _, c := range strings.Split(parts[1], ",") {
+				if c == "memory" {
+					return filepath.Join("/sys/fs/cgroup/memory", parts[2]), nil
+				}
+			}
+		}
+	}
+	return "", errors.New("no cgroup v1 memory controller in /proc/self/cgroup; pass --cgroup-parent")
+}
