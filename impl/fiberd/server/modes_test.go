@@ -317,3 +317,20 @@ func mustReq(t *testing.T, path string) *http.Request {
 	}
 	return req
 }
+
+// A snapshot whose handler speaks h2c (a named h2c port, gRPC) is reached
+// over HTTP/2 cleartext all the way.
+func TestH2CSnapshot(t *testing.T) {
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Protocol: "h2c"})
+	f, err := inst.Client.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body := get(t, inst.Client, f.ID, "/")
+	if resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if h := decodeHello(t, body); h.Proto != "HTTP/2.0" {
+		t.Fatalf("handler saw %s, want HTTP/2.0 (h2c)", h.Proto)
+	}
+}

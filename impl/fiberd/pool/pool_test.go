@@ -1,0 +1,185 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"lampyr.dev/serving/impl/fiberd/backend"
+)
+
+// fakeBackend starts in-memory fibers: the pool's logic is tested here
+// without processes (and under -race); the process backend has its own
+// tests and fiberd's integration tests run both together.
+type fakeBackend struct {
+	started atomic.Int64
+	delay   time.Duration
+	mu      sync.Mutex
+	live    map[string]*fakeFiber
+}
+
+type fakeFiber struct {
+	id   string
+	done chan struct{}
+	once sync.Once
+}
+
+func (f *fakeFiber) ID() string                                 { return f.id }
+func (f *fakeFiber) Dial(ctx context.Context) (net.Conn, error) { return nil, errors.New("fake") }
+func (f *fakeFiber) Done() <-chan struct{}                      { return f.done }
+func (f *fakeFiber) Err() error                                 { return nil }
+func (f *fakeFiber) Destroy() error                             { f.kill(); return nil }
+func (f *fakeFiber) kill()                                      { f.once.Do(func() { close(f.done) }) }
+
+func (b *fakeBackend) Name() string { return "fake" }
+func (b *fakeBackend) Start(ctx context.Context, id string, _ *backend.Spec) (backend.Fiber, error) {
+	b.started.Add(1)
+	time.Sleep(b.delay)
+	f := &fakeFiber{id: id, done: make(chan struct{})}
+	b.mu.Lock()
+	if b.live == nil {
+		b.live = map[string]*fakeFiber{}
+	}
+	b.live[id] = f
+	b.mu.Unlock()
+	return f, nil
+}
+
+func (b *fakeBackend) alive() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, f := range b.live {
+		select {
+		case <-f.done:
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+func newPool(t *testing.T, be *fakeBackend, mode string, max, warm int) *Pool {
+	p, err := New(Config{Spec: &backend.Spec{StartupTimeout: time.Second}, Backend: be, Mode: mode, IdleTimeout: 200 * time.Millisecond,
+		MaxFibers: max, WarmTarget: warm, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestConcurrentAcquireNeverExceedsMax(t *testing.T) {
+	be := &fakeBackend{delay: 2 * time.Millisecond}
+	p := newPool(t, be, ModeFresh, 5, 3)
+	var wg sync.WaitGroup
+	var got, refused atomic.Int64
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := p.Acquire(context.Background())
+			switch {
+			case errors.Is(err, ErrMaxFibers):
+				refused.Add(1)
+			case err != nil:
+				t.Error(err)
+			default:
+				got.Add(1)
+				_ = f
+			}
+		}()
+	}
+	wg.Wait()
+	if got.Load() != 5 || refused.Load() != 35 {
+		t.Fatalf("acquired %d, refused %d; want 5 and 35", got.Load(), refused.Load())
+	}
+	time.Sleep(50 * time.Millisecond)
+	if n := be.alive(); n > 5 {
+		t.Fatalf("%d fibers alive with MaxFibers 5", n)
+	}
+}
+
+func TestFreshSpentAndBusy(t *testing.T) {
+	p := newPool(t, &fakeBackend{}, ModeFresh, 3, 1)
+	f, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, end, err := p.Begin(f.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrBusy) {
+		t.Fatalf("second concurrent request: %v, want ErrBusy", err)
+	}
+	end()
+	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrSpent) {
+		t.Fatalf("second request into a fresh fiber: %v, want ErrSpent", err)
+	}
+	if err := p.Release(f.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("request into a released fiber: %v", err)
+	}
+	if err := p.Release(f.ID()); !errors.Is(err, ErrUnknown) {
+		t.Fatalf("double release: %v", err)
+	}
+}
+
+func TestWarmPoolRefillsAndReplacesDeadFibers(t *testing.T) {
+	be := &fakeBackend{}
+	p := newPool(t, be, ModeFresh, 10, 3)
+	eventually(t, "3 warm fibers", func() bool { w, _, _ := p.Counts(); return w == 3 })
+	if !p.Warm() {
+		t.Fatal("pool not reported warm")
+	}
+	be.mu.Lock()
+	for _, f := range be.live {
+		f.kill() // all warm fibers die at once
+	}
+	be.mu.Unlock()
+	eventually(t, "the warm pool to be refilled", func() bool { w, _, _ := p.Counts(); return w == 3 && be.alive() == 3 })
+	// Leasing shrinks the warm target so warm + leased stays within max.
+	p.SetMaxFibers(4)
+	for i := 0; i < 4; i++ {
+		if _, err := p.Acquire(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	if w, l, s := p.Counts(); w+l+s > 4 {
+		t.Fatalf("warm %d + leased %d + starting %d exceeds max 4", w, l, s)
+	}
+}
+
+func TestReuseIdleRelease(t *testing.T) {
+	p := newPool(t, &fakeBackend{}, ModeReuse, 3, 0)
+	f, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		_, end, err := p.Begin(f.ID())
+		if err != nil {
+			t.Fatalf("request %d into a reuse fiber: %v", i, err)
+		}
+		end()
+	}
+	eventually(t, "idle release", func() bool { _, l, _ := p.Counts(); return l == 0 })
+}

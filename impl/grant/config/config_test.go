@@ -1,0 +1,32 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+func TestFromConfigMap(t *testing.T) {
+	c, err := FromConfigMap(nil)
+	if err != nil || c.FiberMemoryCapacity.String() != "8Gi" || c.GrantTTL != 10*time.Minute || c.RenewBefore() != 5*time.Minute {
+		t.Fatalf("defaults: %+v %v", c, err)
+	}
+	c, err = FromConfigMap(&corev1.ConfigMap{Data: map[string]string{KeyFiberMemoryCapacity: "2Gi", KeyGrantTTL: "2m", KeyHomeImage: "img", KeyHomeWarmFibers: "0"}})
+	if err != nil || c.FiberMemoryCapacity.String() != "2Gi" || c.GrantTTL != 2*time.Minute || c.HomeImage != "img" || c.HomeWarmFibers != 0 {
+		t.Fatalf("parsed: %+v %v", c, err)
+	}
+	for key, val := range map[string]string{
+		KeyFiberMemoryCapacity: "lots",
+		KeyMaxMemoryPerFiber:   "-1Gi",
+		KeyMaxFibersPerGrant:   "0",
+		KeyGrantTTL:            "5s",
+		KeyDefaultMaxFibers:    "1000",
+	} {
+		_, err := FromConfigMap(&corev1.ConfigMap{Data: map[string]string{key: val}})
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s=%q: error %v should name the key", key, val, err)
+		}
+	}
+}

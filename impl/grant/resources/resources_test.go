@@ -1,0 +1,110 @@
+package resources
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/grant/config"
+)
+
+func grant(mode v1alpha1.ExecutionMode, max int32) *v1alpha1.CapacityGrant {
+	return &v1alpha1.CapacityGrant{
+		ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "demo", UID: "u1"},
+		Spec: v1alpha1.CapacityGrantSpec{
+			RevisionName: "hello-00001", Template: "t@sha256:" + strings.Repeat("a", 64), SnapshotArtifact: "s@sha256:" + strings.Repeat("b", 64),
+			MemoryPerFiber: resource.MustParse("64Mi"), MaxFibers: max, MaxRequestSeconds: 30,
+			Execution: v1alpha1.ExecutionPolicy{Mode: mode, IdleTimeoutSeconds: 7, IdleAction: "release"},
+			Env:       map[string]string{"K_REVISION": "hello-00001"},
+		},
+	}
+}
+
+func TestMakeClaims(t *testing.T) {
+	cfg := config.Defaults()
+	now := metav1.NewTime(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	for _, tc := range []struct {
+		name     string
+		g        *v1alpha1.CapacityGrant
+		wantMax  int32
+		wantMode string
+		wantIdle int64
+	}{
+		{"fresh ignores idle timeout", grant(v1alpha1.ExecutionFresh, 3), 3, "fresh", 0},
+		{"empty mode is fresh", grant("", 3), 3, "fresh", 0},
+		{"reuse keeps idle timeout", grant(v1alpha1.ExecutionReuse, 3), 3, "reuse", 7},
+		{"maxFibers 0 takes the default", grant(v1alpha1.ExecutionFresh, 0), cfg.DefaultMaxFibers, "fresh", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := MakeClaims(tc.g, cfg, "id", now)
+			if c.MaxFibers != tc.wantMax || c.Execution.Mode != tc.wantMode || c.Execution.IdleTimeoutSeconds != tc.wantIdle {
+				t.Fatalf("claims %+v", c)
+			}
+			if c.MemoryPerFiberBytes != 64<<20 || !c.ExpiresAt.Equal(now.Add(cfg.GrantTTL)) || c.Env["K_REVISION"] != "hello-00001" || c.Namespace != "demo" {
+				t.Fatalf("claims %+v", c)
+			}
+		})
+	}
+}
+
+func TestMakeHomePod(t *testing.T) {
+	cfg := config.Defaults()
+	cfg.HomeImage = "kind.local/fiberd@sha256:" + strings.Repeat("c", 64)
+	g := grant(v1alpha1.ExecutionFresh, 4)
+	p := MakeHomePod(g, cfg)
+	c := p.Spec.Containers[0]
+	if p.Name != "hello-00001-home" || p.Namespace != "demo" || !metav1.IsControlledBy(p, g) {
+		t.Fatalf("identity %s/%s owners %v", p.Namespace, p.Name, p.OwnerReferences)
+	}
+	if *p.Spec.AutomountServiceAccountToken || *p.Spec.EnableServiceLinks {
+		t.Error("no service-account token and no service links may reach a Home")
+	}
+	if !*c.SecurityContext.Privileged {
+		t.Error("the process backend needs a privileged Home")
+	}
+	if got := c.Resources.Limits.Memory().String(); got != "512Mi" { // 4×64Mi + 256Mi
+		t.Errorf("memory limit %s, want 512Mi", got)
+	}
+	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.ReadinessProbe.HTTPGet.Port.IntVal != APIPort {
+		t.Errorf("readiness probe %+v", c.ReadinessProbe.HTTPGet)
+	}
+	args := strings.Join(c.Args, " ")
+	for _, want := range []string{"--grant-file=" + SecretMountPath + "/grant", "--helper=/lampyr-helper", "--listen=:9090"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+	if len(p.Spec.InitContainers) != 0 {
+		t.Error("no helper image configured, yet an init container")
+	}
+
+	cfg.HelperImage = "kind.local/helper:1"
+	p = MakeHomePod(g, cfg)
+	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != cfg.HelperImage ||
+		!strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--helper="+HelperMountPath+"/lampyr-helper") {
+		t.Fatalf("helper image not wired: %+v", p.Spec.InitContainers)
+	}
+}
+
+func TestMakeHomeServiceAndSecret(t *testing.T) {
+	g := grant(v1alpha1.ExecutionFresh, 4)
+	s := MakeHomeService(g)
+	if s.Spec.Selector[GrantLabel] != g.Name || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g) != "hello-00001-home.demo.svc:9090" {
+		t.Fatalf("service %+v endpoint %s", s.Spec, HomeEndpoint(g))
+	}
+	pod := MakeHomePod(g, config.Defaults())
+	for k, v := range s.Spec.Selector {
+		if pod.Labels[k] != v {
+			t.Fatalf("Service selector %s=%s does not select the Home Pod (labels %v)", k, v, pod.Labels)
+		}
+	}
+	sec := MakeHomeSecret(g, []byte("g"), []byte("p"), []byte("f"), "tok")
+	if sec.Type != corev1.SecretTypeOpaque || string(sec.Data[SecretKeyRouterToken]) != "tok" || !metav1.IsControlledBy(sec, g) {
+		t.Fatalf("secret %+v", sec)
+	}
+}
