@@ -134,11 +134,13 @@ func New(cfg Config) (*Pool, error) {
 		cfg.Logf = log.Printf
 	}
 	p := &Pool{
-		cfg:     cfg,
-		fibers:  map[string]*Fiber{},
-		changed: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
+		// Without a warm pool there is nothing to wait for before serving.
+		warmOnce: cfg.WarmTarget == 0,
+		cfg:      cfg,
+		fibers:   map[string]*Fiber{},
+		changed:  make(chan struct{}),
+		wake:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 	}
 	p.wg.Add(2)
 	go p.refillLoop()

@@ -183,3 +183,17 @@ func TestReuseIdleRelease(t *testing.T) {
 	}
 	eventually(t, "idle release", func() bool { _, l, _ := p.Counts(); return l == 0 })
 }
+
+func TestNoWarmPoolIsReadyAndStartsOnDemand(t *testing.T) {
+	be := &fakeBackend{}
+	p := newPool(t, be, ModeFresh, 2, 0)
+	if !p.Warm() {
+		t.Fatal("a pool with no warm target must count as warm (ready)")
+	}
+	if _, err := p.Acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if be.started.Load() != 1 {
+		t.Fatalf("started %d fibers, want 1 on demand", be.started.Load())
+	}
+}
