@@ -79,6 +79,20 @@ func startEnv(t testing.TB, o envOptions) *env {
 
 func startRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision.Source) *server.Server {
 	t.Helper()
+	srv := newRouter(t, fd, o, src)
+	waitFor(t, "router ready", 10*time.Second, srv.Ready)
+	return srv
+}
+
+// startRouterUnready starts a router that replaces e's, on addrs, without
+// waiting for readiness.
+func startRouterUnready(t testing.TB, e *env, addrs envOptions, src revision.Source) *server.Server {
+	t.Helper()
+	return newRouter(t, e.fd, addrs, src)
+}
+
+func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision.Source) *server.Server {
+	t.Helper()
 	pc := proxy.DefaultConfig()
 	pc.QueueTimeout = 2 * time.Second
 	if o.proxy != nil {
@@ -110,7 +124,6 @@ func startRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revisi
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	waitFor(t, "router ready", 10*time.Second, srv.Ready)
 	return srv
 }
 

@@ -82,9 +82,7 @@ func (s *ConfigMapSource) Run(ctx context.Context, sink Sink) error {
 	}
 	s.registration.Store(&reg)
 	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
-		return fmt.Errorf("router metadata informer: cache did not sync before shutdown")
-	}
+	// Readiness polls HasSynced itself; Run only has to live until ctx ends.
 	<-ctx.Done()
 	factory.Shutdown()
 	return nil

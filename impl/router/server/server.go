@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,8 @@ type Server struct {
 	data                   []*http.Server
 	admin                  *http.Server
 	draining               atomic.Bool
+	shutdownOnce           sync.Once
+	shutdownErr            error
 	sourceDone             chan error
 	cancelSource           context.CancelFunc
 }
@@ -160,6 +163,11 @@ func (s *Server) AdminAddr() string { return s.adminLn.Addr().String() }
 // WebSockets, which http.Server.Shutdown does not track) get up to
 // DrainTimeout; whatever remains is cut and every fiber released.
 func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.shutdown(ctx) })
+	return s.shutdownErr
+}
+
+func (s *Server) shutdown(ctx context.Context) error {
 	s.draining.Store(true)
 	select {
 	case <-time.After(s.opts.DrainDelay):
