@@ -155,4 +155,3 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
