@@ -32,34 +32,55 @@ func main() {
 	}
 }
 
-func run() error {
+// options are the command line.
+type options struct {
+	httpPort, h2cPort, adminPort int
+	tokenFile, kubeconfig        string
+	resync                       time.Duration
+	proxy                        proxy.Config
+	drainDelay, drainTimeout     time.Duration
+	logLevel                     string
+}
+
+func parseFlags(args []string) (options, error) {
 	def := proxy.DefaultConfig()
-	var (
-		httpPort   = flag.Int("http-port", 80, "port for HTTP/1.1 (and h2c) traffic; the backend Service's port 80 targets it")
-		h2cPort    = flag.Int("h2c-port", 81, "port for h2c (gRPC) traffic; the backend Service's port 81 targets it")
-		adminPort  = flag.Int("admin-port", 9091, "port for /healthz, /readyz and /metrics")
-		tokenFile  = flag.String("token-file", "/var/run/lampyr/fiber-router-token/token", "file holding the router's fiberd service token (Secret lampyr-system/fiber-router-token); re-read every minute")
-		kubeconfig = flag.String("kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")
-		resync     = flag.Duration("resync", 10*time.Minute, "informer resync period for router metadata ConfigMaps")
+	var o options
+	fs := flag.NewFlagSet("fiber-router", flag.ContinueOnError)
+	fs.IntVar(&o.httpPort, "http-port", 80, "port for HTTP/1.1 (and h2c) traffic; the backend Service's port 80 targets it")
+	fs.IntVar(&o.h2cPort, "h2c-port", 81, "port for h2c (gRPC) traffic; the backend Service's port 81 targets it")
+	fs.IntVar(&o.adminPort, "admin-port", 9091, "port for /healthz, /readyz and /metrics")
+	fs.StringVar(&o.tokenFile, "token-file", "/var/run/lampyr/fiber-router-token/token", "file holding the router's fiberd service token (Secret lampyr-system/fiber-router-token); re-read every minute")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")
+	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "informer resync period for router metadata ConfigMaps")
+	fs.DurationVar(&o.proxy.DefaultTimeout, "default-timeout", def.DefaultTimeout, "request/stream/WebSocket lifetime for Revisions whose metadata has timeoutSeconds 0")
+	fs.DurationVar(&o.proxy.QueueTimeout, "queue-timeout", def.QueueTimeout, "how long a request waits for a fiber at max-scale before 503 + Retry-After")
+	fs.IntVar(&o.proxy.MaxQueue, "max-queue", def.MaxQueue, "most requests waiting per Revision; more get 503 at once")
+	fs.IntVar(&o.proxy.DefaultMaxFibers, "default-max-fibers", 0, "per-replica fiber cap for Revisions whose maxFibers is 0; 0 leaves it to fiberd")
+	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "after SIGTERM, keep serving this long with readiness failing so endpoints drop the pod")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "after the drain delay, how long in-flight requests may finish before they are cut")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	return o, nil
+}
 
-		timeout      = flag.Duration("default-timeout", def.DefaultTimeout, "request/stream/WebSocket lifetime for Revisions whose metadata has timeoutSeconds 0")
-		queueTimeout = flag.Duration("queue-timeout", def.QueueTimeout, "how long a request waits for a fiber at max-scale before 503 + Retry-After")
-		maxQueue     = flag.Int("max-queue", def.MaxQueue, "most requests waiting per Revision; more get 503 at once")
-		maxFibers    = flag.Int("default-max-fibers", 0, "per-replica fiber cap for Revisions whose maxFibers is 0; 0 leaves it to fiberd")
-
-		drainDelay   = flag.Duration("drain-delay", 5*time.Second, "after SIGTERM, keep serving this long with readiness failing so endpoints drop the pod")
-		drainTimeout = flag.Duration("drain-timeout", 30*time.Second, "after the drain delay, how long in-flight requests may finish before they are cut")
-		logLevel     = flag.String("log-level", "info", "debug, info, warn or error")
-	)
-	flag.Parse()
+func run() error {
+	o, err := parseFlags(os.Args[1:])
+	if err != nil {
+		return err
+	}
 
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
-	cfg, err := kubeConfig(*kubeconfig)
+	cfg, err := kubeConfig(o.kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -68,29 +89,24 @@ func run() error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 
-	token, err := watchToken(*tokenFile, logger)
+	token, err := watchToken(o.tokenFile, logger)
 	if err != nil {
 		return err
 	}
 
-	src := revision.NewConfigMapSource(kube, *resync)
+	src := revision.NewConfigMapSource(kube, o.resync)
 	src.OnError = func(err error) { logger.Warn("unusable router metadata", "err", err) }
 
 	srv := server.New(server.Options{
-		HTTPAddr:  fmt.Sprintf(":%d", *httpPort),
-		H2CAddr:   fmt.Sprintf(":%d", *h2cPort),
-		AdminAddr: fmt.Sprintf(":%d", *adminPort),
-		Proxy: proxy.Config{
-			DefaultTimeout:   *timeout,
-			QueueTimeout:     *queueTimeout,
-			MaxQueue:         *maxQueue,
-			DefaultMaxFibers: *maxFibers,
-		},
+		HTTPAddr:     fmt.Sprintf(":%d", o.httpPort),
+		H2CAddr:      fmt.Sprintf(":%d", o.h2cPort),
+		AdminAddr:    fmt.Sprintf(":%d", o.adminPort),
+		Proxy:        o.proxy,
 		Source:       src,
 		Client:       fibers.NewFiberdClient(token),
 		Logger:       logger,
-		DrainDelay:   *drainDelay,
-		DrainTimeout: *drainTimeout,
+		DrainDelay:   o.drainDelay,
+		DrainTimeout: o.drainTimeout,
 	})
 	if err := srv.Start(); err != nil {
 		return err
