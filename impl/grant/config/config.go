@@ -27,6 +27,10 @@ const (
 	KeyHomeImage           = "home-image"
 	KeyHelperImage         = "helper-image"
 	KeyHomeWarmFibers      = "home-warm-fibers"
+	// KeyHomeRegistryMirrors: comma-separated from=to registry host pairs
+	// for fiberd (e.g. localhost:5002=kind-registry:5000), since the
+	// references `ly` writes name the registry as the developer reaches it.
+	KeyHomeRegistryMirrors = "home-registry-mirrors"
 )
 
 // Environment overrides for the images (names from the seed).
@@ -54,6 +58,8 @@ type Config struct {
 	HelperImage string
 	// HomeWarmFibers is each Home's warm pool size.
 	HomeWarmFibers int
+	// HomeRegistryMirrors are fiberd's --registry-mirror values.
+	HomeRegistryMirrors []string
 }
 
 // Defaults returns the configuration of an empty ConfigMap.
@@ -119,6 +125,16 @@ func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
 	}
 	if v := d[KeyHelperImage]; v != "" {
 		c.HelperImage = v
+	}
+	if v := strings.TrimSpace(d[KeyHomeRegistryMirrors]); v != "" {
+		for _, m := range strings.Split(v, ",") {
+			m = strings.TrimSpace(m)
+			if from, to, ok := strings.Cut(m, "="); !ok || from == "" || to == "" {
+				errs = append(errs, fmt.Sprintf("%s entry %q: want from=to, e.g. localhost:5002=kind-registry:5000", KeyHomeRegistryMirrors, m))
+				continue
+			}
+			c.HomeRegistryMirrors = append(c.HomeRegistryMirrors, m)
+		}
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ConfigMap %s: %s", ConfigMapName, strings.Join(errs, "; "))

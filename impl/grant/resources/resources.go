@@ -177,6 +177,19 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 			VolumeMounts: []corev1.VolumeMount{{Name: "helper", MountPath: HelperMountPath}},
 		})
 	}
+	args := []string{
+		"--listen=:" + strconv.Itoa(APIPort),
+		"--grant-file=" + SecretMountPath + "/" + SecretKeyGrant,
+		"--grant-key-file=" + SecretMountPath + "/" + SecretKeyGrantPubKey,
+		"--fleet-key-file=" + SecretMountPath + "/" + SecretKeyFleetKey,
+		"--token-file=" + SecretMountPath + "/" + SecretKeyRouterToken,
+		"--helper=" + helperPath,
+		"--state-dir=" + StateMountPath,
+		"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
+	}
+	for _, m := range cfg.HomeRegistryMirrors {
+		args = append(args, "--registry-mirror="+m)
+	}
 	probe := func(path string) *corev1.Probe {
 		return &corev1.Probe{
 			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(APIPort)}},
@@ -198,19 +211,10 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			InitContainers:                inits,
 			Containers: []corev1.Container{{
-				Name:    "fiberd",
-				Image:   cfg.HomeImage,
-				Command: []string{"/fiberd"},
-				Args: []string{
-					"--listen=:" + strconv.Itoa(APIPort),
-					"--grant-file=" + SecretMountPath + "/" + SecretKeyGrant,
-					"--grant-key-file=" + SecretMountPath + "/" + SecretKeyGrantPubKey,
-					"--fleet-key-file=" + SecretMountPath + "/" + SecretKeyFleetKey,
-					"--token-file=" + SecretMountPath + "/" + SecretKeyRouterToken,
-					"--helper=" + helperPath,
-					"--state-dir=" + StateMountPath,
-					"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
-				},
+				Name:            "fiberd",
+				Image:           cfg.HomeImage,
+				Command:         []string{"/fiberd"},
+				Args:            args,
 				Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources: corev1.ResourceRequirements{

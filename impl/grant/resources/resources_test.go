@@ -108,3 +108,17 @@ func TestMakeHomeServiceAndSecret(t *testing.T) {
 		t.Fatalf("secret %+v", sec)
 	}
 }
+
+func TestMakeHomePodRegistryMirrors(t *testing.T) {
+	cfg, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyHomeRegistryMirrors: "localhost:5002=kind-registry:5000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg)
+	if !strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--registry-mirror=localhost:5002=kind-registry:5000") {
+		t.Fatalf("args %v", p.Spec.Containers[0].Args)
+	}
+	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyHomeRegistryMirrors: "nope"}}); err == nil || !strings.Contains(err.Error(), config.KeyHomeRegistryMirrors) {
+		t.Fatalf("bad mirror: %v", err)
+	}
+}

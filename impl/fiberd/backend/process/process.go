@@ -87,7 +87,26 @@ func New(cfg Config) (*Backend, error) {
 	if err := os.MkdirAll(cfg.CgroupParent, 0o755); err != nil {
 		return nil, fmt.Errorf("process backend: creating memory cgroup %s: %w (is the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory and writable?)", cfg.CgroupParent, err)
 	}
+	removeLeftovers(cfg)
 	return &Backend{cfg: cfg}, nil
+}
+
+// removeLeftovers clears what fibers of a previous fiberd in the same Home
+// left behind (they died with it through Pdeathsig): their directories and
+// their now empty cgroups. A cgroup still holding tasks is left alone.
+func removeLeftovers(cfg Config) {
+	if ents, err := os.ReadDir(cfg.StateDir); err == nil {
+		for _, e := range ents {
+			os.RemoveAll(filepath.Join(cfg.StateDir, e.Name()))
+		}
+	}
+	if ents, err := os.ReadDir(cfg.CgroupParent); err == nil {
+		for _, e := range ents {
+			if e.IsDir() {
+				os.Remove(filepath.Join(cfg.CgroupParent, e.Name()))
+			}
+		}
+	}
 }
 
 // Supported says whether this process may create sandboxes: it must be root
