@@ -45,12 +45,14 @@ func main() {
 	)
 	flag.Var(&mirrors, "registry-mirror", "from=to: reach registry host `from` at `to` (repeatable), e.g. localhost:5002=kind-registry:5000")
 	flag.Parse()
-	if err := run(*listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, mirrors); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, mirrors); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
 
-func run(listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, mirrors []string) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, mirrors []string) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -107,8 +109,6 @@ func run(listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, state
 		return err
 	}
 	log.Printf("fiberd: serving on %s (fleet key %s, fibers in %s)", ln.Addr(), fleetKey.Public().KeyID()[:16], cgroupParent)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	go func() {
 		<-ctx.Done()
 		srv.Close()

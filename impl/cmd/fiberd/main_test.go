@@ -1,0 +1,82 @@
+package main
+
+import (
+	"context"
+	"crypto/ed25519"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+)
+
+// TestFiberdFromFiles runs fiberd the way a Home does: every input from a
+// file, as the Home Secret mounts them.
+func TestFiberdFromFiles(t *testing.T) {
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Revision: "files-00001", WarmFibers: 1})
+	dir, err := os.MkdirTemp("/tmp", "fdm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	signed, _ := signedgrant.Sign(inst.GrantKey, inst.Claims)
+	pub, _ := signedgrant.MarshalPublicKey(inst.GrantKey.Public().(ed25519.PublicKey))
+	fleet, _ := inst.FleetKey.MarshalPEM()
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(dir))
+	t.Cleanup(func() { os.Remove(cg) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("fleet-key", fleet), write("token", []byte("file-token\n")),
+			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, nil)
+	}()
+	c, _ := client.New(addr, "file-token")
+	deadline := time.Now().Add(30 * time.Second)
+	for c.Ready(ctx) != nil {
+		select {
+		case err := <-done:
+			t.Fatalf("fiberd exited: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fiberd from files not ready: %v", c.Ready(ctx))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f, err := c.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://app/", nil)
+	resp, err := c.Do(req, f.ID)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("fiberd: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("fiberd did not stop")
+	}
+}
