@@ -1,0 +1,246 @@
+package install
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/build/image"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/manifest"
+	"lampyr.dev/serving/clusters/publish"
+)
+
+// Lampyr's installation inputs may come from outside instead of this
+// checkout (seed 000, "Cluster suite inputs"): a resolved controller
+// manifest and the Home (grant) and helper images, or one directory holding
+// all of them.
+const (
+	EnvClusterInputs      = "LAMPYR_CLUSTER_INPUTS"      // dir with lampyr.yaml, grant-image, helper-image
+	EnvControllerManifest = "LAMPYR_CONTROLLER_MANIFEST" // a resolved manifest of every Lampyr component
+	EnvGrantImage         = "LAMPYR_GRANT_IMAGE"         // the Home image (fiberd + helper)
+	EnvHelperImage        = "LAMPYR_HELPER_IMAGE"        // an image holding /lampyr-helper
+)
+
+// ImplConfigDir is where Lampyr's manifests live in this repository.
+const ImplConfigDir = "impl/config"
+
+// ModulePath is this repository's module; ko:// references under it are
+// built from the checkout.
+const ModulePath = "lampyr.dev/serving"
+
+// HomePackages are the binaries of the Home image: fiberd runs in the grant
+// Pod and starts lampyr-helper as each fiber's first process.
+var HomePackages = []string{ModulePath + "/impl/cmd/fiberd", ModulePath + "/impl/cmd/lampyr-helper"}
+
+// LampyrInputs are the resolved Lampyr components of an installation.
+type LampyrInputs struct {
+	Objects     []*unstructured.Unstructured
+	GrantImage  string
+	HelperImage string
+}
+
+// LampyrComponents returns Lampyr's components, from the override
+// environment when set, else built from this checkout (root) and pushed.
+func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*LampyrInputs, error) {
+	if dir := os.Getenv(EnvClusterInputs); dir != "" {
+		return fromInputsDir(dir)
+	}
+	in := &LampyrInputs{GrantImage: os.Getenv(EnvGrantImage), HelperImage: os.Getenv(EnvHelperImage)}
+	if mf := os.Getenv(EnvControllerManifest); mf != "" {
+		raw, err := os.ReadFile(mf)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvControllerManifest, err)
+		}
+		if in.Objects, err = manifest.Parse(raw); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", EnvControllerManifest, mf, err)
+		}
+		if in.GrantImage == "" {
+			return nil, fmt.Errorf("%s is set, so %s must name the Home image too", EnvControllerManifest, EnvGrantImage)
+		}
+		return in, setHomeImages(in)
+	}
+	objs, err := readManifests(filepath.Join(root, ImplConfigDir))
+	if err != nil {
+		return nil, err
+	}
+	refs := koRefs(objs)
+	pkgs := append(append([]string(nil), refs...), HomePackages...)
+	sort.Strings(pkgs)
+	pkgs = slices.Compact(pkgs)
+	spec := gobuild.Spec{Name: "lampyr", Dir: root, Packages: pkgs, LDFlags: "-s -w"}
+	var imgs []publish.Image
+	for _, r := range refs {
+		imgs = append(imgs, publish.Image{Package: r, Repo: "lampyr/" + path.Base(r)})
+	}
+	bins, err := p.Go.Build(ctx, spec, "")
+	if err != nil {
+		return nil, err
+	}
+	byPkg := map[string]string{}
+	for _, b := range bins {
+		byPkg[b.Package] = b.Path
+	}
+	images := map[string]string{}
+	for _, im := range imgs {
+		img, err := image.FromBinary(byPkg[im.Package], path.Base(im.Package), im.Options)
+		if err != nil {
+			return nil, err
+		}
+		if images[im.Package], err = p.Push(ctx, im.Repo, "dev", img); err != nil {
+			return nil, err
+		}
+	}
+	if in.GrantImage == "" {
+		home, err := homeImage(byPkg)
+		if err != nil {
+			return nil, err
+		}
+		if in.GrantImage, err = p.Push(ctx, "lampyr/home", "dev", home); err != nil {
+			return nil, err
+		}
+	}
+	if in.HelperImage == "" {
+		in.HelperImage = in.GrantImage
+	}
+	ko := make([]knative.Object, len(objs))
+	for i, o := range objs {
+		ko[i] = knative.Object{Unstructured: o, Source: ImplConfigDir}
+	}
+	if err := knative.ResolveImages(ko, images); err != nil {
+		return nil, err
+	}
+	in.Objects = objs
+	return in, setHomeImages(in)
+}
+
+// homeImage puts fiberd and lampyr-helper where the grant controller's Home
+// Pod expects them (/fiberd, /lampyr-helper); fiberd runs as root because it
+// creates namespaces and cgroups for each fiber.
+func homeImage(bins map[string]string) (v1.Image, error) {
+	helper, err := os.ReadFile(bins[ModulePath+"/impl/cmd/lampyr-helper"])
+	if err != nil {
+		return nil, err
+	}
+	layer, err := image.Layer([]image.File{{Path: "/lampyr-helper", Mode: 0o755, Body: helper}})
+	if err != nil {
+		return nil, err
+	}
+	return image.FromBinary(bins[ModulePath+"/impl/cmd/fiberd"], "fiberd", image.Options{Root: true, BinaryPath: "/fiberd", ExtraLayers: []v1.Layer{layer}})
+}
+
+// setHomeImages writes the Home and helper images into the grant
+// controller's environment (its documented override variables).
+func setHomeImages(in *LampyrInputs) error {
+	for _, o := range in.Objects {
+		if o.GetKind() != "Deployment" || o.GetName() != "lampyr-grant-controller" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			cm := c.(map[string]any)
+			env, _ := cm["env"].([]any)
+			for _, e := range env {
+				em := e.(map[string]any)
+				switch em["name"] {
+				case EnvGrantImage:
+					em["value"] = in.GrantImage
+				case EnvHelperImage:
+					em["value"] = in.HelperImage
+				}
+			}
+		}
+		return unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", "containers")
+	}
+	return fmt.Errorf("Lampyr manifests have no lampyr-grant-controller Deployment to give the Home image to")
+}
+
+// SetBackendStrategy sets config-lampyr's backend-strategy (the feasibility
+// gate's result for the networking provider).
+func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) error {
+	for _, o := range objs {
+		if o.GetKind() == "ConfigMap" && o.GetName() == "config-lampyr" {
+			return unstructured.SetNestedField(o.Object, strategy, "data", "backend-strategy")
+		}
+	}
+	return fmt.Errorf("Lampyr manifests have no config-lampyr ConfigMap")
+}
+
+func fromInputsDir(dir string) (*LampyrInputs, error) {
+	read := func(name string) (string, error) {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return "", fmt.Errorf("%s=%s: %w (expected lampyr.yaml, grant-image and helper-image)", EnvClusterInputs, dir, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	mf, err := read("lampyr.yaml")
+	if err != nil {
+		return nil, err
+	}
+	in := &LampyrInputs{}
+	if in.Objects, err = manifest.Parse([]byte(mf)); err != nil {
+		return nil, err
+	}
+	if in.GrantImage, err = read("grant-image"); err != nil {
+		return nil, err
+	}
+	if in.HelperImage, err = read("helper-image"); err != nil {
+		return nil, err
+	}
+	return in, setHomeImages(in)
+}
+
+func readManifests(dir string) ([]*unstructured.Unstructured, error) {
+	var files []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var out []*unstructured.Unstructured
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		objs, err := manifest.Parse(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		out = append(out, objs...)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no manifests under %s", dir)
+	}
+	return out, nil
+}
+
+func koRefs(objs []*unstructured.Unstructured) []string {
+	ko := make([]knative.Object, len(objs))
+	for i, o := range objs {
+		ko[i] = knative.Object{Unstructured: o}
+	}
+	var out []string
+	for _, r := range knative.KoReferences(ko) {
+		if strings.HasPrefix(r, ModulePath+"/") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
