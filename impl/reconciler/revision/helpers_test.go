@@ -255,32 +255,40 @@ func grant(t *resources.Template, opts ...func(*fiberdv1alpha1.CapacityGrant)) *
 	return g
 }
 
-func grantConditions(admitted, home corev1.ConditionStatus, reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
-	return func(g *fiberdv1alpha1.CapacityGrant) {
-		g.Status.ObservedGeneration = g.Generation
-		set := func(t apis.ConditionType, s corev1.ConditionStatus) {
-			c := apis.Condition{Type: t, Status: s}
-			if s != corev1.ConditionTrue {
-				c.Reason, c.Message = reason, msg
-			}
-			g.Status.Conditions = append(g.Status.Conditions, c)
-		}
-		set(fiberdv1alpha1.GrantConditionAdmitted, admitted)
-		set(fiberdv1alpha1.GrantConditionHomeReady, home)
-		readyStatus := corev1.ConditionUnknown
-		switch {
-		case admitted == corev1.ConditionTrue && home == corev1.ConditionTrue:
-			readyStatus = corev1.ConditionTrue
-			g.Status.HomeEndpoint = testHome
-		case admitted == corev1.ConditionFalse || home == corev1.ConditionFalse:
-			readyStatus = corev1.ConditionFalse
-		}
-		set(fiberdv1alpha1.GrantConditionReady, readyStatus)
-	}
+// Grant statuses, written with the grant controller's own status helpers so
+// the fixtures match what it really reports.
+
+func grantAdmitted(g *fiberdv1alpha1.CapacityGrant) {
+	g.Status.InitializeConditions()
+	g.Status.MarkAdmitted("256Mi x 10 fibers fit")
+	// status.homeEndpoint is set once admitted (docs/contracts.md §1).
+	g.Status.HomeEndpoint = testHome
 }
 
 func grantReady(g *fiberdv1alpha1.CapacityGrant) {
-	grantConditions(corev1.ConditionTrue, corev1.ConditionTrue, "", "")(g)
+	grantAdmitted(g)
+	g.Status.MarkHomeReady()
+}
+
+func grantHomeNotReady(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+	return func(g *fiberdv1alpha1.CapacityGrant) {
+		grantAdmitted(g)
+		g.Status.MarkHomeNotReady(reason, "%s", msg)
+	}
+}
+
+func grantHomeFailed(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+	return func(g *fiberdv1alpha1.CapacityGrant) {
+		grantAdmitted(g)
+		g.Status.MarkHomeFailed(reason, "%s", msg)
+	}
+}
+
+func grantRefused(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+	return func(g *fiberdv1alpha1.CapacityGrant) {
+		g.Status.InitializeConditions()
+		g.Status.MarkNotAdmitted(reason, "%s", msg)
+	}
 }
 
 func service(t *resources.Template, strategy config.BackendStrategy) *corev1.Service {

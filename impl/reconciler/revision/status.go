@@ -30,6 +30,7 @@ const (
 	MessageWaitingForBackend = "Waiting for the backend Service."
 	MessageWaitingForRouting = "Waiting for the Home before routing to the Revision."
 	MessageRejected          = "The Revision cannot run on Lampyr."
+	MessageNotAdmitted       = "No Home runs for a CapacityGrant that is not admitted."
 )
 
 // revisionConditions is the stock Revision condition set (Ready =
@@ -111,6 +112,11 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	switch {
 	case p.artifactMissing != "":
 		m.MarkFalse(v1.RevisionConditionContainerHealthy, v1.ReasonContainerMissing, "%s", p.artifactMissing)
+	case admitted.IsFalse():
+		// The grant controller marks HomeReady False (NotAdmitted) on a
+		// refusal; nothing ran, so health is unknown, and the refusal is
+		// reported once, on ResourcesAvailable.
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, fiberdv1alpha1.ReasonNotAdmitted, "%s", MessageNotAdmitted)
 	case home.IsFalse():
 		m.MarkFalse(v1.RevisionConditionContainerHealthy, reasonOr(home.Reason, ReasonWaitingForHome), "%s", home.Message)
 	case home.IsTrue():

@@ -28,6 +28,7 @@ var (
 
 func TestReconcile(t *testing.T) {
 	tmpl := accepted()
+	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
 	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
 
 	table := rtesting.TableTest{{
@@ -68,7 +69,7 @@ func TestReconcile(t *testing.T) {
 		Name: "grant admitted, Home starting",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionUnknown, "HomeStarting", "pulling the template")),
+			grant(tmpl, grantHomeNotReady(fiberdv1alpha1.ReasonHomePending, "the Home Pod is being scheduled")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
@@ -120,39 +121,39 @@ func TestReconcile(t *testing.T) {
 		Name: "grant refused: ResourcesAvailable False with the grant's reason and message",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantConditions(corev1.ConditionFalse, corev1.ConditionUnknown, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)")),
+			grant(tmpl, grantRefused(fiberdv1alpha1.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
-				available(corev1.ConditionFalse, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)"),
-				active(corev1.ConditionUnknown, "InsufficientMemory", "256Mi per fiber x 10 exceeds the 1Gi left (85% used)"),
+				healthy(corev1.ConditionUnknown, fiberdv1alpha1.ReasonNotAdmitted, MessageNotAdmitted),
+				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
+				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
 		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionFalse, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key")),
+			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key"),
+				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, "TemplateUnsealable", "the template is not sealed to this cluster's fleet key"),
+				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
 		Name: "Ready Revision whose Home went away is withdrawn from fiber-router",
 		Objects: []runtime.Object{
 			rev(ready()),
-			grant(tmpl, grantConditions(corev1.ConditionTrue, corev1.ConditionFalse, "HomeLost", "the Home Pod was evicted")),
+			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
@@ -162,9 +163,9 @@ func TestReconcile(t *testing.T) {
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, "HomeLost", "the Home Pod was evicted"),
+				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, "HomeLost", "the Home Pod was evicted"),
+				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/reconciler/revision/config"
+)
+
+const manifestDir = "../../config/controller"
+
+// The installer builds the image from this path with ko-style tooling.
+const koImage = "ko://lampyr.dev/serving/impl/cmd/controller"
+
+type manifests struct {
+	deployment     *appsv1.Deployment
+	serviceAccount *corev1.ServiceAccount
+	clusterRoles   map[string]*rbacv1.ClusterRole
+	bindings       []*rbacv1.ClusterRoleBinding
+	configMaps     map[string]*corev1.ConfigMap
+}
+
+func loadManifests(t *testing.T) manifests {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(manifestDir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests in %s: %v", manifestDir, err)
+	}
+	m := manifests{clusterRoles: map[string]*rbacv1.ClusterRole{}, configMaps: map[string]*corev1.ConfigMap{}}
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range bytes.Split(raw, []byte("\n---\n")) {
+			var meta struct{ Kind string }
+			if err := yaml.Unmarshal(doc, &meta); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			var into interface{}
+			switch meta.Kind {
+			case "Deployment":
+				m.deployment = &appsv1.Deployment{}
+				into = m.deployment
+			case "ServiceAccount":
+				m.serviceAccount = &corev1.ServiceAccount{}
+				into = m.serviceAccount
+			case "ClusterRole":
+				into = &rbacv1.ClusterRole{}
+			case "ClusterRoleBinding":
+				into = &rbacv1.ClusterRoleBinding{}
+			case "ConfigMap":
+				into = &corev1.ConfigMap{}
+			case "Namespace", "Service":
+				continue
+			default:
+				t.Fatalf("%s: unexpected kind %q", f, meta.Kind)
+			}
+			if err := yaml.UnmarshalStrict(doc, into); err != nil {
+				t.Fatalf("%s: %s: %v", f, meta.Kind, err)
+			}
+			switch o := into.(type) {
+			case *rbacv1.ClusterRole:
+				m.clusterRoles[o.Name] = o
+			case *rbacv1.ClusterRoleBinding:
+				m.bindings = append(m.bindings, o)
+			case *corev1.ConfigMap:
+				m.configMaps[o.Name] = o
+			}
+		}
+	}
+	return m
+}
+
+func TestManifestsDeployThisBinary(t *testing.T) {
+	m := loadManifests(t)
+	d := m.deployment
+	if d == nil || m.serviceAccount == nil {
+		t.Fatal("want a Deployment and a ServiceAccount")
+	}
+	if d.Namespace != "lampyr-system" || m.serviceAccount.Namespace != "lampyr-system" {
+		t.Errorf("Deployment in %q, ServiceAccount in %q; want lampyr-system", d.Namespace, m.serviceAccount.Namespace)
+	}
+	if d.Spec.Template.Spec.ServiceAccountName != m.serviceAccount.Name {
+		t.Errorf("Deployment runs as %q, ServiceAccount is %q", d.Spec.Template.Spec.ServiceAccountName, m.serviceAccount.Name)
+	}
+	c := d.Spec.Template.Spec.Containers[0]
+	if c.Image != koImage {
+		t.Errorf("image %q, want %q", c.Image, koImage)
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	// Upstream reconcilers read Knative's ConfigMaps from SYSTEM_NAMESPACE.
+	if env["SYSTEM_NAMESPACE"].Value != "knative-serving" {
+		t.Errorf("SYSTEM_NAMESPACE = %+v, want knative-serving", env["SYSTEM_NAMESPACE"])
+	}
+	if e := env[config.NamespaceEnvKey]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("%s = %+v, want the Pod's namespace", config.NamespaceEnvKey, e)
+	}
+
+	bound := false
+	for _, b := range m.bindings {
+		for _, s := range b.Subjects {
+			if b.RoleRef.Name == "lampyr-controller" && s.Kind == "ServiceAccount" && s.Name == m.serviceAccount.Name && s.Namespace == m.serviceAccount.Namespace {
+				bound = true
+			}
+		}
+	}
+	if !bound {
+		t.Error("the lampyr-controller ClusterRole is not bound to the controller's ServiceAccount")
+	}
+}
+
+func TestConfigLampyrParses(t *testing.T) {
+	cm := loadManifests(t).configMaps[config.LampyrConfigName]
+	if cm == nil || cm.Namespace != config.DefaultNamespace {
+		t.Fatalf("want ConfigMap %s/%s, got %+v", config.DefaultNamespace, config.LampyrConfigName, cm)
+	}
+	l, err := config.NewLampyrFromConfigMap(cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.BackendStrategy != config.BackendExternalName || l.VerifyArtifacts {
+		t.Errorf("shipped config: %+v", l)
+	}
+}
+
+func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
+	has := func(list []string, v string) bool {
+		for _, x := range list {
+			if x == v || x == "*" {
+				return true
+			}
+		}
+		return false
+	}
+	for _, r := range rules {
+		if !has(r.APIGroups, group) || !has(r.Verbs, verb) {
+			continue
+		}
+		for _, res := range r.Resources {
+			if res == resource || res == "*" || (strings.HasPrefix(res, "*/") && strings.HasSuffix(resource, res[1:])) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestRBACCoversWhatTheReconcilersDo lists what each reconciler in this
+// binary reads and writes (from their controllers' informers and clients).
+func TestRBACCoversWhatTheReconcilersDo(t *testing.T) {
+	role := loadManifests(t).clusterRoles["lampyr-controller"]
+	if role == nil {
+		t.Fatal("no lampyr-controller ClusterRole")
+	}
+	read := []string{"get", "list", "watch"}
+	write := []string{"create", "update", "delete"}
+	type need struct {
+		group, resource string
+		verbs           []string
+	}
+	needs := []need{
+		// Lampyr Revision reconciler.
+		{"serving.knative.dev", "revisions", read},
+		{"serving.knative.dev", "revisions/status", []string{"update"}},
+		{"serving.knative.dev", "revisions", []string{"patch"}}, // finalizer
+		{"serving.knative.dev", "revisions/finalizers", []string{"update"}},
+		{"fiberd.io", "capacitygrants", append(read, write...)},
+		{"", "services", append(read, write...)},
+		{"", "configmaps", append(read, write...)},
+		{"discovery.k8s.io", "endpointslices", append(read, write...)},
+		// Upstream: service, configuration, route, labeler, gc, domainmapping, nscert.
+		{"serving.knative.dev", "services", append(read, write...)},
+		{"serving.knative.dev", "configurations", append(read, write...)},
+		{"serving.knative.dev", "routes", append(read, write...)},
+		{"serving.knative.dev", "domainmappings", read},
+		{"serving.knative.dev", "domainmappings/status", []string{"update"}},
+		{"serving.knative.dev", "revisions", []string{"update", "delete"}}, // labeler, gc
+		{"networking.internal.knative.dev", "ingresses", append(read, write...)},
+		{"networking.internal.knative.dev", "certificates", append(read, write...)},
+		{"networking.internal.knative.dev", "clusterdomainclaims", append(read, write...)},
+		{"", "endpoints", read},
+		{"", "namespaces", read},
+		{"", "secrets", read},
+		{"", "events", []string{"create", "patch"}},
+		{"coordination.k8s.io", "leases", append(read, write...)},
+		// certificate reconciler (when enabled).
+		{"cert-manager.io", "certificates", append(read, write...)},
+		{"acme.cert-manager.io", "challenges", read},
+	}
+	for _, n := range needs {
+		for _, v := range n.verbs {
+			if !allows(role.Rules, n.group, n.resource, v) {
+				t.Errorf("ClusterRole lampyr-controller does not allow %s %s.%s", v, n.resource, n.group)
+			}
+		}
+	}
+	// Nothing Pod-based: Lampyr must not be able to create application Pods
+	// or Deployments by accident.
+	for _, r := range []need{{"", "pods", []string{"create"}}, {"apps", "deployments", []string{"create"}}} {
+		if allows(role.Rules, r.group, r.resource, "create") {
+			t.Errorf("ClusterRole allows creating %s", r.resource)
+		}
+	}
+}
+
+func TestCertManagerOnlyWhenConfigured(t *testing.T) {
+	if certManagerRequired(&corev1.ConfigMap{}) {
+		t.Error("default config-network should not require cert-manager")
+	}
+}

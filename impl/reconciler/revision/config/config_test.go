@@ -1,0 +1,116 @@
+package config
+
+import (
+	"context"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"knative.dev/pkg/configmap"
+	logtesting "knative.dev/pkg/logging/testing"
+	apisconfig "knative.dev/serving/pkg/apis/config"
+	asconfig "knative.dev/serving/pkg/autoscaler/config"
+)
+
+func TestNewLampyrFromMap(t *testing.T) {
+	tests := []struct {
+		name    string
+		data    map[string]string
+		want    *Lampyr
+		wantErr bool
+	}{{
+		name: "absent keys keep the defaults",
+		data: map[string]string{"template-repository": "localhost:5002/lampyr/templates"},
+		want: DefaultLampyr(),
+	}, {
+		name: "endpointslice, memory and verification",
+		data: map[string]string{BackendStrategyKey: " EndpointSlice ", DefaultMemoryPerFiberKey: "512Mi", VerifyArtifactsKey: "true"},
+		want: func() *Lampyr {
+			l := DefaultLampyr()
+			l.BackendStrategy = BackendEndpointSlice
+			l.DefaultMemoryPerFiber = resource.MustParse("512Mi")
+			l.VerifyArtifacts = true
+			return l
+		}(),
+	}, {
+		name:    "unknown strategy",
+		data:    map[string]string{BackendStrategyKey: "nodeport"},
+		wantErr: true,
+	}, {
+		name:    "zero memory",
+		data:    map[string]string{DefaultMemoryPerFiberKey: "0"},
+		wantErr: true,
+	}, {
+		name:    "bad bool",
+		data:    map[string]string{VerifyArtifactsKey: "maybe"},
+		wantErr: true,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := NewLampyrFromMap(tc.data)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, wantErr %v", err, tc.wantErr)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRouterHost(t *testing.T) {
+	if got, want := DefaultLampyr().RouterHost(), "fiber-router.lampyr-system.svc.cluster.local"; got != want {
+		t.Errorf("RouterHost() = %q, want %q", got, want)
+	}
+}
+
+// defaultingWatcher records WatchWithDefault so the store can be driven.
+type defaultingWatcher struct {
+	cm        corev1.ConfigMap
+	observers []configmap.Observer
+}
+
+func (w *defaultingWatcher) WatchWithDefault(cm corev1.ConfigMap, o ...configmap.Observer) {
+	w.cm, w.observers = cm, o
+}
+
+func TestStore(t *testing.T) {
+	store := NewStore(logtesting.TestLogger(t))
+	serving := configmap.NewStaticWatcher(
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: apisconfig.DefaultsConfigName}, Data: map[string]string{"revision-timeout-seconds": "123"}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: apisconfig.FeaturesConfigName}},
+		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: asconfig.ConfigName}},
+	)
+	lampyr := &defaultingWatcher{}
+	store.WatchConfigs(serving, lampyr)
+	if lampyr.cm.Name != LampyrConfigName || lampyr.cm.Namespace != DefaultNamespace {
+		t.Fatalf("watching %s/%s, want %s/%s", lampyr.cm.Namespace, lampyr.cm.Name, DefaultNamespace, LampyrConfigName)
+	}
+
+	// While config-lampyr is absent the watcher delivers the empty default.
+	for _, o := range lampyr.observers {
+		o(&lampyr.cm)
+	}
+	cfg := FromContext(store.ToContext(context.Background()))
+	if cfg.Lampyr.BackendStrategy != BackendExternalName {
+		t.Errorf("strategy = %q, want the default", cfg.Lampyr.BackendStrategy)
+	}
+	if got := cfg.Serving.Defaults.RevisionTimeoutSeconds; got != 123 {
+		t.Errorf("serving defaults not loaded: revision timeout %d", got)
+	}
+	// The serving config is also where upstream defaulting looks for it.
+	if got := apisconfig.FromContextOrDefaults(store.ToContext(context.Background())).Defaults.RevisionTimeoutSeconds; got != 123 {
+		t.Errorf("apisconfig.FromContext revision timeout = %d, want 123", got)
+	}
+
+	cm := lampyr.cm.DeepCopy()
+	cm.Data = map[string]string{BackendStrategyKey: "endpointslice"}
+	for _, o := range lampyr.observers {
+		o(cm)
+	}
+	if got := store.Load().Lampyr.BackendStrategy; got != BackendEndpointSlice {
+		t.Errorf("after update strategy = %q, want endpointslice", got)
+	}
+}
