@@ -251,6 +251,10 @@ func listGrants(ctx context.Context, out io.Writer, kubeconfig, ns string) error
 	if err != nil {
 		return err
 	}
+	return printGrants(ctx, out, dyn, ns)
+}
+
+func printGrants(ctx context.Context, out io.Writer, dyn dynamic.Interface, ns string) error {
 	l, err := dyn.Resource(grant.GrantGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err

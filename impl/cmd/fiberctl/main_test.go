@@ -8,7 +8,15 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/grant"
 )
 
 func TestFiberctlAgainstRealFiberd(t *testing.T) {
@@ -57,5 +65,27 @@ func TestFiberctlAgainstRealFiberd(t *testing.T) {
 	err := run(ctx, []string{"template", "-fleet-key-file", filepath.Join(dir, "private.pem"), "-ref", inst.TemplateRef}, &out)
 	if err == nil || !strings.Contains(err.Error(), "another fleet key") {
 		t.Fatalf("template with another fleet key: %v", err)
+	}
+}
+
+func TestPrintGrants(t *testing.T) {
+	g := &v1alpha1.CapacityGrant{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: "CapacityGrant"},
+		ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "demo"},
+	}
+	g.Status.InitializeConditions()
+	g.Status.MarkNotAdmitted(v1alpha1.ReasonInsufficientMemory, "needs 1Gi")
+	m, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
+	scheme := runtime.NewScheme()
+	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
+		map[schema.GroupVersionResource]string{grant.GrantGVR: "CapacityGrantList"}, &unstructured.Unstructured{Object: m})
+	var out bytes.Buffer
+	if err := printGrants(context.Background(), &out, dyn, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"demo", "hello-00001", "False", "InsufficientMemory: needs 1Gi"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
 	}
 }
