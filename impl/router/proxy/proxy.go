@@ -130,9 +130,11 @@ func (r *Router) newReverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host // the handler sees the Host the client used
 			setForwarded(pr)
 		},
-		// Every write reaches the client at once: streamed responses and SSE
-		// must be observable incrementally, as behind queue-proxy.
-		FlushInterval: -1,
+		// As queue-proxy (knative.dev/networking/pkg/http/proxy.FlushInterval):
+		// 0 still flushes every write of a streamed response (no
+		// Content-Length) and of text/event-stream at once, and saves a
+		// syscall per write for bodies of known length.
+		FlushInterval: 0,
 		BufferPool:    bufferPool{},
 		ErrorHandler:  r.proxyError,
 		ErrorLog:      log.New(slogWriter{r.log}, "", 0),
