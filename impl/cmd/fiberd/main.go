@@ -7,7 +7,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -78,15 +77,25 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 		return err
 	}
 	if cgroupParent == "" {
-		if cgroupParent, err = ownMemoryCgroup(); err != nil {
+		own, err := ownCgroup("memory")
+		if err != nil {
 			return err
 		}
-		cgroupParent = filepath.Join(cgroupParent, "fibers")
+		cgroupParent = filepath.Join("/sys/fs/cgroup/memory", own, "fibers")
+	}
+	// The pids limit is best effort: hosts without the v1 pids controller
+	// still get memory-limited fibers.
+	pidsParent := ""
+	if own, err := ownCgroup("pids"); err == nil {
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids", own, "cgroup.procs")); err == nil {
+			pidsParent = filepath.Join("/sys/fs/cgroup/pids", own, "fibers")
+		}
 	}
 	be, err := process.New(process.Config{
 		HelperPath:   helper,
 		StateDir:     filepath.Join(stateDir, "f"),
 		CgroupParent: cgroupParent,
+		PidsParent:   pidsParent,
 	})
 	if err != nil {
 		return err
@@ -118,8 +127,8 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 	return err
 }
 
-// ownMemoryCgroup finds this process's cgroup v1 memory directory.
-func ownMemoryCgroup() (string, error) {
+// ownCgroup finds this process's path in a cgroup v1 controller's hierarchy.
+func ownCgroup(controller string) (string, error) {
 	f, err := os.Open("/proc/self/cgroup")
 	if err != nil {
 		return "", err
@@ -130,11 +139,11 @@ func ownMemoryCgroup() (string, error) {
 		parts := strings.SplitN(s.Text(), ":", 3)
 		if len(parts) == 3 {
 			for _, c := range strings.Split(parts[1], ",") {
-				if c == "memory" {
-					return filepath.Join("/sys/fs/cgroup/memory", parts[2]), nil
+				if c == controller {
+					return parts[2], nil
 				}
 			}
 		}
 	}
-	return "", errors.New("no cgroup v1 memory controller in /proc/self/cgroup; pass --cgroup-parent")
+	return "", fmt.Errorf("no cgroup v1 %s controller in /proc/self/cgroup; pass --cgroup-parent", controller)
 }

@@ -72,6 +72,9 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// NoWait returns before fiberd is ready.
 	NoWait bool
+	// PidsMax caps each fiber's tasks (threads included) when the pids
+	// controller is present; default 1024.
+	PidsMax int
 }
 
 // Instance is a running fiberd under test.
@@ -266,6 +269,8 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		HelperPath:   helperBin,
 		StateDir:     filepath.Join(state, "f"),
 		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
+		PidsParent:   pidsParent(state),
+		PidsMax:      opts.PidsMax,
 		Log:          logWriter{opts.Logf},
 	})
 	if err != nil {
@@ -298,6 +303,9 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	t.Cleanup(func() {
 		srv.Close()
 		os.Remove(filepath.Join(process.DefaultCgroupParent, filepath.Base(state)))
+		if p := pidsParent(state); p != "" {
+			os.Remove(p)
+		}
 	})
 	i.Endpoint = ln.Addr().String()
 	if i.Client, err = client.New(i.Endpoint, i.Token); err != nil {
@@ -307,6 +315,14 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		i.WaitReady(t, 30*time.Second)
 	}
 	return i
+}
+
+// pidsParent is the per-instance pids cgroup, if the host has the controller.
+func pidsParent(state string) string {
+	if _, err := os.Stat(filepath.Join(process.DefaultPidsRoot, "cgroup.procs")); err != nil {
+		return ""
+	}
+	return filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state))
 }
 
 func setDefaults(o *Options, t testing.TB) {

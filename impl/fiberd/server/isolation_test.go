@@ -128,3 +128,22 @@ func TestIsolationMemoryLimit(t *testing.T) {
 		return err == nil && !hasFiber(l, id)
 	})
 }
+
+func TestIsolationPidsLimit(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/pids/cgroup.procs"); err != nil {
+		t.Skip("no cgroup v1 pids controller on this host; the pids limit is best effort")
+	}
+	inst, id := leaseReuse(t, fiberdtest.Options{PidsMax: 48})
+	resp, body := get(t, inst.Client, id, "/spawn?n=200")
+	if resp.StatusCode != 200 {
+		t.Fatalf("spawn: %d %s", resp.StatusCode, body)
+	}
+	var r struct {
+		Started int    `json:"started"`
+		Error   string `json:"error"`
+	}
+	json.Unmarshal(body, &r)
+	if r.Started == 0 || r.Started >= 48 || !strings.Contains(r.Error, "resource temporarily unavailable") {
+		t.Fatalf("a fiber limited to 48 tasks started %d processes (error %q); want fewer than 48 and EAGAIN", r.Started, r.Error)
+	}
+}

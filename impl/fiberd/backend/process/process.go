@@ -43,6 +43,12 @@ type Config struct {
 	// CgroupParent is the cgroup v1 memory directory under which each fiber
 	// gets its own cgroup, e.g. /sys/fs/cgroup/memory/lampyr-fiberd.
 	CgroupParent string
+	// PidsParent, if set, is a cgroup v1 pids directory under which each
+	// fiber gets a cgroup capped at PidsMax tasks, so a fork bomb in one
+	// fiber cannot exhaust the Home's PIDs.
+	PidsParent string
+	// PidsMax is each fiber's task limit (threads count); default 1024.
+	PidsMax int
 	// UID/GID the handler runs as; default 65534 (nobody).
 	UID, GID uint32
 	// TmpBytes caps each fiber's /tmp; default 64 MiB (also charged to the
@@ -60,6 +66,9 @@ type Backend struct {
 // DefaultCgroupParent is where fibers' memory cgroups go by default.
 const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
 
+// DefaultPidsRoot is the cgroup v1 pids hierarchy.
+const DefaultPidsRoot = "/sys/fs/cgroup/pids"
+
 // New checks that the host can sandbox (root, memory cgroup, helper present)
 // and returns the backend. The error says what is missing.
 func New(cfg Config) (*Backend, error) {
@@ -75,6 +84,9 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = DefaultCgroupParent
 	}
+	if cfg.PidsMax == 0 {
+		cfg.PidsMax = 1024
+	}
 	if err := Supported(); err != nil {
 		return nil, err
 	}
@@ -86,6 +98,11 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if err := os.MkdirAll(cfg.CgroupParent, 0o755); err != nil {
 		return nil, fmt.Errorf("process backend: creating memory cgroup %s: %w (is the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory and writable?)", cfg.CgroupParent, err)
+	}
+	if cfg.PidsParent != "" {
+		if err := os.MkdirAll(cfg.PidsParent, 0o755); err != nil {
+			return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w", cfg.PidsParent, err)
+		}
 	}
 	removeLeftovers(cfg)
 	return &Backend{cfg: cfg}, nil
@@ -100,10 +117,15 @@ func removeLeftovers(cfg Config) {
 			os.RemoveAll(filepath.Join(cfg.StateDir, e.Name()))
 		}
 	}
-	if ents, err := os.ReadDir(cfg.CgroupParent); err == nil {
-		for _, e := range ents {
-			if e.IsDir() {
-				os.Remove(filepath.Join(cfg.CgroupParent, e.Name()))
+	for _, parent := range []string{cfg.CgroupParent, cfg.PidsParent} {
+		if parent == "" {
+			continue
+		}
+		if ents, err := os.ReadDir(parent); err == nil {
+			for _, e := range ents {
+				if e.IsDir() {
+					os.Remove(filepath.Join(parent, e.Name()))
+				}
 			}
 		}
 	}
@@ -130,6 +152,7 @@ type fiber struct {
 	dir    string
 	sock   string
 	cgroup string
+	pids   string
 	cmd    *exec.Cmd
 	done   chan struct{}
 
@@ -145,6 +168,9 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 		dir:    filepath.Join(b.cfg.StateDir, id),
 		cgroup: filepath.Join(b.cfg.CgroupParent, id),
 		done:   make(chan struct{}),
+	}
+	if b.cfg.PidsParent != "" {
+		f.pids = filepath.Join(b.cfg.PidsParent, id)
 	}
 	f.sock = filepath.Join(f.dir, "s")
 	if err := f.start(ctx, &b.cfg, spec); err != nil {
@@ -214,6 +240,9 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	// the memory cgroup here, before sending the spec, puts every process of
 	// the fiber under the limit.
 	if err := f.joinCgroup(cmd.Process.Pid, spec.MemoryBytes); err != nil {
+		return err
+	}
+	if err := f.joinPids(cmd.Process.Pid, cfg.PidsMax); err != nil {
 		return err
 	}
 	env := make([]string, 0, len(spec.Env))
@@ -290,6 +319,22 @@ func (f *fiber) joinCgroup(pid int, limit int64) error {
 	return nil
 }
 
+func (f *fiber) joinPids(pid, max int) error {
+	if f.pids == "" {
+		return nil
+	}
+	if err := os.Mkdir(f.pids, 0o755); err != nil {
+		return fmt.Errorf("creating pids cgroup %s: %w", f.pids, err)
+	}
+	if err := os.WriteFile(filepath.Join(f.pids, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
+		return fmt.Errorf("setting pids.max on %s: %w", f.pids, err)
+	}
+	if err := os.WriteFile(filepath.Join(f.pids, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, f.pids, err)
+	}
+	return nil
+}
+
 func (f *fiber) ID() string            { return f.id }
 func (f *fiber) Done() <-chan struct{} { return f.done }
 
@@ -344,18 +389,20 @@ func (f *fiber) cleanup() error {
 			<-f.done
 		}
 	}
-	// The cgroup can only be removed once its last task has been reaped,
+	// A cgroup can only be removed once its last task has been reaped,
 	// which may trail the helper's exit by a moment.
-	for i := 0; ; i++ {
-		err := os.Remove(f.cgroup)
-		if err == nil || errors.Is(err, os.ErrNotExist) {
-			break
+	for _, cg := range []string{f.cgroup, f.pids} {
+		for i := 0; cg != ""; i++ {
+			err := os.Remove(cg)
+			if err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			if i == 200 {
+				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", cg, err))
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
 		}
-		if i == 200 {
-			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", f.cgroup, err))
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	if err := os.RemoveAll(f.dir); err != nil {
 		errs = append(errs, err)

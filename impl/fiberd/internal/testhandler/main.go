@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -20,6 +21,10 @@ import (
 var served atomic.Int64
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "sleep" {
+		time.Sleep(time.Hour)
+		return
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		n := served.Add(1)
@@ -109,6 +114,21 @@ func main() {
 			fmt.Fprintln(w, "slept")
 		case <-r.Context().Done():
 		}
+	})
+	// spawn?n=N: start N sleeping copies of this program; how many started?
+	mux.HandleFunc("/spawn", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := strconv.Atoi(r.URL.Query().Get("n"))
+		started := 0
+		var firstErr error
+		for i := 0; i < n; i++ {
+			cmd := exec.Command("/proc/self/exe", "sleep")
+			if err := cmd.Start(); err != nil {
+				firstErr = err
+				break
+			}
+			started++
+		}
+		writeJSON(w, map[string]any{"started": started, "error": fmt.Sprint(firstErr)})
 	})
 	// exit: the handler crashes.
 	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) { os.Exit(3) })
