@@ -212,7 +212,9 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	defer statusW.Close()
 
 	cmd := exec.Command(cfg.HelperPath)
-	cmd.Env = []string{}
+	// The helper bridges one request at a time; one P keeps its start-up and
+	// thread count (which the pids limit counts) small.
+	cmd.Env = []string{"GOMAXPROCS=1"}
 	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{specR, lnFile, statusW} // fds 3, 4, 5
