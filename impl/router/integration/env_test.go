@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,12 +29,13 @@ const handlerPackage = "lampyr.dev/serving/impl/router/internal/testhandler"
 // env is one real fiberd (process backend, loopback) and one fiber-router
 // in front of it, fed the Revision's metadata directly.
 type env struct {
-	t    testing.TB
-	fd   *fiberdtest.Instance
-	srv  *server.Server
-	meta routermeta.Metadata
-	key  revision.Key
-	http *http.Client
+	t     testing.TB
+	fd    *fiberdtest.Instance
+	srv   *server.Server
+	meta  routermeta.Metadata
+	key   revision.Key
+	http  *http.Client
+	homes *homeClients
 }
 
 type envOptions struct {
@@ -43,6 +45,7 @@ type envOptions struct {
 	proxy func(*proxy.Config)
 	// addrs pins the router's ports (router replacement test).
 	httpAddr, h2cAddr, adminAddr string
+	homes                        *homeClients
 }
 
 func startEnv(t testing.TB, o envOptions) *env {
@@ -70,7 +73,8 @@ func startEnv(t testing.TB, o envOptions) *env {
 	if o.meta != nil {
 		o.meta(&meta)
 	}
-	e := &env{t: t, fd: fd, meta: meta, key: revision.Key{Namespace: meta.Namespace, Name: meta.Revision}}
+	o.homes = &homeClients{byHome: map[string]fibers.Client{}}
+	e := &env{t: t, fd: fd, meta: meta, key: revision.Key{Namespace: meta.Namespace, Name: meta.Revision}, homes: o.homes}
 	e.srv = startRouter(t, fd, o, revision.NewStatic(meta))
 	e.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	t.Cleanup(e.http.CloseIdleConnections)
@@ -88,11 +92,16 @@ func startRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revisi
 // waiting for readiness.
 func startRouterUnready(t testing.TB, e *env, addrs envOptions, src revision.Source) *server.Server {
 	t.Helper()
+	addrs.homes = e.homes
 	return newRouter(t, e.fd, addrs, src)
 }
 
 func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision.Source) *server.Server {
 	t.Helper()
+	homes := o.homes
+	if homes == nil {
+		homes = &homeClients{byHome: map[string]fibers.Client{}}
+	}
 	pc := proxy.DefaultConfig()
 	pc.QueueTimeout = 2 * time.Second
 	if o.proxy != nil {
@@ -112,7 +121,7 @@ func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision
 		HTTPAddr: addr(o.httpAddr), H2CAddr: addr(o.h2cAddr), AdminAddr: addr(o.adminAddr),
 		Proxy:        pc,
 		Source:       src,
-		Client:       fibers.NewFiberdClient(func() string { return fd.Token }),
+		Client:       homes.add(fd),
 		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		DrainTimeout: 5 * time.Second,
 	})
@@ -282,4 +291,38 @@ func value(m prometheus.Metric) float64 {
 		return d.Gauge.GetValue()
 	}
 	panic("not a counter or gauge")
+}
+
+// homeClients routes each call to a client holding that Home's token. In a
+// cluster every Home accepts the one router token; each fiberdtest instance
+// makes up its own, so a router in front of two test Homes needs both.
+type homeClients struct {
+	mu     sync.Mutex
+	byHome map[string]fibers.Client
+}
+
+func (h *homeClients) add(fd *fiberdtest.Instance) *homeClients {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	tok := fd.Token
+	h.byHome[fd.Endpoint] = fibers.NewFiberdClient(func() string { return tok })
+	return h
+}
+
+func (h *homeClients) get(home string) fibers.Client {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.byHome[home]
+}
+
+func (h *homeClients) Acquire(ctx context.Context, home string) (fibers.Fiber, error) {
+	return h.get(home).Acquire(ctx, home)
+}
+
+func (h *homeClients) Release(ctx context.Context, f fibers.Fiber) error {
+	return h.get(f.Home).Release(ctx, f)
+}
+
+func (h *homeClients) PrepareProxy(out *http.Request, f fibers.Fiber) {
+	h.get(f.Home).PrepareProxy(out, f)
 }
