@@ -56,9 +56,11 @@ type Config struct {
 	Port int32 `json:"port"`
 	// Protocol is http1 (default) or h2c.
 	Protocol string `json:"protocol,omitempty"`
-	// Readiness: the fiber is ready when the port accepts connections, within
+	// Readiness: the fiber is ready when the port accepts connections and,
+	// if ReadinessPath is set, GET ReadinessPath answers 2xx, within
 	// StartupTimeoutSeconds (default 10).
-	StartupTimeoutSeconds int32 `json:"startupTimeoutSeconds,omitempty"`
+	StartupTimeoutSeconds int32  `json:"startupTimeoutSeconds,omitempty"`
+	ReadinessPath         string `json:"readinessPath,omitempty"`
 	// Runtime names the language runtime and version the handler was built
 	// with, e.g. {"name":"go","version":"go1.26.8"}.
 	Runtime Runtime `json:"runtime"`
@@ -93,6 +95,9 @@ func (c *Config) Validate() error {
 	case "", "http1", "h2c":
 	default:
 		errs = append(errs, fmt.Sprintf("protocol %q: want http1 or h2c", c.Protocol))
+	}
+	if c.ReadinessPath != "" && !strings.HasPrefix(c.ReadinessPath, "/") {
+		errs = append(errs, fmt.Sprintf("readinessPath %q: want an absolute path such as /healthz", c.ReadinessPath))
 	}
 	if c.StartupTimeoutSeconds < 0 {
 		errs = append(errs, "startupTimeoutSeconds: must not be negative")

@@ -27,6 +27,8 @@ type Spec struct {
 	MemoryBytes int64
 	// StartupTimeout bounds how long a fiber may take to listen on Port.
 	StartupTimeout time.Duration
+	// ReadinessPath, if set, must answer GET with 2xx before the fiber is ready.
+	ReadinessPath string
 }
 
 // Backend starts fibers.

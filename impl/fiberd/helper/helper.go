@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -56,6 +57,8 @@ type Spec struct {
 	TmpBytes int64 `json:"tmpBytes"`
 	// StartupTimeoutMillis bounds how long the handler may take to listen.
 	StartupTimeoutMillis int64 `json:"startupTimeoutMillis"`
+	// ReadinessPath, if set, must answer GET with 2xx before "ready".
+	ReadinessPath string `json:"readinessPath,omitempty"`
 }
 
 // Descriptor numbers of the helper protocol.
@@ -143,6 +146,12 @@ func Main() int {
 		time.Sleep(500 * time.Microsecond)
 	}
 
+	if spec.ReadinessPath != "" {
+		if err := waitHTTPReady(addr, spec.ReadinessPath, deadline, exited); err != nil {
+			return fail(err)
+		}
+	}
+
 	ln, err := net.FileListener(os.NewFile(ListenerFD, "listener"))
 	if err != nil {
 		return fail(fmt.Errorf("listener on fd %d: %w", ListenerFD, err))
@@ -151,6 +160,34 @@ func Main() int {
 	io.WriteString(status, ReadyLine)
 	status.Close()
 	return <-exited
+}
+
+// waitHTTPReady polls GET path until it answers 2xx, the handler exits or
+// the deadline passes.
+func waitHTTPReady(addr, path string, deadline time.Time, exited chan int) error {
+	c := &http.Client{Timeout: time.Second}
+	last := ""
+	for {
+		resp, err := c.Get("http://" + addr + path)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode/100 == 2 {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		select {
+		case code := <-exited:
+			return fmt.Errorf("handler exited with status %d before GET %s answered 2xx", code, path)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("GET %s did not answer 2xx before the start-up deadline (last: %s)", path, last)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // reap collects every child (orphans reparent to PID 1), forwards

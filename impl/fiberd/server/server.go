@@ -330,6 +330,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		Env:            env,
 		MemoryBytes:    c.MemoryPerFiberBytes,
 		StartupTimeout: startup,
+		ReadinessPath:  snap.Config.ReadinessPath,
 	}
 	p, err := pool.New(pool.Config{
 		Spec:         spec,

@@ -263,6 +263,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 		GID:                  cfg.GID,
 		TmpBytes:             cfg.TmpBytes,
 		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
+		ReadinessPath:        spec.ReadinessPath,
 	}
 	if err := json.NewEncoder(specW).Encode(hs); err != nil {
 		return fmt.Errorf("sending spec to helper: %w", err)

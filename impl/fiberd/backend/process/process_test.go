@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,19 @@ func TestStartFailsClearly(t *testing.T) {
 	} else {
 		t.Log(err)
 	}
+	bad = *spec
+	bad.ReadinessPath = "/read?path=/missing" // answers 404
+	bad.StartupTimeout = 300 * time.Millisecond
+	if _, err := be.Start(context.Background(), "bad3", &bad); err == nil || !strings.Contains(err.Error(), "2xx") {
+		t.Fatalf("fiber whose readiness path fails: %v", err)
+	}
+	good := *spec
+	good.ReadinessPath = "/"
+	f, err := be.Start(context.Background(), "good1", &good)
+	if err != nil {
+		t.Fatalf("fiber with a passing readiness path: %v", err)
+	}
+	f.Destroy()
 	bad = *spec
 	bad.Port = 9999 // the handler listens on $PORT=8080, never on 9999
 	bad.StartupTimeout = 300 * time.Millisecond
