@@ -369,17 +369,21 @@ func TestValidateTemplateListsEveryField(t *testing.T) {
 	}
 }
 
-// FuzzValidate feeds arbitrary Revisions (as JSON) through defaulting and
-// validation. Properties: no panic; exactly one of template / rejection;
-// every rejection names a reason and a field; an accepted template is
-// inside the subset and renders every owned object.
+// FuzzValidate feeds arbitrary Revisions through defaulting and validation.
+// Input: a Revision as JSON (when it does not parse, the accepted rev() is
+// used) plus one annotation, containerConcurrency and one port the fuzzer
+// sets directly, so that annotation values, concurrency and ports are
+// explored even when byte mutations break the JSON. Properties: no panic;
+// exactly one of template / rejection; every rejection names a reason, a
+// field and a detail; an accepted template is inside the subset and renders
+// every owned object.
 func FuzzValidate(f *testing.F) {
 	seed := func(r *v1.Revision) {
 		b, err := json.Marshal(r)
 		if err != nil {
 			f.Fatal(err)
 		}
-		f.Add(b)
+		f.Add(b, "", "", int64(0), int32(0), "")
 	}
 	seed(rev())
 	seed(rev(container(func(c *corev1.Container) { c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}} })))
@@ -387,15 +391,30 @@ func FuzzValidate(f *testing.F) {
 	for _, c := range rejectionCases() {
 		seed(rev(c.opts...))
 	}
-	f.Add([]byte(`{"spec":{"containers":[]}}`))
-	f.Add([]byte(`{"metadata":{"annotations":{"autoscaling.knative.dev/max-scale":"99999999999"}},"spec":{"containers":[{"image":"a@sha256:x"}]}}`))
+	f.Add([]byte(`{"spec":{"containers":[]}}`), "", "", int64(0), int32(0), "")
+	f.Add([]byte(`{"metadata":{"annotations":{"autoscaling.knative.dev/max-scale":"99999999999"}},"spec":{"containers":[{"image":"a@sha256:x"}]}}`), "", "", int64(0), int32(0), "")
+	f.Add([]byte("not json"), "autoscaling.knative.dev/max-scale", "12", int64(1), int32(8080), "http1")
+	f.Add([]byte("not json"), IdleTimeoutAnnotation, "1h30m", int64(1), int32(50051), "h2c")
+	f.Add([]byte("not json"), "autoscaling.knative.dev/minScale", "0", int64(-3), int32(-1), "grpc")
 
 	cfg := testServingConfig(f)
 	lampyr := testLampyr(config.BackendEndpointSlice)
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Fuzz(func(t *testing.T, data []byte, annKey, annValue string, concurrency int64, port int32, portName string) {
 		r := &v1.Revision{}
 		if err := json.Unmarshal(data, r); err != nil {
-			return
+			r = rev()
+		}
+		if annKey != "" {
+			if r.Annotations == nil {
+				r.Annotations = map[string]string{}
+			}
+			r.Annotations[annKey] = annValue
+		}
+		if concurrency != 0 {
+			r.Spec.ContainerConcurrency = &concurrency
+		}
+		if (port != 0 || portName != "") && len(r.Spec.Containers) > 0 {
+			r.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: portName, ContainerPort: port}}
 		}
 		check := func(r *v1.Revision) {
 			tmpl, rej := ValidateTemplate(r, cfg)
@@ -411,9 +430,11 @@ func FuzzValidate(f *testing.F) {
 				_ = rej.Message()
 				return
 			}
-			if r.Spec.GetContainerConcurrency() != 1 || len(r.Spec.Containers) != 1 || tmpl.TimeoutSeconds <= 0 ||
-				tmpl.Image == "" || tmpl.SnapshotArtifact == "" || tmpl.FiberdTemplate == "" || tmpl.MaxFibers < 0 {
-				t.Fatalf("accepted a template outside the subset: %+v from %s", tmpl, data)
+			if r.Spec.GetContainerConcurrency() != 1 || len(r.Spec.Containers) != 1 || len(r.Spec.InitContainers) != 0 ||
+				tmpl.TimeoutSeconds <= 0 || tmpl.Image == "" || tmpl.SnapshotArtifact == "" || tmpl.FiberdTemplate == "" ||
+				tmpl.MaxFibers < 0 || tmpl.Port <= 0 || tmpl.Port > 65535 ||
+				(tmpl.Execution.Mode == fiberdv1alpha1.ExecutionReuse) != (tmpl.Execution.IdleTimeoutSeconds > 0) {
+				t.Fatalf("accepted a template outside the subset: %+v from %+v", tmpl, r)
 			}
 			resources.MakeCapacityGrant(r, tmpl, lampyr)
 			resources.MakeService(r, tmpl, lampyr)
