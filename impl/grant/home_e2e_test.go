@@ -1,0 +1,113 @@
+package grant
+
+import (
+	"context"
+	"crypto/ed25519"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"knative.dev/pkg/controller"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/server"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/grant/resources"
+)
+
+// TestHomeSecretRunsInFiberd checks the two halves agree: what the grant
+// controller writes into a Home Secret is exactly what a real fiberd needs
+// to serve the Revision (key formats, grant claims, token, template rules).
+func TestHomeSecretRunsInFiberd(t *testing.T) {
+	// A registry with a snapshot and a template sealed to "the cluster's"
+	// fleet key, from fiberdtest.
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Revision: "e2e-00001", WarmFibers: -1})
+	fleetPEM, _ := inst.FleetKey.MarshalPEM()
+	_, signing, _ := signedgrant.GenerateKey()
+	pubPEM, _ := signedgrant.MarshalPublicKey(signing.Public().(ed25519.PublicKey))
+	keys := &Keys{FleetPrivatePEM: fleetPEM, Signing: signing, SigningPubPEM: pubPEM, RouterToken: "e2e-token"}
+
+	g := grant("e2e-00001", func(g *v1alpha1.CapacityGrant) {
+		g.Spec.Template, g.Spec.SnapshotArtifact = inst.TemplateRef, inst.SnapshotRef
+		g.Spec.MemoryPerFiber, g.Spec.MaxFibers = resource.MustParse("64Mi"), 2
+		g.Spec.Env = map[string]string{"K_SERVICE": "e2e", "K_CONFIGURATION": "e2e", "K_REVISION": "e2e-00001"}
+	})
+	h := newHarness(t, g)
+	h.r.keys = keys
+	h.r.now = time.Now
+	if err := h.r.Reconcile(context.Background(), "default/e2e-00001"); err != nil {
+		if ok, _ := controller.IsRequeueKey(err); !ok {
+			t.Fatal(err)
+		}
+	}
+	sec, err := h.kube.CoreV1().Secrets("default").Get(context.Background(), resources.HomeName(g), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Mount the Secret as the Home Pod would and start fiberd on it.
+	dir, _ := os.MkdirTemp("/tmp", "home")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for k, v := range sec.Data {
+		os.WriteFile(filepath.Join(dir, k), v, 0o400)
+	}
+	grantKey, err := signedgrant.ParsePublicKey(sec.Data[resources.SecretKeyGrantPubKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := seal.ParsePrivateKeyPEM(sec.Data[resources.SecretKeyFleetKey])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(dir))
+	t.Cleanup(func() { os.Remove(cg) })
+	be, err := process.New(process.Config{HelperPath: fiberdtest.Build(t, fiberdtest.HelperPackage), StateDir: filepath.Join(dir, "f"), CgroupParent: cg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.New(server.Config{
+		Token: strings.TrimSpace(string(sec.Data[resources.SecretKeyRouterToken])), GrantFile: filepath.Join(dir, resources.SecretKeyGrant),
+		GrantKey: grantKey, FleetKey: fleet, StateDir: filepath.Join(dir, "s"), Backend: be, WarmFibers: 1,
+		GrantPollInterval: 100 * time.Millisecond, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+
+	c, _ := client.New(ln.Addr().String(), keys.RouterToken)
+	ctx := context.Background()
+	deadline := time.Now().Add(30 * time.Second)
+	for c.Ready(ctx) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("fiberd on the grant controller's Home Secret is not ready: %v", c.Ready(ctx))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	info, err := c.Grant(ctx)
+	if err != nil || info.MaxFibers != 2 || info.MemoryPerFiber != 64<<20 {
+		t.Fatalf("grant seen by fiberd: %+v %v", info, err)
+	}
+	f, err := c.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://e2e/", nil)
+	resp, err := c.Do(req, f.ID)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request: %v %v", resp, err)
+	}
+	resp.Body.Close()
+}
