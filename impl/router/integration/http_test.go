@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"knative.dev/networking/pkg/http/header"
 
 	"lampyr.dev/serving/impl/router/proxy"
+	"lampyr.dev/serving/impl/routermeta"
 )
 
 func TestHTTPFreshRequestRunsInItsOwnFiber(t *testing.T) {
@@ -199,4 +201,16 @@ func TestForwardedHeadersReachTheHandler(t *testing.T) {
 	if got := s.Headers["Forwarded"]; len(got) != 1 || got[0] != "for=203.0.113.7;proto=https" {
 		t.Errorf("Forwarded = %v, want queue-proxy's shim of the gateway's X-Forwarded-*", got)
 	}
+}
+
+func TestReuseReleasesIdleFibers(t *testing.T) {
+	// fiberd would keep an idle fiber 30s; the Revision's metadata says 1s,
+	// so only the router can have released it.
+	e := startEnv(t, envOptions{fiberd: fiberdOpts("reuse"), meta: func(m *routermeta.Metadata) { m.IdleTimeoutSeconds = 1 }})
+	e.do(e.request(context.Background(), http.MethodGet, "/", nil))
+	if len(e.leased()) != 1 {
+		t.Fatalf("after one request in reuse mode fiberd holds %d fibers, want 1", len(e.leased()))
+	}
+	waitFor(t, "the idle fiber to be released", 30*time.Second, func() bool { return e.counter("released") == 1 })
+	e.assertNoLeasedFibers()
 }

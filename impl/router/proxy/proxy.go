@@ -215,13 +215,27 @@ func (r *Router) poolConfig(m routermeta.Metadata) pool.Config {
 		Home:         m.HomeEndpoint,
 		Mode:         mode,
 		MaxFibers:    max,
-		IdleTimeout:  time.Duration(m.IdleTimeoutSeconds) * time.Second,
+		IdleTimeout:  routerIdleTimeout(time.Duration(m.IdleTimeoutSeconds) * time.Second),
 		QueueTimeout: r.cfg.QueueTimeout,
 		MaxQueue:     r.cfg.MaxQueue,
 	}
 }
 
-// Routable reports whether a Revision can be served now (for probes).
+// routerIdleTimeout is when the router gives up an idle reuse-mode fiber.
+// fiberd releases a fiber idle for idleTimeoutSeconds on its own (contracts
+// §4); a router that offered such a fiber to a request at that moment would
+// get fiberd's 404 UnknownFiber instead of the handler's answer. So the
+// router lets go first, with a margin for its one-second reaper tick.
+func routerIdleTimeout(idle time.Duration) time.Duration {
+	if idle <= 0 {
+		return 0
+	}
+	if idle > 4*time.Second {
+		return idle - 2*time.Second
+	}
+	return idle / 2
+}
+
 func (r *Router) lookup(k revision.Key) *route {
 	r.mu.RLock()
 	rt := r.routes[k]
