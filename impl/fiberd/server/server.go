@@ -18,6 +18,7 @@ import (
 	"net/http/httputil"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -69,6 +70,7 @@ type Server struct {
 	metrics *metrics
 	mux     *http.ServeMux
 
+	syncMu    sync.Mutex
 	mu        sync.Mutex
 	grant     *signedgrant.Claims
 	grantRaw  []byte
@@ -211,6 +213,10 @@ func (s *Server) grantLoop() {
 func (s *Server) SyncGrant() { s.syncGrant() }
 
 func (s *Server) syncGrant() {
+	// One sync at a time: a load may take a while and must not race a
+	// second load of the same grant.
+	s.syncMu.Lock()
+	defer s.syncMu.Unlock()
 	raw, err := os.ReadFile(s.cfg.GrantFile)
 	now := s.cfg.Now()
 	var claims signedgrant.Claims
@@ -233,7 +239,7 @@ func (s *Server) syncGrant() {
 		s.cfg.Logf("grant %s for %s/%s valid until %s", claims.GrantID, claims.Namespace, claims.Revision, claims.ExpiresAt.Format(time.RFC3339))
 	}
 	s.grant, s.grantErr, s.grantRaw = &claims, nil, raw
-	key := claims.Namespace + "/" + claims.Revision + "|" + claims.Template + "|" + claims.SnapshotArtifact + "|" + claims.Execution.Mode + "|" + strconv.FormatInt(claims.Execution.IdleTimeoutSeconds, 10) + "|" + strconv.FormatInt(claims.MemoryPerFiberBytes, 10)
+	key := loadKey(claims)
 	cur := s.loaded
 	needLoad := cur == nil || key != s.loadKey
 	retryDue := now.Sub(s.lastTry) >= 5*time.Second
@@ -267,6 +273,18 @@ func (s *Server) syncGrant() {
 	if err != nil {
 		s.cfg.Logf("cannot run %s/%s: %v", claims.Namespace, claims.Revision, err)
 	}
+}
+
+// loadKey identifies what a loaded Revision was built from; a renewed grant
+// with the same key keeps the running pool (only maxFibers may change live).
+func loadKey(c signedgrant.Claims) string {
+	env := make([]string, 0, len(c.Env))
+	for k, v := range c.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return strings.Join([]string{c.Namespace, c.Revision, c.Template, c.SnapshotArtifact, c.Execution.Mode,
+		strconv.FormatInt(c.Execution.IdleTimeoutSeconds, 10), strconv.FormatInt(c.MemoryPerFiberBytes, 10), strings.Join(env, "\x00")}, "|")
 }
 
 // LoadError is a refusal to run a grant's Revision, with a CamelCase reason.
