@@ -11,6 +11,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"reflect"
 	"sync"
@@ -33,6 +34,10 @@ import (
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
 )
+
+// errHomeNameTaken stops a reconcile whose Home names are taken by objects
+// the grant does not own (the condition says which).
+var errHomeNameTaken = errors.New("home name taken")
 
 // Reconciler reconciles CapacityGrants.
 type Reconciler struct {
@@ -114,6 +119,9 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 		return 0, nil
 	}
 	renewIn, err := r.reconcileSecret(ctx, g, cfg)
+	if errors.Is(err, errHomeNameTaken) {
+		return 0, nil
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -219,6 +227,11 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 	existing, err := r.secrets.Secrets(g.Namespace).Get(resources.HomeName(g))
 	if err != nil && !apierrs.IsNotFound(err) {
 		return 0, err
+	}
+	if existing != nil && !metav1.IsControlledBy(existing, g) {
+		// Never write keys into a Secret someone else owns.
+		g.Status.MarkHomeFailed("HomeNameTaken", "Secret %s/%s exists and is not owned by this CapacityGrant; delete it", g.Namespace, existing.Name)
+		return 0, errHomeNameTaken
 	}
 	current := r.currentGrant(existing, now)
 	want := resources.MakeClaims(g, cfg, "", metav1.NewTime(now))

@@ -365,6 +365,18 @@ func TestReconcile(t *testing.T) {
 		},
 		wantRequeue: 5 * time.Minute,
 	}, {
+		name: "a foreign Secret with the Home's name is left alone",
+		objs: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			s := homeSecret(g, now)
+			s.OwnerReferences = nil
+			return []runtime.Object{g, s}
+		}(),
+		key: "default/hello-00001",
+		wantConds: map[apis.ConditionType]cond{
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, "HomeNameTaken"},
+		},
+	}, {
 		name: "deleted grant: nothing to do (owner references clean up)",
 		key:  "default/gone",
 	}} {
