@@ -54,6 +54,12 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *pr
 				p.notOwned = append(p.notOwned, notOwnedMessage("CapacityGrant", want.Name))
 				return nil
 			}
+			if apierrs.IsInvalid(err) {
+				// The CRD refused what validation let through: retrying
+				// cannot help, so report it on the Revision.
+				p.grantInvalid = err.Error()
+				return nil
+			}
 			return fmt.Errorf("creating CapacityGrant %s: %w", want.Name, err)
 		}
 		p.grant, p.grantSpecWritten = want, true

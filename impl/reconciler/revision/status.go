@@ -18,6 +18,9 @@ const (
 	ReasonWaitingForGrant = "WaitingForCapacityGrant"
 	// ReasonWaitingForHome: admitted, the Home is not ready yet.
 	ReasonWaitingForHome = "WaitingForHome"
+	// ReasonInvalidGrant: the API server refused the CapacityGrant built
+	// from the Revision (its CRD validation is stricter than ours).
+	ReasonInvalidGrant = "InvalidCapacityGrant"
 	// ReasonGrantRefused is used when a refusal carries no reason of its own.
 	ReasonGrantRefused = "CapacityGrantRefused"
 )
@@ -45,6 +48,8 @@ type progress struct {
 
 	// artifactMissing is set when the registry says the artifact is absent.
 	artifactMissing string
+	// grantInvalid is the API server's refusal of the grant we built.
+	grantInvalid string
 	// notOwned names objects that exist under our names but are not ours.
 	notOwned []string
 	// grant is the CapacityGrant as last read (status from the grant controller).
@@ -88,7 +93,7 @@ func (p *progress) backendReady() bool {
 // readyForRouting: verified artifact, admitted grant, ready Home with an
 // endpoint, ready backend. Router metadata says ready exactly then.
 func (p *progress) readyForRouting() bool {
-	return p.artifactMissing == "" && len(p.notOwned) == 0 &&
+	return p.artifactMissing == "" && len(p.notOwned) == 0 && p.grantInvalid == "" &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted).IsTrue() &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady).IsTrue() &&
 		p.homeEndpoint() != "" && p.backendReady()
@@ -126,6 +131,8 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	}
 
 	switch {
+	case p.grantInvalid != "":
+		m.MarkFalse(v1.RevisionConditionResourcesAvailable, ReasonInvalidGrant, "%s", p.grantInvalid)
 	case len(p.notOwned) > 0:
 		m.MarkFalse(v1.RevisionConditionResourcesAvailable, v1.ReasonNotOwned, "%s", strings.Join(p.notOwned, " "))
 	case admitted.IsFalse():

@@ -7,9 +7,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgotesting "k8s.io/client-go/testing"
 	"knative.dev/pkg/ptr"
 	rtesting "knative.dev/pkg/reconciler/testing"
@@ -410,6 +413,23 @@ func TestReconcile(t *testing.T) {
 			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "creating Service %s: inducing failure for create services", testRevName),
 		},
 	}, {
+		Name:         "the API server refuses the grant: ResourcesAvailable False, no endless retry",
+		Objects:      []runtime.Object{rev()},
+		Key:          key(),
+		WithReactors: []clientgotesting.ReactionFunc{refuseGrantCreate},
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(tmpl)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
+				available(corev1.ConditionFalse, ReasonInvalidGrant, invalidGrantErr.Error()),
+				active(corev1.ConditionUnknown, ReasonInvalidGrant, invalidGrantErr.Error()),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
 		Name:    "rejected template after a Lampyr upgrade: published metadata is withdrawn",
 		Objects: []runtime.Object{rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} })), metadata(tmpl, testHome, true)},
 		Key:     key(),
@@ -517,4 +537,16 @@ type unreachableRegistry struct{}
 
 func (unreachableRegistry) Verify(context.Context, string) error {
 	return errors.New("registry.example: connection refused")
+}
+
+var invalidGrantErr = apierrs.NewInvalid(schema.GroupKind{Group: "fiberd.io", Kind: "CapacityGrant"}, testRevName,
+	field.ErrorList{field.Invalid(field.NewPath("spec", "memoryPerFiber"), "1", "must be at least 1Mi")})
+
+// refuseGrantCreate makes the API server refuse the grant as its CRD
+// validation would.
+func refuseGrantCreate(action clientgotesting.Action) (bool, runtime.Object, error) {
+	if action.GetVerb() == "create" && action.GetResource().Resource == "capacitygrants" {
+		return true, nil, invalidGrantErr
+	}
+	return false, nil, nil
 }

@@ -39,6 +39,14 @@ const (
 	IdleActionAnnotation = "lampyr.dev/idle-action"
 )
 
+// Bounds of the CapacityGrant CRD (impl/config/crds/capacitygrant.yaml):
+// refusing beyond them here names the Revision field instead of failing the
+// grant's creation.
+const (
+	maxFibersLimit = 10000
+	maxSeconds     = 86400
+)
+
 // Unsupported is one reason a Revision template is outside Lampyr's subset.
 type Unsupported struct {
 	// Reason is CamelCase and names the field (UnsupportedCommand); it
@@ -283,8 +291,8 @@ func (v *validator) revisionSpec(rs *v1.RevisionSpec, t *resources.Template) {
 		v.reject("UnsupportedContainerConcurrency", "spec.containerConcurrency",
 			fmt.Sprintf("containerConcurrency must be 1 (one request per fiber), got %d", cc))
 	}
-	if rs.TimeoutSeconds == nil || *rs.TimeoutSeconds <= 0 {
-		v.reject("UnsupportedTimeoutSeconds", "spec.timeoutSeconds", "timeoutSeconds must be positive")
+	if rs.TimeoutSeconds == nil || *rs.TimeoutSeconds <= 0 || *rs.TimeoutSeconds > maxSeconds {
+		v.reject("UnsupportedTimeoutSeconds", "spec.timeoutSeconds", fmt.Sprintf("timeoutSeconds must be between 1 and %d", maxSeconds))
 	} else {
 		t.TimeoutSeconds = *rs.TimeoutSeconds
 	}
@@ -298,11 +306,17 @@ func (v *validator) revisionSpec(rs *v1.RevisionSpec, t *resources.Template) {
 	if defaults == nil {
 		defaults, _ = apisconfig.NewDefaultsConfigFromMap(nil)
 	}
-	if !webhookTimeoutVariant(rs.ResponseStartTimeoutSeconds, defaults.RevisionResponseStartTimeoutSeconds, t.TimeoutSeconds) {
+	// Compare with timeoutSeconds as written, even if refused above, so one
+	// bad value is reported once.
+	var timeout int64
+	if rs.TimeoutSeconds != nil {
+		timeout = *rs.TimeoutSeconds
+	}
+	if !webhookTimeoutVariant(rs.ResponseStartTimeoutSeconds, defaults.RevisionResponseStartTimeoutSeconds, timeout) {
 		v.reject("UnsupportedResponseStartTimeoutSeconds", "spec.responseStartTimeoutSeconds",
 			"only timeoutSeconds bounds a request in Lampyr; remove responseStartTimeoutSeconds")
 	}
-	if !webhookTimeoutVariant(rs.IdleTimeoutSeconds, defaults.RevisionIdleTimeoutSeconds, t.TimeoutSeconds) {
+	if !webhookTimeoutVariant(rs.IdleTimeoutSeconds, defaults.RevisionIdleTimeoutSeconds, timeout) {
 		v.reject("UnsupportedIdleTimeoutSeconds", "spec.idleTimeoutSeconds",
 			"only timeoutSeconds bounds a request in Lampyr; use lampyr.dev/idle-timeout for reuse mode instead")
 	}
@@ -353,8 +367,8 @@ func (v *validator) annotations(anns map[string]string, t *resources.Template) {
 		case maxScaleKeys[k]:
 			maxScale = val
 			n, err := strconv.ParseInt(val, 10, 32)
-			if err != nil || n < 0 {
-				v.reject("UnsupportedMaxScale", field(k), fmt.Sprintf("max-scale must be a non-negative integer, got %q", val))
+			if err != nil || n < 0 || n > maxFibersLimit {
+				v.reject("UnsupportedMaxScale", field(k), fmt.Sprintf("max-scale must be an integer from 0 to %d, got %q", maxFibersLimit, val))
 			} else {
 				t.MaxFibers = int32(n)
 			}
@@ -383,7 +397,7 @@ func (v *validator) annotations(anns map[string]string, t *resources.Template) {
 		v.reject("UnsupportedMinScale", "config-autoscaler min-scale", fmt.Sprintf("min-scale must be 0, the installation defaults it to %d", as.minScale))
 	}
 	if maxScale == "" && as != nil && as.maxScale > 0 {
-		t.MaxFibers = as.maxScale
+		t.MaxFibers = min(as.maxScale, maxFibersLimit)
 	}
 
 	v.execution(anns, t, field)
@@ -440,8 +454,8 @@ func (v *validator) execution(anns map[string]string, t *resources.Template, fie
 
 	if !hasIdle {
 		v.reject("MissingIdleTimeout", field(IdleTimeoutAnnotation), "execution-mode reuse needs an idle timeout such as 30s")
-	} else if d, err := time.ParseDuration(idle); err != nil || d <= 0 {
-		v.reject("UnsupportedIdleTimeout", field(IdleTimeoutAnnotation), fmt.Sprintf("%q: want a positive duration such as 30s", idle))
+	} else if d, err := time.ParseDuration(idle); err != nil || d <= 0 || d > maxSeconds*time.Second {
+		v.reject("UnsupportedIdleTimeout", field(IdleTimeoutAnnotation), fmt.Sprintf("%q: want a duration such as 30s, at most 24h", idle))
 	} else {
 		// Whole seconds, rounded up so a fiber is never released early.
 		t.Execution.IdleTimeoutSeconds = int64(math.Ceil(d.Seconds()))

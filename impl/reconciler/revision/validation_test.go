@@ -145,7 +145,16 @@ func rejectionCases() []rejectionCase {
 		reason: "UnsupportedMinScale", field: annField("autoscaling.knative.dev/minScale"), detail: `min-scale must be 0 until reserved fiber capacity exists, got "2"`,
 	}, {
 		name: "a negative max-scale", opts: ann("autoscaling.knative.dev/max-scale", "-1"),
-		reason: "UnsupportedMaxScale", field: annField("autoscaling.knative.dev/max-scale"), detail: `max-scale must be a non-negative integer, got "-1"`,
+		reason: "UnsupportedMaxScale", field: annField("autoscaling.knative.dev/max-scale"), detail: `max-scale must be an integer from 0 to 10000, got "-1"`,
+	}, {
+		name: "max-scale above the grant limit", opts: ann("autoscaling.knative.dev/max-scale", "10001"),
+		reason: "UnsupportedMaxScale", field: annField("autoscaling.knative.dev/max-scale"), detail: `max-scale must be an integer from 0 to 10000, got "10001"`,
+	}, {
+		name: "timeoutSeconds above a day", opts: []revOption{func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(86401) }},
+		reason: "UnsupportedTimeoutSeconds", field: "spec.timeoutSeconds", detail: "timeoutSeconds must be between 1 and 86400",
+	}, {
+		name: "an idle timeout that is not a duration", opts: []revOption{annotation(ExecutionModeAnnotation, "reuse"), annotation(IdleTimeoutAnnotation, "30")},
+		reason: "UnsupportedIdleTimeout", field: annField(IdleTimeoutAnnotation), detail: `"30": want a duration such as 30s, at most 24h`,
 	}, {
 		name: "containerConcurrency 0 (the webhook's default)", opts: []revOption{func(r *v1.Revision) { r.Spec.ContainerConcurrency = ptr.Int64(0) }},
 		reason: "UnsupportedContainerConcurrency", field: "spec.containerConcurrency", detail: "containerConcurrency must be 1 (one request per fiber), got 0",
@@ -432,7 +441,8 @@ func FuzzValidate(f *testing.F) {
 			}
 			if r.Spec.GetContainerConcurrency() != 1 || len(r.Spec.Containers) != 1 || len(r.Spec.InitContainers) != 0 ||
 				tmpl.TimeoutSeconds <= 0 || tmpl.Image == "" || tmpl.SnapshotArtifact == "" || tmpl.FiberdTemplate == "" ||
-				tmpl.MaxFibers < 0 || tmpl.Port <= 0 || tmpl.Port > 65535 ||
+				tmpl.MaxFibers < 0 || tmpl.MaxFibers > maxFibersLimit || tmpl.TimeoutSeconds > maxSeconds ||
+				tmpl.Execution.IdleTimeoutSeconds > maxSeconds || tmpl.Port <= 0 || tmpl.Port > 65535 ||
 				(tmpl.Execution.Mode == fiberdv1alpha1.ExecutionReuse) != (tmpl.Execution.IdleTimeoutSeconds > 0) {
 				t.Fatalf("accepted a template outside the subset: %+v from %+v", tmpl, r)
 			}
