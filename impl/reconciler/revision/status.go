@@ -65,8 +65,11 @@ type progress struct {
 	published bool
 }
 
+// grantCondition is nil unless the grant's status describes its current
+// spec: not in the reconcile that wrote the spec, and only once the grant
+// controller has observed the grant's generation.
 func (p *progress) grantCondition(t apis.ConditionType) *apis.Condition {
-	if p.grant == nil || p.grantSpecWritten {
+	if p.grant == nil || p.grantSpecWritten || p.grant.Status.ObservedGeneration != p.grant.Generation {
 		return nil
 	}
 	return p.grant.Status.GetCondition(t)

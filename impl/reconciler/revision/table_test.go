@@ -188,6 +188,15 @@ func TestReconcile(t *testing.T) {
 			statusUpdate(rev(waitingForGrant())),
 		},
 	}, {
+		Name: "grant status from before its last spec change is not trusted",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady, func(g *fiberdv1alpha1.CapacityGrant) { g.Generation = 2; g.Status.ObservedGeneration = 1 }),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+	}, {
 		Name: "h2c template: Service port 81 http2 with appProtocol kubernetes.io/h2c",
 		Objects: []runtime.Object{rev(container(func(c *corev1.Container) {
 			c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}}
