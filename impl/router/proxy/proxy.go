@@ -311,7 +311,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		rp = r.h2c
 	}
 	outCtx := context.WithValue(ctx, leaseKey{}, lease)
-	pe := &proxyErr{}
+	pe := &proxyErr{client: req.Context()}
 	rp.ServeHTTP(sw, req.WithContext(context.WithValue(outCtx, proxyErrKey{}, pe)))
 	// Only a request that ran to completion leaves its fiber fit for reuse:
 	// after a cancellation or timeout the handler may still be working.
@@ -436,6 +436,9 @@ func (r *Router) leaseError(w http.ResponseWriter, req *http.Request, reqID stri
 	case req.Context().Err() != nil:
 		// The client left while queued; nobody reads an answer.
 		w.WriteHeader(499)
+	case r.hardStop.Err() != nil:
+		w.Header().Set("Retry-After", "1")
+		r.fail(w, reqID, http.StatusServiceUnavailable, "this fiber-router replica is shutting down")
 	case errors.Is(err, context.DeadlineExceeded):
 		r.fail(w, reqID, http.StatusGatewayTimeout, fmt.Sprintf("revision %s: no fiber within timeoutSeconds", quoteKey(k)))
 	default:
@@ -448,20 +451,30 @@ func isCapacity(err error) bool { _, ok := fibers.IsCapacity(err); return ok }
 
 type proxyErrKey struct{}
 
-type proxyErr struct{ err error }
+type proxyErr struct {
+	err error
+	// client is the client's own request context (the proxied request
+	// carries the router's timeout/shutdown context instead).
+	client context.Context
+}
 
 // proxyError is ReverseProxy's ErrorHandler: the fiber could not be reached
 // or the response could not be read before anything was written.
 func (r *Router) proxyError(w http.ResponseWriter, req *http.Request, err error) {
+	clientGone := false
 	if pe, ok := req.Context().Value(proxyErrKey{}).(*proxyErr); ok {
 		pe.err = err
+		clientGone = pe.client.Err() != nil
 	}
 	reqID := req.Header.Get(RequestIDHeader)
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		r.fail(w, reqID, http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds")
+	case r.hardStop.Err() != nil && !clientGone:
+		w.Header().Set("Retry-After", "1")
+		r.fail(w, reqID, http.StatusServiceUnavailable, "this fiber-router replica is shutting down")
 	case errors.Is(err, context.Canceled):
-		// Client gone (or the router is shutting down): record, answer nothing useful.
+		// The client is gone: record it, nobody reads an answer.
 		w.WriteHeader(499)
 	default:
 		r.log.Warn("proxy to fiber failed", "request", reqID, "err", err)

@@ -254,3 +254,37 @@ func TestRevisionRemovedStopsRouting(t *testing.T) {
 		t.Fatalf("ready again: %d", resp.StatusCode)
 	}
 }
+
+func TestDrainCutsWhatOutlivesIt(t *testing.T) {
+	block := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	f := newFixture(t, block, func(m *routermeta.Metadata) { m.MaxFibers = 1 })
+	type result struct {
+		code int
+		body string
+	}
+	results := make(chan result, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			resp, body := f.get(t, "/", nil)
+			results <- result{resp.StatusCode, body}
+		}()
+	}
+	// One request holds the only fiber, the other queues behind it.
+	for f.router.InFlight() != 2 || f.fd.Live() != 1 {
+		time.Sleep(time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := f.router.Drain(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		r := <-results
+		if r.code != http.StatusServiceUnavailable || !strings.Contains(r.body, "shutting down") {
+			t.Fatalf("request cut by drain: %d %q, want 503 shutting down", r.code, r.body)
+		}
+	}
+	if f.fd.Live() != 0 {
+		t.Fatalf("%d fibers left after drain", f.fd.Live())
+	}
+}
