@@ -178,7 +178,7 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 			img, err := b.controlPlaneImage(ctx, component, rootDir, map[string]string{
 				"kube-apiserver": bin(k8sBins, "kube-apiserver"), "kube-controller-manager": bin(k8sBins, "kube-controller-manager"),
 				"kube-scheduler": bin(k8sBins, "kube-scheduler"), "kube-proxy": bin(k8sBins, "kube-proxy"),
-				"etcd": bin(etcdBins, "v3"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
+				"etcd": bin(etcdBins, "server"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
 			})
 			if err != nil {
 				return fmt.Errorf("image %s: %w", ref, err)

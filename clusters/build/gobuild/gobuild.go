@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"golang.org/x/mod/modfile"
 )
@@ -71,8 +72,16 @@ func (s Spec) Key(goVersion, extra string) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// BinaryName is the file name of a package's binary: its last path element.
-func BinaryName(pkg string) string { return path.Base(pkg) }
+// BinaryName is the file name go build gives a package's binary: its last
+// path element, or the one before a major-version suffix (go.etcd.io/etcd/server/v3
+// builds "server").
+func BinaryName(pkg string) string {
+	base := path.Base(pkg)
+	if len(base) > 1 && base[0] == 'v' && strings.Trim(base[1:], "0123456789") == "" && base != "v0" && base != "v1" {
+		return path.Base(path.Dir(pkg))
+	}
+	return base
+}
 
 // ScratchGoMod renders the go.mod of the scratch module for s.
 func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
@@ -189,6 +198,10 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 
 func (b *Builder) run(ctx context.Context, dir string, s Spec, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
+	// debootstrap and go start children; on cancel (Ctrl-C) kill the whole
+	// process group so nothing keeps writing into the cache.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.Dir = dir
 	cgo := "0"
 	if s.CGO {

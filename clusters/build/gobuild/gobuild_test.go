@@ -100,3 +100,16 @@ func TestBuildLocal(t *testing.T) {
 		t.Fatalf("binary missing or not executable: %v", err)
 	}
 }
+
+func TestBinaryName(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"go.etcd.io/etcd/server/v3":                 "server",
+		"k8s.io/kubernetes/cmd/kubelet":             "kubelet",
+		"github.com/traefik/traefik/v3/cmd/traefik": "traefik",
+		"example.com/tool/v1":                       "v1",
+	} {
+		if got := BinaryName(pkg); got != want {
+			t.Errorf("BinaryName(%s) = %s, want %s", pkg, got, want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // RootfsSpec says how to make the node's Debian root filesystem.
@@ -105,6 +106,10 @@ func TarDir(ctx context.Context, dir, out string) error {
 
 func run(ctx context.Context, log io.Writer, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
+	// debootstrap and go start children; on cancel (Ctrl-C) kill the whole
+	// process group so nothing keeps writing into the cache.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
