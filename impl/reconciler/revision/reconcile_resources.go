@@ -62,6 +62,7 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *pr
 			}
 			return fmt.Errorf("creating CapacityGrant %s: %w", want.Name, err)
 		}
+		logWrite(ctx, "Created", "CapacityGrant", want.Name)
 		p.grant, p.grantSpecWritten = want, true
 		return nil
 	case err != nil:
@@ -80,6 +81,7 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *pr
 	if err := r.grants.Update(ctx, updated); err != nil {
 		return fmt.Errorf("updating CapacityGrant %s: %w", want.Name, err)
 	}
+	logWrite(ctx, "Updated", "CapacityGrant", want.Name)
 	p.grant, p.grantSpecWritten = updated, true
 	return nil
 }
@@ -99,6 +101,7 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 			}
 			return fmt.Errorf("creating Service %s: %w", want.Name, err)
 		}
+		logWrite(ctx, "Created", "Service", want.Name)
 		p.serviceReady = true
 		return nil
 	case err != nil:
@@ -128,6 +131,7 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 	if _, err := r.kubeclient.CoreV1().Services(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating Service %s: %w", want.Name, err)
 	}
+	logWrite(ctx, "Updated", "Service", want.Name)
 	p.serviceReady = true
 	return nil
 }
@@ -172,6 +176,7 @@ func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revisio
 			}
 			return fmt.Errorf("creating EndpointSlice %s: %w", want.Name, err)
 		}
+		logWrite(ctx, "Created", "EndpointSlice", want.Name)
 		p.sliceReady = true
 		return nil
 	case err != nil:
@@ -203,6 +208,7 @@ func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revisio
 	if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating EndpointSlice %s: %w", want.Name, err)
 	}
+	logWrite(ctx, "Updated", "EndpointSlice", want.Name)
 	p.sliceReady = true
 	return nil
 }
@@ -225,6 +231,7 @@ func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision
 			}
 			return fmt.Errorf("creating ConfigMap %s: %w", want.Name, err)
 		}
+		logWrite(ctx, "Created", "router metadata ConfigMap", want.Name)
 		p.published = true
 		return nil
 	case err != nil:
@@ -244,6 +251,7 @@ func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision
 	if _, err := r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("updating ConfigMap %s: %w", want.Name, err)
 	}
+	logWrite(ctx, "Updated", "router metadata ConfigMap", want.Name+" (ready="+want.Data["ready"]+")")
 	p.published = true
 	return nil
 }
@@ -316,6 +324,12 @@ func skipDelete[T metav1.Object](ctx context.Context, obj T, err error, rev *v1.
 		return true, nil
 	}
 	return false, nil
+}
+
+// logWrite records each write at info level: what the reconciler changed is
+// what an operator looks for first.
+func logWrite(ctx context.Context, verb, kind, name string) {
+	logging.FromContext(ctx).Infof("%s %s %s", verb, kind, name)
 }
 
 func ignoreNotFound(err error) error {
