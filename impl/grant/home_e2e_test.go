@@ -85,7 +85,7 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	}
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() { srv.Close(); be.Close() })
 
 	c, _ := client.New(ln.Addr().String(), keys.RouterToken)
 	ctx := context.Background()

@@ -124,6 +124,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 	}()
 	err = srv.Serve(ln)
 	srv.Close()
+	be.Close()
 	return err
 }
 

@@ -119,11 +119,11 @@ func Build(t testing.TB, pkg string) string {
 		return p
 	}
 	if buildDir == "" {
-		d, err := os.MkdirTemp("", "fiberdtest-bin-")
-		if err != nil {
+		removeStaleBuildDirs()
+		buildDir = filepath.Join(os.TempDir(), fmt.Sprintf("%s%d", buildDirPrefix, os.Getpid()))
+		if err := os.MkdirAll(buildDir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		buildDir = d
 	}
 	out := filepath.Join(buildDir, strings.ReplaceAll(pkg, "/", "_"))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
@@ -133,6 +133,24 @@ func Build(t testing.TB, pkg string) string {
 	}
 	built[pkg] = out
 	return out
+}
+
+const buildDirPrefix = "lampyr-fiberdtest-bin-"
+
+// removeStaleBuildDirs deletes binaries built by test processes that have
+// exited (a test process cannot know when its last test is done, so each
+// cleans up after its predecessors).
+func removeStaleBuildDirs() {
+	ents, _ := os.ReadDir(os.TempDir())
+	for _, e := range ents {
+		pid, ok := strings.CutPrefix(e.Name(), buildDirPrefix)
+		if !ok {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + pid); err != nil {
+			os.RemoveAll(filepath.Join(os.TempDir(), e.Name()))
+		}
+	}
 }
 
 // Artifact builds a snapshot artifact of the handler binary and pushes it
@@ -302,10 +320,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		srv.Close()
-		os.Remove(filepath.Join(process.DefaultCgroupParent, filepath.Base(state)))
-		if p := pidsParent(state); p != "" {
-			os.Remove(p)
-		}
+		be.Close()
 	})
 	i.Endpoint = ln.Addr().String()
 	if i.Client, err = client.New(i.Endpoint, i.Token); err != nil {

@@ -61,6 +61,9 @@ type Config struct {
 // Backend is the process backend.
 type Backend struct {
 	cfg Config
+	// cleanups tracks background removal of destroyed fibers' cgroups and
+	// directories, so Close can wait for them.
+	cleanups sync.WaitGroup
 }
 
 // DefaultCgroupParent is where fibers' memory cgroups go by default.
@@ -144,10 +147,23 @@ func Supported() error {
 	return nil
 }
 
+// Close waits for destroyed fibers' cleanup and removes the backend's own
+// cgroup directories if they are empty. Destroy every fiber first.
+func (b *Backend) Close() error {
+	b.cleanups.Wait()
+	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent} {
+		if d != "" {
+			os.Remove(d)
+		}
+	}
+	return nil
+}
+
 // Name implements backend.Backend.
 func (b *Backend) Name() string { return "process" }
 
 type fiber struct {
+	b      *Backend
 	id     string
 	dir    string
 	sock   string
@@ -164,6 +180,7 @@ type fiber struct {
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (backend.Fiber, error) {
 	f := &fiber{
+		b:      b,
 		id:     id,
 		dir:    filepath.Join(b.cfg.StateDir, id),
 		cgroup: filepath.Join(b.cfg.CgroupParent, id),
@@ -373,7 +390,9 @@ func (f *fiber) Destroy() error {
 		}
 		// The processes are gone; removing the emptied cgroup and the
 		// fiber's directory need not hold up the caller (release latency).
+		f.b.cleanups.Add(1)
 		go func() {
+			defer f.b.cleanups.Done()
 			if err := f.cleanup(); err != nil {
 				fmt.Fprintf(os.Stderr, "fiber %s cleanup: %v\n", f.id, err)
 			}

@@ -35,6 +35,7 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { be.Close() })
 	return be, &backend.Spec{RootFS: root, Entrypoint: []string{"/app/handler"}, Port: 8080,
 		Env: map[string]string{"PORT": "8080"}, MemoryBytes: 128 << 20, StartupTimeout: 5 * time.Second}
 }
