@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 )
@@ -27,7 +28,9 @@ type RootfsSpec struct {
 // enabled units, and the containerd base runtime spec.
 func BuildRootfs(ctx context.Context, spec RootfsSpec, dir string, log io.Writer) error {
 	tmp := dir + ".partial"
-	_ = os.RemoveAll(tmp)
+	if err := removeTree(tmp); err != nil {
+		return err
+	}
 	args := []string{"--variant=minbase", "--include=" + strings.Join(spec.Packages, ","), spec.Suite, tmp, spec.Mirror}
 	if err := run(ctx, log, "debootstrap", args...); err != nil {
 		return fmt.Errorf("debootstrap %s (needs root and the Debian mirror %s): %w", spec.Suite, spec.Mirror, err)
@@ -62,6 +65,33 @@ func BuildRootfs(ctx context.Context, spec RootfsSpec, dir string, log io.Writer
 		}
 	}
 	return os.Rename(tmp, dir)
+}
+
+// removeTree deletes a (partial) rootfs. An interrupted debootstrap leaves
+// /proc and /sys mounted inside it; those are unmounted first (deepest
+// first) so nothing outside the tree is touched.
+func removeTree(dir string) error {
+	if _, err := os.Stat(dir); err != nil {
+		return nil
+	}
+	info, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var mounts []string
+	for _, line := range strings.Split(string(info), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			mounts = append(mounts, f[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(mounts)))
+	for _, m := range mounts {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil {
+			return fmt.Errorf("unmount %s left by an interrupted debootstrap: %w", m, err)
+		}
+	}
+	return os.RemoveAll(dir)
 }
 
 // copyKindFiles installs kind's base files with the modes its Dockerfile
