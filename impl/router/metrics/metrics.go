@@ -106,3 +106,16 @@ func (o *RevisionObserver) Leaked() { o.leaked.Inc(); o.live.Dec() }
 
 // QueueDepth implements pool.Observer.
 func (o *RevisionObserver) QueueDepth(delta int) { o.queue.Add(float64(delta)) }
+
+// Forget drops a removed Revision's series, so a long-lived router's
+// /metrics does not grow with every Revision it ever served.
+func (m *Metrics) Forget(namespace, revision string) {
+	l := prometheus.Labels{"namespace": namespace, "revision": revision}
+	m.Requests.DeletePartialMatch(l)
+	m.RequestDuration.Delete(l)
+	m.FibersAcquired.Delete(l)
+	m.FibersReleased.Delete(l)
+	m.FibersLeaked.Delete(l)
+	m.FibersLive.Delete(l)
+	m.QueueDepth.Delete(l)
+}

@@ -151,6 +151,7 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 		delete(r.routes, k)
 		r.mu.Unlock()
 		r.retire(rt)
+		r.metrics.Forget(k.Namespace, k.Name)
 		r.metrics.Revisions.Set(float64(r.routeCount()))
 		return
 	}
