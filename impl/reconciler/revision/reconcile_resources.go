@@ -186,6 +186,7 @@ func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revisio
 		return nil
 	}
 	if got.AddressType == want.AddressType && labelsContain(got.Labels, want.Labels) &&
+		// Semantic equality also treats nil and empty endpoint lists alike.
 		equality.Semantic.DeepEqual(got.Endpoints, want.Endpoints) && equality.Semantic.DeepEqual(got.Ports, want.Ports) {
 		p.sliceReady = true
 		return nil

@@ -302,6 +302,22 @@ func TestReconcile(t *testing.T) {
 			update(mirror(tmpl, "10.244.0.21")),
 		},
 	}, {
+		Name:          "endpointslice strategy: fiber-router has no ready endpoints, the mirror is empty and stays put",
+		OtherTestData: sliceStrategy,
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(false))),
+			func() *discoveryv1.EndpointSlice {
+				s := mirror(tmpl)
+				s.Endpoints = []discoveryv1.Endpoint{} // as read back from the API server
+				return s
+			}(),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+	}, {
 		Name:          "strategy switched to endpointslice: Service becomes ClusterIP",
 		OtherTestData: sliceStrategy,
 		Objects: []runtime.Object{
