@@ -81,7 +81,12 @@ func NewController(ctx context.Context, o Options) *Controller {
 	// a time; the work per grant is small.
 	impl := controller.NewContext(ctx, r, controller.ControllerOptions{WorkQueueName: "CapacityGrants", Logger: logger, Concurrency: 1})
 
-	grantInformer.Informer().AddEventHandler(controller.HandleAll(impl.Enqueue))
+	grantInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    impl.Enqueue,
+		UpdateFunc: controller.PassNew(impl.Enqueue),
+		// A deleted grant frees capacity that refused grants may now fit in.
+		DeleteFunc: func(any) { impl.GlobalResync(grantInformer.Informer()) },
+	})
 	owned := cache.FilteringResourceEventHandler{
 		FilterFunc: controller.FilterControllerGVK(v1alpha1.SchemeGroupVersion.WithKind("CapacityGrant")),
 		Handler:    controller.HandleAll(impl.EnqueueControllerOf),

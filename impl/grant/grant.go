@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync"
 	"time"
 
@@ -162,15 +163,40 @@ func validate(g *v1alpha1.CapacityGrant, cfg *config.Config) string {
 	return ""
 }
 
-// admit decides admission. An admitted grant stays admitted (its Home keeps
-// running) even if the configuration later shrinks: capacity is checked for
-// new grants only.
+// ReservedMemoryAnnotation records, in status.annotations, the memory an
+// admitted grant holds. Capacity is counted from it rather than from specs,
+// so a configuration change (default-max-fibers) or a spec change cannot
+// silently move other grants' reservations.
+const ReservedMemoryAnnotation = "fiberd.io/reserved-memory-bytes"
+
+func reservedOf(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
+	if v, ok := g.Status.Annotations[ReservedMemoryAnnotation]; ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			return n
+		}
+	}
+	return resources.ReservedMemory(g, cfg)
+}
+
+func setReserved(g *v1alpha1.CapacityGrant, n int64) {
+	if g.Status.Annotations == nil {
+		g.Status.Annotations = map[string]string{}
+	}
+	g.Status.Annotations[ReservedMemoryAnnotation] = strconv.FormatInt(n, 10)
+}
+
+// admit decides admission. An admitted grant keeps its reservation even if
+// the configuration later shrinks; only a grant that asks for more than it
+// holds is checked again, like a new one.
 func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 	key := g.Namespace + "/" + g.Name
 	r.admitMu.Lock()
 	defer r.admitMu.Unlock()
-	if g.Status.IsAdmitted() {
+	want := resources.ReservedMemory(g, cfg)
+	wasAdmitted := g.Status.IsAdmitted()
+	if wasAdmitted && want <= reservedOf(g, cfg) {
 		delete(r.pending, key)
+		setReserved(g, want)
 		return true
 	}
 	if g.Spec.MemoryPerFiber.Cmp(cfg.MaxMemoryPerFiber) > 0 {
@@ -198,22 +224,26 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 			continue
 		}
 		seen[k] = true
-		used += resources.ReservedMemory(o, cfg)
+		used += reservedOf(o, cfg)
 	}
 	for k, v := range r.pending {
 		if !seen[k] && k != key {
 			used += v
 		}
 	}
-	want := resources.ReservedMemory(g, cfg)
 	capacity := cfg.FiberMemoryCapacity.Value()
 	if used+want > capacity {
+		// A grant that grew beyond what is free loses its admission: its
+		// signed grant is no longer renewed, so its Home stops serving at
+		// expiry rather than run more than was admitted.
 		g.Status.MarkNotAdmitted(v1alpha1.ReasonInsufficientMemory,
 			"needs %s (memoryPerFiber %s × maxFibers %d) but only %s of the installation's %s fiber memory is free; lower max-scale or the memory request, delete unused Revisions, or raise %s in ConfigMap %s",
 			bytesQ(want), g.Spec.MemoryPerFiber.String(), resources.EffectiveMaxFibers(g, cfg), bytesQ(max(capacity-used, 0)), cfg.FiberMemoryCapacity.String(), config.KeyFiberMemoryCapacity, config.ConfigMapName)
+		delete(r.pending, key)
 		return false
 	}
 	r.pending[key] = want
+	setReserved(g, want)
 	g.Status.MarkAdmitted(fmt.Sprintf("Reserved %s of %s fiber memory.", bytesQ(want), cfg.FiberMemoryCapacity.String()))
 	return true
 }

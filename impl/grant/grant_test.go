@@ -266,6 +266,36 @@ func TestReconcile(t *testing.T) {
 		},
 		wantRequeue: 5 * time.Minute,
 	}, {
+		name: "an admitted grant that grows beyond the free capacity loses its admission",
+		objs: func() []runtime.Object {
+			g := grant("hello-00001", withMemory("128Mi", 2), admitted) // holds 256Mi
+			setReserved(g, 256<<20)
+			g.Spec.MaxFibers = 4 // now asks 512Mi; 1Gi - 768Mi (big) = 256Mi free
+			return []runtime.Object{big, g}
+		}(),
+		key: "default/hello-00001",
+		wantConds: map[apis.ConditionType]cond{
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, v1alpha1.ReasonInsufficientMemory},
+		},
+		wantMsg: []string{"needs 512Mi", "only 256Mi"},
+	}, {
+		name: "an admitted grant keeps its reservation when the configuration shrinks",
+		objs: func() []runtime.Object {
+			g := grant("hello-00001", withMemory("128Mi", 0), admitted) // default max was 4 when admitted
+			setReserved(g, 512<<20)
+			return []runtime.Object{big, g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, ready)}
+		}(),
+		key: "default/hello-00001",
+		wantConds: map[apis.ConditionType]cond{
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
+		},
+		wantRequeue: 5 * time.Minute,
+		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
+			if got := g.Status.Annotations[ReservedMemoryAnnotation]; got != "268435456" {
+				t.Errorf("reservation %s, want the smaller current 256Mi", got)
+			}
+		},
+	}, {
 		name: "memory per fiber above the cap",
 		objs: []runtime.Object{grant("hello-00001", withMemory("1Gi", 1))},
 		key:  "default/hello-00001",
