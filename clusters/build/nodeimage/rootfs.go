@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // RootfsSpec says how to make the node's Debian root filesystem.
@@ -32,8 +33,24 @@ func BuildRootfs(ctx context.Context, spec RootfsSpec, dir string, log io.Writer
 		return err
 	}
 	args := []string{"--variant=minbase", "--include=" + strings.Join(spec.Packages, ","), spec.Suite, tmp, spec.Mirror}
-	if err := run(ctx, log, "debootstrap", args...); err != nil {
-		return fmt.Errorf("debootstrap %s (needs root and the Debian mirror %s): %w", spec.Suite, spec.Mirror, err)
+	// Mirrors fail transiently ("Couldn't download ... Packages" was seen
+	// here); retry a few times from a clean tree before giving up.
+	var err error
+	for attempt := 1; attempt <= 3; attempt++ {
+		if err = run(ctx, log, "debootstrap", args...); err == nil || ctx.Err() != nil {
+			break
+		}
+		fmt.Fprintf(log, "debootstrap attempt %d failed: %v; retrying\n", attempt, err)
+		if rerr := removeTree(tmp); rerr != nil {
+			return rerr
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Duration(attempt) * 5 * time.Second):
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("debootstrap %s (needs root and the Debian mirror %s; set LAMPYR_DEBIAN_MIRROR for another): %w", spec.Suite, spec.Mirror, err)
 	}
 	if err := copyKindFiles(spec.KindFiles, tmp); err != nil {
 		return fmt.Errorf("copy kind base files: %w", err)
