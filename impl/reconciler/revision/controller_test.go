@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	filteredfactory "knative.dev/pkg/client/injection/kube/informers/factory/filtered"
 	"knative.dev/pkg/configmap"
 	rtesting "knative.dev/pkg/reconciler/testing"
@@ -37,5 +38,15 @@ func TestNewController(t *testing.T) {
 	)
 	if impl := NewController(ctx, cmw); impl == nil {
 		t.Fatal("NewController returned nil")
+	}
+}
+
+// The filtered informers' selectors must parse on the API server side; the
+// fake informers never check them.
+func TestFilteredInformerSelectorsParse(t *testing.T) {
+	for _, sel := range FilteredInformerSelectors() {
+		if _, err := labels.Parse(sel); err != nil {
+			t.Errorf("selector %q: %v", sel, err)
+		}
 	}
 }

@@ -14,7 +14,7 @@ import (
 // EndpointSliceManagedBy is the endpointslice.kubernetes.io/managed-by value
 // of mirrored slices. Any value other than kube's own controllers' keeps the
 // EndpointSlice and mirroring controllers from touching them.
-const EndpointSliceManagedBy = "lampyr.dev/revision-controller"
+const EndpointSliceManagedBy = "revision-controller.lampyr.dev"
 
 // EndpointSliceName names a Revision's mirrored slice: the Revision's name,
 // like its Service, so the finalizer and people can find it without a list.

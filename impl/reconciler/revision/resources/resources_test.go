@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"knative.dev/pkg/ptr"
 	"knative.dev/serving/pkg/apis/serving"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -169,5 +170,27 @@ func TestMakeRouterMetadataRoundTrips(t *testing.T) {
 	}
 	if len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].Name != "hello-00002" {
 		t.Errorf("owner references %+v", cm.OwnerReferences)
+	}
+}
+
+// Every label we write must be one the API server accepts (the fake
+// clients used by the table tests do not check).
+func TestLabelsAreValid(t *testing.T) {
+	rev, tmpl := testRev(), testTemplate(routermeta.ProtocolHTTP1)
+	cfg := config.DefaultLampyr()
+	for name, l := range map[string]map[string]string{
+		"grant":         MakeCapacityGrant(rev, tmpl, cfg).Labels,
+		"service":       MakeService(rev, tmpl, cfg).Labels,
+		"endpointslice": MakeEndpointSlice(rev, tmpl, nil).Labels,
+		"metadata":      MakeRouterMetadata(rev, tmpl, "", false).Labels,
+	} {
+		for k, v := range l {
+			if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+				t.Errorf("%s: label key %q: %v", name, k, errs)
+			}
+			if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+				t.Errorf("%s: label %s value %q: %v", name, k, v, errs)
+			}
+		}
 	}
 }
