@@ -7,7 +7,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"lampyr.dev/serving/impl/routermeta"
 )
@@ -94,6 +96,15 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 	forged := routermeta.MakeConfigMap(meta("victim", "v-00001"))
 	forged.Namespace = "attacker"
 	kube := fake.NewClientset(a, unlabelled, forged)
+	// The fake API server drops events between the informer's list and its
+	// watch (it has no resourceVersion history), so mutate only once the
+	// watch is established.
+	watching := make(chan struct{})
+	var once sync.Once
+	kube.PrependWatchReactor("configmaps", func(action k8stesting.Action) (bool, watch.Interface, error) {
+		once.Do(func() { close(watching) })
+		return false, nil, nil
+	})
 
 	var errs sync.Map
 	src := NewConfigMapSource(kube, 0)
@@ -104,6 +115,11 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- src.Run(ctx, tbl) }()
 	waitUntil(t, "initial sync", src.HasSynced)
+	select {
+	case <-watching:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the informer never started watching")
+	}
 
 	if _, ok := tbl.Lookup(Key{"demo", "a-00001"}); !ok {
 		t.Fatal("labelled metadata missing after sync")
