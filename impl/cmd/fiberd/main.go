@@ -77,19 +77,17 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 		return err
 	}
 	if cgroupParent == "" {
-		own, err := ownCgroup("memory")
+		own, err := ownCgroupDir("memory")
 		if err != nil {
 			return err
 		}
-		cgroupParent = filepath.Join("/sys/fs/cgroup/memory", own, "fibers")
+		cgroupParent = filepath.Join(own, "fibers")
 	}
 	// The pids limit is best effort: hosts without the v1 pids controller
 	// still get memory-limited fibers.
 	pidsParent := ""
-	if own, err := ownCgroup("pids"); err == nil {
-		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids", own, "cgroup.procs")); err == nil {
-			pidsParent = filepath.Join("/sys/fs/cgroup/pids", own, "fibers")
-		}
+	if own, err := ownCgroupDir("pids"); err == nil {
+		pidsParent = filepath.Join(own, "fibers")
 	}
 	be, err := process.New(process.Config{
 		HelperPath:   helper,
@@ -126,6 +124,25 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 	srv.Close()
 	be.Close()
 	return err
+}
+
+// ownCgroupDir finds this process's directory in a cgroup v1 controller's
+// mount. Inside a container the mount may be the container's own cgroup
+// (its path in /proc/self/cgroup then does not exist below the mount), in
+// which case the mount itself is ours.
+func ownCgroupDir(controller string) (string, error) {
+	root := filepath.Join("/sys/fs/cgroup", controller)
+	if _, err := os.Stat(filepath.Join(root, "cgroup.procs")); err != nil {
+		return "", fmt.Errorf("no cgroup v1 %s controller at %s; pass --cgroup-parent", controller, root)
+	}
+	own, err := ownCgroup(controller)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(filepath.Join(root, own, "cgroup.procs")); err == nil {
+		return filepath.Join(root, own), nil
+	}
+	return root, nil
 }
 
 // ownCgroup finds this process's path in a cgroup v1 controller's hierarchy.

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,5 +80,23 @@ func TestFiberdFromFiles(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("fiberd did not stop")
+	}
+}
+
+func TestOwnCgroupDir(t *testing.T) {
+	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err != nil {
+		t.Skip("no cgroup v1 memory controller")
+	}
+	d, err := ownCgroupDir("memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Our own PID is listed in the directory we would put fibers under.
+	if !strings.Contains("\n"+string(b), "\n"+strconv.Itoa(os.Getpid())+"\n") {
+		t.Fatalf("%s does not list this process (pid %d)", d, os.Getpid())
 	}
 }
