@@ -76,6 +76,9 @@ type GrantInfo struct {
 	IssuedAt         time.Time `json:"issuedAt"`
 	ExpiresAt        time.Time `json:"expiresAt"`
 	TemplateLoaded   bool      `json:"templateLoaded"`
+	// LoadError says why the template or snapshot was refused (reason:
+	// message, e.g. "TemplateUnsealable: ..."), empty when loaded.
+	LoadError string `json:"loadError,omitempty"`
 }
 
 // Error is the JSON body of every non-2xx answer of the API.

@@ -64,6 +64,9 @@ func TestFiberdRefusesBadTemplates(t *testing.T) {
 			if err := inst.Client.Ready(ctx); err == nil {
 				t.Fatal("fiberd reports ready with a refused template")
 			}
+			if g, err := inst.Client.Grant(ctx); err != nil || g.TemplateLoaded || !strings.Contains(g.LoadError, tc.reason) {
+				t.Fatalf("GET /v1/grant: %+v %v; want loadError with %s", g, err, tc.reason)
+			}
 		})
 	}
 }

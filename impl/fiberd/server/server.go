@@ -555,8 +555,12 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
-	g, gerr, l := s.grant, s.grantErr, s.loaded
+	g, gerr, l, lerr := s.grant, s.grantErr, s.loaded, s.loadErr
 	s.mu.Unlock()
+	loadErr := ""
+	if lerr != nil {
+		loadErr = lerr.Error()
+	}
 	if g == nil {
 		msg := "no grant"
 		if gerr != nil {
@@ -569,7 +573,7 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 		GrantID: g.GrantID, Namespace: g.Namespace, Revision: g.Revision,
 		SnapshotArtifact: g.SnapshotArtifact, Template: g.Template,
 		MaxFibers: g.MaxFibers, MemoryPerFiber: g.MemoryPerFiberBytes, Mode: g.Execution.Mode,
-		IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, TemplateLoaded: l != nil,
+		IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, TemplateLoaded: l != nil, LoadError: loadErr,
 	})
 }
 
