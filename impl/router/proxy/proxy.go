@@ -93,8 +93,8 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 		routes:   map[revision.Key]*route{},
 		hardStop: ctx, stopAll: cancel,
 	}
-	r.http1 = r.newReverseProxy(newHTTP1Transport())
-	r.h2c = r.newReverseProxy(newH2CTransport())
+	r.http1 = r.newReverseProxy(busyRetry{newHTTP1Transport()})
+	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()})
 	return r
 }
 
