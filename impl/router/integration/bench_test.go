@@ -170,10 +170,10 @@ func doDiscard(hc *http.Client, req *http.Request) error {
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
+	b, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("status %d", resp.StatusCode)
+		return fmt.Errorf("status %d: %.200s", resp.StatusCode, b)
 	}
 	return err
 }

@@ -3,9 +3,11 @@ package integration
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -213,4 +215,40 @@ func TestReuseReleasesIdleFibers(t *testing.T) {
 	}
 	waitFor(t, "the idle fiber to be released", 30*time.Second, func() bool { return e.counter("released") == 1 })
 	e.assertNoLeasedFibers()
+}
+
+// Back-to-back requests in reuse mode hand a fiber to the next request the
+// moment the previous response is complete, which can be before fiberd has
+// marked it free (fiberd then says 409 FiberBusy). Every request must still
+// get the handler's answer.
+func TestReuseBackToBackRequestsAllSucceed(t *testing.T) {
+	e := startEnv(t, envOptions{fiberd: fiberdOpts("reuse")})
+	errs := make(chan string, 400)
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 100; i++ {
+				resp, err := e.http.Do(e.request(context.Background(), http.MethodGet, "/", nil))
+				if err != nil {
+					errs <- err.Error()
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					errs <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if a := e.counter("acquired"); a > 4 {
+		t.Fatalf("%v fibers acquired for 4 sequential streams of requests in reuse mode", a)
+	}
 }
