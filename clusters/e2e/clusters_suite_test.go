@@ -126,7 +126,10 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 
 	It("leaves no container behind when creation is interrupted", func(ctx SpecContext) {
 		bin := filepath.Join(e2eutil.RepoRoot(), "build", "lampyr-clusters")
-		Expect(exec.CommandContext(ctx, "go", "build", "-o", bin, "./clusters/cmd/lampyr-clusters").Run()).To(Succeed())
+		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./clusters/cmd/lampyr-clusters")
+		build.Dir = e2eutil.RepoRoot()
+		out, err := build.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "go build lampyr-clusters: %s", out)
 		name := "e2e-interrupt"
 		cmd := exec.CommandContext(ctx, bin, "up", name)
 		cmd.Dir = e2eutil.RepoRoot()

@@ -151,7 +151,7 @@ func FromBinary(binaryPath, binaryName string, o Options) (v1.Image, error) {
 	if o.Root {
 		user = "0"
 	}
-	env := append([]string{"PATH=/usr/local/bin:/usr/bin:/bin:/ko-app", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"}, o.Env...)
+	env := append([]string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/ko-app", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"}, o.Env...)
 	return Assemble(append([]v1.Layer{base, binLayer}, o.ExtraLayers...), v1.Config{
 		Entrypoint: entry,
 		Cmd:        o.Args,

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -60,9 +61,13 @@ func TestFromBinaryConfig(t *testing.T) {
 	if cf.OS != "linux" || cf.Architecture != "amd64" || !cf.Created.Time.Equal(epoch) {
 		t.Errorf("platform/created = %s/%s %v", cf.OS, cf.Architecture, cf.Created)
 	}
-	found := false
+	found, sbin := false, false
 	for _, e := range cf.Config.Env {
 		found = found || e == "A=b"
+		sbin = sbin || (strings.HasPrefix(e, "PATH=") && strings.Contains(e, ":/usr/sbin:"))
+	}
+	if !sbin {
+		t.Errorf("PATH must include /usr/sbin (kube-proxy finds iptables there): %v", cf.Config.Env)
 	}
 	if !found {
 		t.Errorf("env %v lacks A=b", cf.Config.Env)
