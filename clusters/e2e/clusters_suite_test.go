@@ -142,7 +142,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		go func() { done <- cmd.Wait() }()
 		Eventually(done).WithTimeout(3 * time.Minute).Should(Receive())
 		Expect(containers(name)).To(BeEmpty(), "interrupted creation left containers behind")
-		_, err := os.Stat(env.Manager().KubeconfigPath(name))
+		_, err = os.Stat(env.Manager().KubeconfigPath(name))
 		Expect(os.IsNotExist(err)).To(BeTrue(), "interrupted creation left a kubeconfig behind")
 	})
 })
