@@ -39,17 +39,23 @@ func (r *Registry) Ensure(ctx context.Context, log *progress.Log) error {
 	state, err := docker(ctx, "inspect", "-f", "{{.State.Running}} {{.Config.Image}}", r.Container)
 	if err == nil {
 		running, img, _ := strings.Cut(state, " ")
-		if img != r.Image {
-			return fmt.Errorf("container %s runs image %s, not %s: remove it with `docker rm -f %s`", r.Container, img, r.Image, r.Container)
+		if img == r.Image {
+			if running == "true" {
+				return nil
+			}
+			_, err = docker(ctx, "start", r.Container)
+			return err
 		}
-		if running == "true" {
-			return nil
+		// A new registry build: replace the container; the images it
+		// holds live in a volume and survive.
+		log.Printf(" • replacing registry %s (image %s -> %s); stored images are kept", r.Container, img, r.Image)
+		if _, err := docker(ctx, "rm", "-f", r.Container); err != nil {
+			return err
 		}
-		_, err = docker(ctx, "start", r.Container)
-		return err
 	}
 	return log.Step(fmt.Sprintf("Starting registry %s on 127.0.0.1:%d", r.Container, r.HostPort), func() error {
 		if _, err := docker(ctx, "run", "-d", "--restart=always", "--name", r.Container,
+			"-v", r.Container+"-data:/var/lib/registry",
 			"-p", fmt.Sprintf("127.0.0.1:%d:5000", r.HostPort), r.Image); err != nil {
 			return err
 		}
