@@ -43,12 +43,12 @@ test-unit:
 # Cluster suites on real Kind clusters.
 test-clusters: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json
 
 # Stock Knative Serving on the offline "stock" cluster: helloworld, scale to zero, split, tags.
 test-stock: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json
 
 # Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
 test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
