@@ -152,6 +152,12 @@ func validator(t *testing.T) func(obj map[string]any) []string {
 	if err != nil {
 		t.Fatalf("schema is not structural: %v", err)
 	}
+	// The API server refuses a CRD whose schema breaks the structural
+	// rules (e.g. types inside an int-or-string anyOf); NewStructural alone
+	// does not check them.
+	if errs := structuralschema.ValidateStructural(field.NewPath("schema"), structural); len(errs) > 0 {
+		t.Fatalf("the API server would refuse this CRD: %v", errs.ToAggregate())
+	}
 	celv := cel.NewValidator(structural, true, celconfig.PerCallLimit)
 	if celv == nil {
 		t.Fatal("no CEL validator: the schema has x-kubernetes-validations, so one is expected")
