@@ -3,7 +3,6 @@ package install
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -70,7 +69,7 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*
 		}
 		return in, setHomeImages(in)
 	}
-	objs, err := readManifests(filepath.Join(root, ImplConfigDir))
+	objs, err := manifest.ReadDir(filepath.Join(root, ImplConfigDir))
 	if err != nil {
 		return nil, err
 	}
@@ -199,36 +198,6 @@ func fromInputsDir(dir string) (*LampyrInputs, error) {
 		return nil, err
 	}
 	return in, setHomeImages(in)
-}
-
-func readManifests(dir string) ([]*unstructured.Unstructured, error) {
-	var files []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") {
-			files = append(files, p)
-		}
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	sort.Strings(files)
-	var out []*unstructured.Unstructured
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		objs, err := manifest.Parse(raw)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
-		}
-		out = append(out, objs...)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("no manifests under %s", dir)
-	}
-	return out, nil
 }
 
 func koRefs(objs []*unstructured.Unstructured) []string {

@@ -3,9 +3,7 @@ package networking
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -67,22 +65,9 @@ func (Kourier) Manifests(images map[string]string, gw Gateway) ([]*unstructured.
 	if err != nil {
 		return nil, err
 	}
-	files, err := filepath.Glob(filepath.Join(mod.Dir, "config", "*.yaml"))
+	out, err := manifest.ReadDir(filepath.Join(mod.Dir, "config"))
 	if err != nil {
 		return nil, err
-	}
-	sort.Strings(files)
-	var out []*unstructured.Unstructured
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		objs, err := manifest.Parse(raw)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", f, err)
-		}
-		out = append(out, objs...)
 	}
 	var unresolved []string
 	for _, o := range out {
