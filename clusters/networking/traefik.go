@@ -46,8 +46,16 @@ func (Traefik) Gateway(nodePort int) Gateway {
 
 // Publish builds Traefik from its pinned module (CGO off, unmodified).
 func (Traefik) Publish(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
+	dl, err := gobuild.Download(ctx, traefikModule, traefikVersion)
+	if err != nil {
+		return nil, err
+	}
+	gomod, err := os.ReadFile(dl.GoMod)
+	if err != nil {
+		return nil, err
+	}
 	refs, err := p.Publish(ctx, gobuild.Spec{
-		Name: "traefik", Module: traefikModule, Version: traefikVersion,
+		Name: "traefik", Module: traefikModule, Version: traefikVersion, Inherit: gomod,
 		Packages: []string{traefikPackage},
 		LDFlags:  "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=" + traefikVersion,
 	}, []publish.Image{{Package: traefikPackage, Repo: "traefik/traefik"}})

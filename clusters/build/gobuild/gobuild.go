@@ -43,6 +43,10 @@ type Spec struct {
 	// Require adds requirements (module path -> version) to the scratch
 	// module, for builds whose dependencies must be raised or lowered.
 	Require map[string]string
+	// Inherit copies the pinned module's own replace (to published
+	// versions) and exclude directives, which Go ignores in dependencies;
+	// modules such as Traefik only build with them.
+	Inherit []byte
 	// LDFlags and Tags are passed to go build.
 	LDFlags string
 	Tags    []string
@@ -103,6 +107,25 @@ func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
 	for _, m := range sortedKeys(s.Replace) {
 		if err := f.AddReplace(m, "", m, s.Replace[m]); err != nil {
 			return nil, err
+		}
+	}
+	if len(s.Inherit) > 0 {
+		pinned, err := modfile.Parse("go.mod", s.Inherit, nil)
+		if err != nil {
+			return nil, fmt.Errorf("parse %s's go.mod: %w", s.Module, err)
+		}
+		for _, r := range pinned.Replace {
+			if r.New.Version == "" {
+				continue // a directory replacement only exists in the module's own tree
+			}
+			if err := f.AddReplace(r.Old.Path, r.Old.Version, r.New.Path, r.New.Version); err != nil {
+				return nil, err
+			}
+		}
+		for _, x := range pinned.Exclude {
+			if err := f.AddExclude(x.Mod.Path, x.Mod.Version); err != nil {
+				return nil, err
+			}
 		}
 	}
 	f.Cleanup()

@@ -113,3 +113,32 @@ func TestBinaryName(t *testing.T) {
 		}
 	}
 }
+
+func TestScratchGoModInherits(t *testing.T) {
+	pinned := []byte(`module github.com/traefik/traefik/v3
+
+go 1.24
+
+replace (
+	github.com/abbot/go-http-auth => github.com/containous/go-http-auth v0.4.1-0.20200324110947-a37a7636d23e
+	example.com/local => ./local
+)
+
+exclude github.com/tencentcloud/tencentcloud-sdk-go v3.0.83+incompatible
+`)
+	got, err := ScratchGoMod(Spec{Name: "traefik", Module: "github.com/traefik/traefik/v3", Version: "v3.6.12", Inherit: pinned}, "go1.26.8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"github.com/abbot/go-http-auth => github.com/containous/go-http-auth v0.4.1-0.20200324110947-a37a7636d23e",
+		"exclude github.com/tencentcloud/tencentcloud-sdk-go v3.0.83+incompatible",
+	} {
+		if !strings.Contains(string(got), want) {
+			t.Errorf("go.mod lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(string(got), "example.com/local") {
+		t.Errorf("directory replacements must not be inherited:\n%s", got)
+	}
+}
