@@ -41,7 +41,9 @@ func (b *Builder) nodeImage(ctx context.Context, in nodeImageInputs) (string, er
 		if err != nil {
 			return "", err
 		}
-		bins = append(bins, fmt.Sprintf("%s=%s:%d:%d", p, f, st.Size(), st.ModTime().UnixNano()))
+		// The file's path holds its build's cache key; a rebuild of the
+		// same key is reproducible, so mtime must not change the node image.
+		bins = append(bins, fmt.Sprintf("%s=%s:%d", p, f, st.Size()))
 	}
 	sort.Strings(bins)
 	sort.Strings(keyParts[2:])

@@ -46,7 +46,7 @@ type Spec struct {
 	// Inherit copies the pinned module's own replace (to published
 	// versions) and exclude directives, which Go ignores in dependencies;
 	// modules such as Traefik only build with them.
-	Inherit []byte
+	Inherit []byte `json:",omitempty"`
 	// LDFlags and Tags are passed to go build.
 	LDFlags string
 	Tags    []string
