@@ -15,6 +15,7 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -145,7 +146,7 @@ func (a *Applier) waitEstablished(ctx context.Context, name string) error {
 			return false, nil
 		}
 		var crd apiextensionsv1.CustomResourceDefinition
-		if err := runtimeFromUnstructured(u, &crd); err != nil {
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &crd); err != nil {
 			return false, err
 		}
 		for _, c := range crd.Status.Conditions {
