@@ -95,7 +95,25 @@ var _ = AfterSuite(func() {
 })
 
 var _ = Describe("offline paired clusters", Label("cluster"), func() {
-	It("has every node Ready in both clusters", func(ctx SpecContext) {
+	It("has every node Ready and every kube-system pod (CoreDNS, kube-proxy, control plane) Ready in both clusters", func(ctx SpecContext) {
+		for _, n := range names {
+			Eventually(func() ([]string, error) {
+				pods, err := clients[n].Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
+				if err != nil {
+					return nil, err
+				}
+				var notReady []string
+				for _, p := range pods.Items {
+					if !podReady(p) {
+						notReady = append(notReady, p.Name)
+					}
+				}
+				if len(pods.Items) == 0 {
+					notReady = append(notReady, "(no pods yet)")
+				}
+				return notReady, nil
+			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(2*time.Second).Should(BeEmpty(), "cluster %s: kube-system pods not Ready", n)
+		}
 		for _, n := range names {
 			nodes, err := clients[n].Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 			Expect(err).NotTo(HaveOccurred())
@@ -150,6 +168,15 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 func containers(cluster string) string {
 	out, _ := exec.Command("docker", "ps", "-aq", "--filter", "label=io.x-k8s.kind.cluster="+cluster).Output()
 	return strings.TrimSpace(string(out))
+}
+
+func podReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 func nodeReady(n corev1.Node) bool {

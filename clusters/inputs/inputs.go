@@ -244,7 +244,11 @@ func (b *Builder) controlPlaneImage(ctx context.Context, component, rootDir stri
 		}
 		return image.FromBinary(path, component, image.Options{Root: true, BinaryPath: "/usr/local/bin/kube-proxy", Entrypoint: []string{}, ExtraLayers: []v1.Layer{tools}})
 	case "coredns":
-		return image.FromBinary(path, component, image.Options{BinaryPath: "/coredns"})
+		// Upstream's image runs as nonroot with a file capability
+		// (setcap cap_net_bind_service) to bind :53; kubeadm's Deployment
+		// drops all capabilities but NET_BIND_SERVICE, which a root process
+		// keeps, so root gives the same result without file capabilities.
+		return image.FromBinary(path, component, image.Options{BinaryPath: "/coredns", Root: true})
 	case "pause":
 		return image.FromBinary(path, component, image.Options{BinaryPath: "/pause", Root: false})
 	}
