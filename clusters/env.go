@@ -47,6 +47,11 @@ func GatewayPortFor(name string) kindcluster.PortMapping {
 	return kindcluster.PortMapping{NodePort: DefaultNodePort}
 }
 
+// Domain is config-domain's domain on both profiles (identical, so the
+// defaulted Services compare equal). Knative 1.23 without a configured
+// domain makes every Route cluster-local (svc.cluster.local).
+const Domain = "example.com"
+
 // RegistryContainer is the local registry's container name.
 const RegistryContainer = "lampyr-registry"
 
@@ -156,7 +161,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 	switch profile {
 	case "stock":
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain})
 		})
 	case "lampyr":
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
@@ -167,7 +172,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetBackendStrategy(comps.Objects, BackendStrategyFor(provider)); err != nil {
 				return err
 			}
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Extra: comps.Objects})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects})
 		})
 	}
 	return fmt.Errorf("unknown profile %q: want stock or lampyr", profile)
