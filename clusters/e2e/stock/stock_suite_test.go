@@ -37,6 +37,8 @@ func TestStock(t *testing.T) {
 }
 
 const (
+	// helloBody is what knative.dev/serving/test/test_images/helloworld answers.
+	helloBody   = "Hello World! How about some tasty noodles?\n"
 	clusterName = "stock"
 	ns          = "demo"
 	helloPkg    = "knative.dev/serving/test/test_images/helloworld"
@@ -47,7 +49,8 @@ var (
 	info    kindcluster.Info
 	c       *e2eutil.Clients
 	gateway string
-	hello   string // digest-pinned helloworld image
+	hello   string // digest-pinned helloworld image (Knative's test image)
+	fixture string // digest-pinned fixtures/cmd/handler image (answers "Hello $TARGET!")
 	enabled = os.Getenv("LAMPYR_E2E") == "1"
 )
 
@@ -67,6 +70,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		[]publish.Image{{Package: helloPkg, Repo: "knative-serving/test/helloworld"}})
 	Expect(err).NotTo(HaveOccurred())
 	hello = refs[helloPkg]
+	fixture, err = e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", info.Registry, "fixtures/handler", "stock")
+	Expect(err).NotTo(HaveOccurred())
 	_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	if err != nil && !strings.Contains(err.Error(), "already exists") {
 		Expect(err).NotTo(HaveOccurred())
@@ -80,13 +85,13 @@ var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 	}
 })
 
-func ksvc(name string, annotations map[string]string) *unstructured.Unstructured {
+func ksvc(name, image string, annotations map[string]string) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "serving.knative.dev/v1", "kind": "Service",
 		"metadata": map[string]any{"name": name, "namespace": ns},
 		"spec": map[string]any{"template": map[string]any{
 			"metadata": map[string]any{"annotations": toAny(annotations)},
-			"spec":     map[string]any{"containers": []any{map[string]any{"image": hello}}},
+			"spec":     map[string]any{"containers": []any{map[string]any{"image": image}}},
 		}},
 	}}
 }
@@ -114,7 +119,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		Expect(hello).To(ContainSubstring("@sha256:"))
 		// A short stable window so the scale-to-zero check below takes
 		// under a minute; the grace period is upstream's default.
-		applyKsvc(ctx, ksvc("hello", map[string]string{"autoscaling.knative.dev/window": "6s"}))
+		applyKsvc(ctx, ksvc("hello", hello, map[string]string{"autoscaling.knative.dev/window": "6s"}))
 		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "hello", 3*time.Minute)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(func() (string, error) {
@@ -123,7 +128,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 				err = fmt.Errorf("status %d: %s", code, body)
 			}
 			return body, err
-		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal("Hello World!\n"))
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal(helloBody))
 	})
 
 	It("scales to zero and serves the next request from zero", func(ctx SpecContext) {
@@ -140,14 +145,14 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		cold := time.Since(start)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(code).To(Equal(200), body)
-		Expect(body).To(Equal("Hello World!\n"))
+		Expect(body).To(Equal(helloBody))
 		AddReportEntry("cold request latency (stock, scale from zero)", cold.String())
 		fmt.Fprintf(GinkgoWriter, "cold request latency: %s\n", cold)
 	})
 
 	It("splits traffic 50/50 between two Revisions and routes a tag to its Revision", func(ctx SpecContext) {
 		split := func(target string) *unstructured.Unstructured {
-			u := ksvc("split", nil)
+			u := ksvc("split", fixture, nil)
 			tmpl := u.Object["spec"].(map[string]any)["template"].(map[string]any)
 			tmpl["metadata"].(map[string]any)["name"] = "split-" + target
 			tmpl["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["env"] = []any{map[string]any{"name": "TARGET", "value": target}}
