@@ -16,7 +16,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -70,17 +69,17 @@ func main() {
 	}
 }
 
+// networkingVersion is the knative.dev/networking version this repository
+// pins (the one knative.dev/serving v0.50.0 requires): the suite and its
+// test images must come from the same version.
 func networkingVersion() (string, error) {
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "", fmt.Errorf("no build info")
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "knative.dev/networking")
+	cmd.Dir = e2eutil.RepoRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m knative.dev/networking: %w", err)
 	}
-	for _, d := range bi.Deps {
-		if d.Path == "knative.dev/networking" {
-			return d.Version, nil
-		}
-	}
-	return "", fmt.Errorf("knative.dev/networking is not a dependency of this build")
+	return strings.TrimSpace(string(out)), nil
 }
 
 func run(ctx context.Context) error {
