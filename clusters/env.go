@@ -172,6 +172,13 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetBackendStrategy(comps.Objects, BackendStrategyFor(provider)); err != nil {
 				return err
 			}
+			// References name the registry as the host reaches it
+			// (localhost:5002); inside the cluster fiberd reaches the
+			// registry container on the kind network.
+			mirror := fmt.Sprintf("localhost:%d=%s:5000", kindcluster.DefaultRegistryPort, RegistryContainer)
+			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
+				return err
+			}
 			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects})
 		})
 	}

@@ -167,9 +167,14 @@ func setHomeImages(in *LampyrInputs) error {
 // SetBackendStrategy sets config-lampyr's backend-strategy (the feasibility
 // gate's result for the networking provider).
 func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) error {
+	return SetConfig(objs, "backend-strategy", strategy)
+}
+
+// SetConfig sets one key of config-lampyr.
+func SetConfig(objs []*unstructured.Unstructured, key, value string) error {
 	for _, o := range objs {
 		if o.GetKind() == "ConfigMap" && o.GetName() == "config-lampyr" {
-			return unstructured.SetNestedField(o.Object, strategy, "data", "backend-strategy")
+			return unstructured.SetNestedField(o.Object, value, "data", key)
 		}
 	}
 	return fmt.Errorf("Lampyr manifests have no config-lampyr ConfigMap")

@@ -1,0 +1,328 @@
+// Command ly is the Lampyr CLI (seed 002; docs/ly.md):
+//
+//	ly build [dir]                                  build the snapshot artifact into dir/.lampyr/artifact
+//	ly push --image REGISTRY/REPO:TAG [dir]         publish it unless the registry has it
+//	ly deploy --image REGISTRY/REPO:TAG [dir]       push, seal the template, apply the Service, wait
+//	ly status [NAME]                                Services, Revisions, grants
+//	ly scale NAME --max N                           set max-scale (the one scale knob)
+//	ly logs NAME                                    Home (fiberd) logs of the Service's Revisions
+//	ly audit                                        what is deployed, and what is inconsistent
+//	ly event NAME                                   recent events of a Service and its children
+//	ly delete NAME                                  delete a Service
+//	ly cluster describe                             fleet key, template repository, registry
+//	ly scaffold service NAME [--upgrade] [dir]      a new service (or a new adapter)
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"golang.org/x/term"
+
+	"lampyr.dev/serving/impl/ly"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "ly:", err)
+		var ue usageError
+		if errors.As(err, &ue) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+const usage = `usage: ly COMMAND [flags]
+  build [dir]                              build the snapshot artifact
+  push --image REGISTRY/REPO:TAG [dir]     publish the artifact if the registry lacks it
+  deploy --image REGISTRY/REPO:TAG [dir]   push, seal, apply the Service and wait (4m)
+  status [NAME]   scale NAME --max N   logs NAME   audit   event NAME   delete NAME
+  cluster describe
+  scaffold service NAME [--upgrade] [dir]
+common flags: --context, --kubeconfig, --namespace/-n, --output terminal|plain|json`
+
+// common are the flags every command takes.
+type common struct {
+	kubeconfig, context, namespace, output string
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig file (default: KUBECONFIG or ~/.kube/config)")
+	fs.StringVar(&c.context, "context", "", "exact kubeconfig context (default: the current context)")
+	fs.StringVar(&c.namespace, "namespace", "default", "namespace of the Service")
+	fs.StringVar(&c.namespace, "n", "default", "shorthand for --namespace")
+	fs.StringVar(&c.output, "output", "", "terminal, plain or json (default: terminal on a terminal, else plain)")
+}
+
+func (c *common) progress(w io.Writer) (*ly.Progress, error) {
+	mode := c.output
+	if mode == "" {
+		mode = ly.OutputPlain
+		if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+			mode = ly.OutputTerminal
+		}
+	}
+	switch mode {
+	case ly.OutputTerminal, ly.OutputPlain, ly.OutputJSON:
+	default:
+		return nil, usageError{fmt.Errorf("--output %q: want terminal, plain or json", c.output)}
+	}
+	return ly.NewProgress(w, mode, nil), nil
+}
+
+func (c *common) cluster() (*ly.Cluster, error) { return ly.Connect(c.kubeconfig, c.context) }
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprintln(stdout, usage)
+		if len(args) == 0 {
+			return usageError{errors.New("no command")}
+		}
+		return nil
+	}
+	cmd, args := args[0], args[1:]
+	fs := flag.NewFlagSet("ly "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs)
+	image := fs.String("image", "", "registry image destination with an explicit tag (REGISTRY/REPOSITORY:TAG)")
+	artifactDir := fs.String("artifact", "", "artifact directory (default: DIR/.lampyr/artifact)")
+	traffic := fs.String("traffic", "", "comma-separated REVISION=PERCENT targets (@latest for the new one)")
+	timeout := fs.Duration("timeout", ly.DefaultDeployTimeout, "how long deploy waits for the Revision, Route and visibility")
+	maxScale := fs.Int("max", -1, "scale: the most concurrent fibers (autoscaling.knative.dev/max-scale)")
+	upgrade := fs.Bool("upgrade", false, "scaffold: replace only the adapter of an existing service")
+	tail := fs.Int64("tail", 100, "logs: lines per Home")
+	if err := parseInterspersed(fs, args); err != nil {
+		return usageError{err}
+	}
+	pos := fs.Args()
+	dirArg := func() string {
+		if len(pos) > 0 {
+			return pos[0]
+		}
+		return "."
+	}
+	nameArg := func() (string, error) {
+		if len(pos) != 1 {
+			return "", usageError{fmt.Errorf("ly %s needs exactly one Service NAME", cmd)}
+		}
+		return pos[0], nil
+	}
+	switch cmd {
+	case "build":
+		dir := dirArg()
+		p, err := ly.LoadProject(dir)
+		if err != nil {
+			return err
+		}
+		pr, err := c.progress(stdout)
+		if err != nil {
+			return err
+		}
+		var b *ly.Built
+		err = pr.Phase("Build "+p.Name, func(ph *ly.Phase) (err error) {
+			b, err = ly.Build(ctx, dir, p, ly.BuildOptions{ArtifactDir: *artifactDir, Log: stderr})
+			if err == nil {
+				ph.Detail("snapshot artifact %s in %s", b.Digest, b.Dir)
+			}
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		pr.Result("built "+b.Digest.String(), map[string]string{"digest": b.Digest.String(), "dir": b.Dir})
+		return nil
+	case "push":
+		tag, err := ly.ParseImageTag(*image)
+		if err != nil {
+			return usageError{err}
+		}
+		dir := dirArg()
+		ad := *artifactDir
+		if ad == "" {
+			ad = filepath.Join(dir, ly.ArtifactDir)
+		}
+		b, err := ly.LoadArtifact(ad)
+		if err != nil {
+			return err
+		}
+		pr, err := c.progress(stdout)
+		if err != nil {
+			return err
+		}
+		var res *ly.PushResult
+		if err := pr.Phase("Push "+tag.String(), func(ph *ly.Phase) (err error) {
+			res, err = ly.Push(ctx, b, tag)
+			return err
+		}); err != nil {
+			return err
+		}
+		pr.Result(res.Ref.String(), map[string]any{"ref": res.Ref.String(), "pushed": res.Pushed})
+		return nil
+	case "deploy":
+		tag, err := ly.ParseImageTag(*image)
+		if err != nil {
+			return usageError{err}
+		}
+		tr, err := ly.ParseTraffic(*traffic)
+		if err != nil {
+			return usageError{err}
+		}
+		dir := dirArg()
+		p, err := ly.LoadProject(dir)
+		if err != nil {
+			return err
+		}
+		pr, err := c.progress(stdout)
+		if err != nil {
+			return err
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		res, err := ly.Deploy(ctx, cl, dir, p, ly.DeployOptions{Image: tag, ArtifactDir: *artifactDir, Namespace: c.namespace, Traffic: tr, Timeout: *timeout}, pr)
+		if err != nil {
+			return err
+		}
+		msg := fmt.Sprintf("Service %s/%s is ready: %s (%s, Revision %s)", res.Namespace, res.Service, res.URL, res.Visibility, res.Revision)
+		pr.Result(msg, res)
+		return nil
+	case "status":
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		return ly.Status(ctx, cl, c.namespace, pos, stdout, c.output == ly.OutputJSON)
+	case "scale":
+		name, err := nameArg()
+		if err != nil {
+			return err
+		}
+		if *maxScale < 0 {
+			return usageError{errors.New("ly scale needs --max N (0: the installation's default)")}
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		rev, err := ly.Scale(ctx, cl, c.namespace, name, int32(*maxScale))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "Service %s/%s: max-scale %d (new Revision %s)\n", c.namespace, name, *maxScale, rev)
+		return nil
+	case "logs":
+		name, err := nameArg()
+		if err != nil {
+			return err
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		return ly.Logs(ctx, cl, c.namespace, name, *tail, stdout)
+	case "audit":
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		problems, err := ly.Audit(ctx, cl, c.namespace, stdout)
+		if err != nil {
+			return err
+		}
+		if problems > 0 {
+			return fmt.Errorf("%d inconsistencies found", problems)
+		}
+		return nil
+	case "event", "events":
+		name, err := nameArg()
+		if err != nil {
+			return err
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		return ly.Events(ctx, cl, c.namespace, name, stdout)
+	case "delete":
+		name, err := nameArg()
+		if err != nil {
+			return err
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		if err := ly.Delete(ctx, cl, c.namespace, name, *timeout); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "deleted Service %s/%s and everything it owned\n", c.namespace, name)
+		return nil
+	case "cluster":
+		if len(pos) != 1 || pos[0] != "describe" {
+			return usageError{errors.New("usage: ly cluster describe (installation: just cluster-up lampyr, or lampyr-clusters up --profile lampyr NAME)")}
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		in, err := cl.Describe(ctx)
+		if err != nil {
+			return err
+		}
+		if c.output == ly.OutputJSON {
+			return json.NewEncoder(stdout).Encode(in)
+		}
+		fmt.Fprintf(stdout, "context:             %s\nnamespace:           %s\nregistry:            %s\ntemplate repository: %s\nbackend strategy:    %s\nfleet key id:        %s\nfleet public key:\n%s", in.Context, in.Namespace, in.Registry, in.TemplateRepository, in.BackendStrategy, in.FleetKeyID, in.FleetPublicKeyPEM)
+		return nil
+	case "scaffold":
+		if len(pos) < 2 || pos[0] != "service" {
+			return usageError{errors.New("usage: ly scaffold service NAME [--upgrade] [dir]")}
+		}
+		dir := pos[1]
+		if len(pos) > 2 {
+			dir = pos[2]
+		}
+		files, err := ly.Scaffold(dir, pos[1], *upgrade)
+		if err != nil {
+			return err
+		}
+		for _, f := range files {
+			fmt.Fprintln(stdout, "wrote", filepath.Join(dir, f))
+		}
+		return nil
+	}
+	return usageError{fmt.Errorf("unknown command %q\n%s", cmd, usage)}
+}
+
+// parseInterspersed lets flags follow positional arguments (ly deploy DIR
+// --image ...), as users type them.
+func parseInterspersed(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	return fs.Parse(pos)
+}
