@@ -1,0 +1,385 @@
+package portability
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/ly"
+)
+
+func TestPortability(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "portability")
+}
+
+const (
+	ns      = "portability"
+	fixture = "fixtures/cmd/handler" // a ly service directory (lampyr.yaml) and a Go main package
+	pkg     = "lampyr.dev/serving/fixtures/cmd/handler"
+	// The Knative Service's name: lampyr.yaml's.
+	svcName = "handler"
+)
+
+var crds = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// side is one platform of the pair.
+type side struct {
+	name    string // cluster name and install profile
+	info    kindcluster.Info
+	c       *e2eutil.Clients
+	gateway string
+}
+
+var (
+	enabled = os.Getenv("LAMPYR_E2E") == "1"
+	keep    = os.Getenv("LAMPYR_PORTABILITY_KEEP") == "1"
+	env     *clusters.Env
+	stock   = &side{name: "stock"}
+	lampyr  = &side{name: "lampyr"}
+	sides   = []*side{stock, lampyr}
+	// created: clusters this run created (deleted at the end unless kept);
+	// clusters that existed before are left as they were found.
+	created  = map[string]bool{}
+	suiteT0  time.Time
+	runnable string // the handler as a runnable image, digest-pinned
+	snapshot string // the handler as a Lampyr snapshot artifact, digest-pinned
+	template string // the sealed fiberd template `ly deploy` made, digest-pinned
+	checks   []Check
+	checksMu sync.Mutex
+	artDir   string
+)
+
+func host() string { return svcName + "." + ns + "." + clusters.Domain }
+
+func record(name string, start time.Time, err *string) {
+	checksMu.Lock()
+	defer checksMu.Unlock()
+	c := Check{Name: name, Passed: *err == "", Detail: *err, Duration: time.Since(start)}
+	checks = append(checks, c)
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip("the portability proof creates real Kind clusters: run it with `just test-knative-portability` (sets LAMPYR_E2E=1)")
+	}
+	suiteT0 = time.Now()
+	artDir = filepath.Join(e2eutil.ArtifactsDir(), "portability")
+	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
+	log := progress.New(GinkgoWriter)
+	env = clusters.NewEnv(log)
+	for _, s := range sides {
+		ok, err := env.Manager().Exists(s.name)
+		Expect(err).NotTo(HaveOccurred())
+		created[s.name] = !ok
+	}
+	infos, err := env.Up(ctx, []string{stock.name, lampyr.name}, keep)
+	Expect(err).NotTo(HaveOccurred())
+	for i, s := range sides {
+		s.info = infos[i]
+		s.gateway = s.info.GatewayURL()
+		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)
+		Expect(err).NotTo(HaveOccurred())
+	}
+	// Installation is a server-side apply of rendered manifests: idempotent
+	// on a reused cluster. One at a time: each builds images on 2 cores.
+	for _, s := range sides {
+		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed())
+	}
+	for _, s := range sides {
+		_, err := s.c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if !apierrors.IsAlreadyExists(err) {
+			Expect(err).NotTo(HaveOccurred())
+		}
+		deleteService(ctx, s)
+	}
+
+	By("building the handler as a runnable image (the project's image builder)")
+	runnable, err = e2eutil.BuildAndPush(ctx, env.Cache, pkg, lampyr.info.Registry, "portability/handler", "runnable")
+	Expect(err).NotTo(HaveOccurred())
+	fmt.Fprintf(GinkgoWriter, "runnable image: %s\n", runnable)
+
+	By("building the handler as a Lampyr snapshot artifact with `ly build`")
+	lyBin := filepath.Join(GinkgoT().TempDir(), "ly")
+	goBuild := exec.CommandContext(ctx, "go", "build", "-o", lyBin, "./impl/cmd/ly")
+	goBuild.Dir = e2eutil.RepoRoot()
+	out, err := goBuild.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), string(out))
+	artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact")
+	svcDir := filepath.Join(e2eutil.RepoRoot(), fixture)
+	runLy(ctx, lyBin, "build", svcDir, "--artifact", artifactDir)
+
+	By("deploying it on Lampyr with `ly deploy` (push, seal the template), then deleting that Service")
+	events := runLy(ctx, lyBin, "deploy", svcDir, "--artifact", artifactDir,
+		"--image", lampyr.info.Registry+"/portability/handler:snapshot",
+		"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
+	var res ly.DeployResult
+	for _, e := range events {
+		if e.Event == "result" {
+			raw, _ := json.Marshal(e.Fields)
+			Expect(json.Unmarshal(raw, &res)).To(Succeed())
+		}
+	}
+	Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
+	Expect(res.Revision).To(Equal(svcName+"-00001"), "the template is sealed for the first Revision of a new Service")
+	snapshot, template = res.Snapshot, res.Template
+	runLy(ctx, lyBin, "delete", svcName, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
+
+	By("applying one identical Service to both clusters")
+	p, err := ly.LoadProject(svcDir)
+	Expect(err).NotTo(HaveOccurred())
+	svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: snapshot, Template: template, Public: true})
+	manifest, err := yaml.Marshal(svc.Object)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(os.WriteFile(filepath.Join(artDir, "service.yaml"), manifest, 0o644)).To(Succeed())
+	fmt.Fprintf(GinkgoWriter, "the Service applied to both clusters:\n%s", manifest)
+	body, err := svc.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	var wg sync.WaitGroup
+	errs := make([]error, len(sides))
+	for i, s := range sides {
+		force := true
+		_, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, svcName, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "portability", Force: &force})
+		Expect(err).NotTo(HaveOccurred(), "applying on %s", s.name)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			_, errs[i] = s.c.WaitReady(ctx, e2eutil.KServices, ns, svcName, 4*time.Minute)
+			fmt.Fprintf(GinkgoWriter, "%s: Service Ready after %s\n", s.name, time.Since(t0).Round(100*time.Millisecond))
+		}()
+	}
+	wg.Wait()
+	for i, s := range sides {
+		Expect(errs[i]).NotTo(HaveOccurred(), "on %s", s.name)
+	}
+}, NodeTimeout(60*time.Minute))
+
+// runLy runs the ly binary, echoing its output, and returns its JSON events
+// (when --output json).
+func runLy(ctx context.Context, bin string, args ...string) []ly.Event {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Dir = e2eutil.RepoRoot()
+	cmd.Stderr = GinkgoWriter
+	out, err := cmd.StdoutPipe()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(cmd.Start()).To(Succeed())
+	var events []ly.Event
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Fprintf(GinkgoWriter, "ly: %s\n", line)
+		var e ly.Event
+		if json.Unmarshal([]byte(line), &e) == nil && e.Event != "" {
+			events = append(events, e)
+		}
+	}
+	Expect(cmd.Wait()).To(Succeed(), "ly %s", strings.Join(args, " "))
+	return events
+}
+
+func deleteService(ctx context.Context, s *side) {
+	err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, svcName, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return
+	}
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func() bool {
+		_, err := s.c.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).Get(ctx, svcName+"-00001", metav1.GetOptions{})
+		_, serr := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) && apierrors.IsNotFound(serr)
+	}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(BeTrue(), "Service %s on %s still present", svcName, s.name)
+}
+
+var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
+	if !r.Failed() {
+		return
+	}
+	for _, s := range sides {
+		if s.c == nil {
+			continue
+		}
+		dir := filepath.Join(artDir, "dump", strings.ReplaceAll(r.LeafNodeText, " ", "_"), s.name)
+		if err := e2eutil.Dump(ctx, s.c, dir); err != nil {
+			fmt.Fprintf(GinkgoWriter, "dump %s: %v\n", s.name, err)
+		}
+	}
+})
+
+var _ = AfterSuite(func(ctx SpecContext) {
+	if !enabled || env == nil {
+		return
+	}
+	if artDir != "" && len(checks) > 0 {
+		cl := map[string]string{}
+		for _, s := range sides {
+			cl[s.name] = fmt.Sprintf("gateway %s, KUBECONFIG=%s", s.gateway, s.info.Kubeconfig)
+		}
+		rep := RenderReport(checks, cl, time.Since(suiteT0))
+		_ = os.WriteFile(filepath.Join(artDir, "report.md"), []byte(rep), 0o644)
+		fmt.Fprintf(GinkgoWriter, "\n%s\nreport: %s\n", rep, filepath.Join(artDir, "report.md"))
+	}
+	if keep {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\nLAMPYR_PORTABILITY_KEEP=1: both clusters are left running.\n")
+		for _, s := range sides {
+			fmt.Fprintf(&b, "  %-6s curl -H 'Host: %s' %s/echo\n", s.name, host(), s.gateway)
+			fmt.Fprintf(&b, "         KUBECONFIG=%s kubectl get ksvc -n %s\n", s.info.Kubeconfig, ns)
+		}
+		fmt.Fprintf(&b, "  delete them with: just cluster-down stock lampyr\n")
+		fmt.Fprint(GinkgoWriter, b.String())
+		fmt.Fprint(os.Stderr, b.String())
+		return
+	}
+	for _, s := range sides {
+		if created[s.name] {
+			By("deleting cluster " + s.name + " (set LAMPYR_PORTABILITY_KEEP=1 to keep it)")
+			Expect(env.Manager().Delete(s.name)).To(Succeed())
+		} else {
+			fmt.Fprintf(GinkgoWriter, "cluster %s existed before this run: left running\n", s.name)
+		}
+	}
+}, NodeTimeout(10*time.Minute))
+
+// onBoth runs f against each side.
+func onBoth[T any](f func(s *side) (T, error)) (T, T) {
+	a, err := f(stock)
+	Expect(err).NotTo(HaveOccurred(), "on stock")
+	b, err := f(lampyr)
+	Expect(err).NotTo(HaveOccurred(), "on lampyr")
+	return a, b
+}
+
+// expectSame fails with a readable diff naming the field.
+func expectSame(name, what string, a, b any) {
+	start := CurrentSpecReport().StartTime
+	d := Diff(what, a, b)
+	record(name, start, &d)
+	Expect(d).To(BeEmpty())
+}
+
+var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lampyr", Label("cluster", "portability"), Ordered, func() {
+	BeforeAll(func(ctx SpecContext) {
+		// Both are Ready; the first request may still be on its way through
+		// the gateway's configuration. Wait until both answer.
+		for _, s := range sides {
+			Eventually(func() (int, error) {
+				r, err := Do(ctx, s.gateway, host(), RequestSet[0])
+				if err != nil {
+					return 0, err
+				}
+				return r.Status, nil
+			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal(200), "%s never answered through %s", s.name, s.gateway)
+		}
+	})
+
+	for _, r := range RequestSet {
+		It("answers "+r.Name+" identically", func(ctx SpecContext) {
+			a, b := onBoth(func(s *side) (*Response, error) { return Do(ctx, s.gateway, host(), r) })
+			expectSame("request "+r.Name, "the answer to "+r.Method+" "+r.Path, a, b)
+		})
+	}
+
+	It("streams the same chunks, incrementally", func(ctx SpecContext) {
+		a, b := onBoth(func(s *side) (*Stream, error) { return DoStream(ctx, s.gateway, host(), 5, 200) })
+		Expect(a.Incremental).To(BeTrue(), "stock delivered the stream at once: %+v", a)
+		expectSame("stream", "the streamed answer of /stream", a, b)
+	})
+
+	It("echoes WebSocket messages identically", func(ctx SpecContext) {
+		msgs := []string{"one", "two", strings.Repeat("x", 4096)}
+		a, b := onBoth(func(s *side) ([]string, error) { return WebSocketEcho(ctx, s.gateway, host(), msgs) })
+		Expect(a).To(HaveLen(len(msgs)))
+		expectSame("websocket", "the WebSocket replies on /ws", a, b)
+	})
+
+	It("serves the same defaulted Service spec", func(ctx SpecContext) {
+		a, b := onBoth(func(s *side) (map[string]any, error) {
+			u, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return ServiceSpec(u), nil
+		})
+		writeJSON("service-stock.json", a)
+		writeJSON("service-lampyr.json", b)
+		expectSame("defaulted Service spec", "the defaulted Service "+ns+"/"+svcName, a, b)
+	})
+
+	It("serves the same Knative CRD specs", func(ctx SpecContext) {
+		for _, name := range []string{"services", "configurations", "revisions", "routes", "domainmappings"} {
+			crd := name + ".serving.knative.dev"
+			a, b := onBoth(func(s *side) (map[string]any, error) {
+				u, err := s.c.Dynamic.Resource(crds).Get(ctx, crd, metav1.GetOptions{})
+				if err != nil {
+					return nil, err
+				}
+				return CRDSpec(u), nil
+			})
+			expectSame("CRD "+crd, "CustomResourceDefinition "+crd, a, b)
+		}
+	})
+
+	It("ran the Service on fibers on Lampyr and on Pods on stock", func(ctx SpecContext) {
+		// The proof is only meaningful if each side ran its own way.
+		start := time.Now()
+		var problem string
+		defer func() { record("each side ran its own way", start, &problem) }()
+		pods, err := stock.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service=" + svcName})
+		Expect(err).NotTo(HaveOccurred())
+		grants, err := lampyr.c.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = stock.c.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		names := []string{}
+		for _, g := range grants.Items {
+			names = append(names, g.GetName())
+		}
+		sort.Strings(names)
+		switch {
+		case len(pods.Items) == 0 && !podsScaledToZero(ctx):
+			problem = "stock ran no Pod for the Service"
+		case len(names) != 1 || names[0] != svcName+"-00001":
+			problem = fmt.Sprintf("Lampyr has CapacityGrants %v, want exactly [%s-00001]", names, svcName)
+		case err == nil:
+			problem = "the stock cluster serves fiberd.io CapacityGrants: it is not stock"
+		}
+		Expect(problem).To(BeEmpty())
+		ld, err := lampyr.c.Kube.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ld.Items).To(BeEmpty(), "Lampyr must not run Revisions as Deployments")
+	})
+})
+
+// podsScaledToZero: stock may have scaled the Revision to zero between the
+// requests and this check; its Deployment still exists.
+func podsScaledToZero(ctx context.Context) bool {
+	d, err := stock.c.Kube.AppsV1().Deployments(ns).Get(ctx, svcName+"-00001-deployment", metav1.GetOptions{})
+	return err == nil && d.Status.Replicas == 0
+}
+
+func writeJSON(name string, v any) {
+	raw, _ := json.MarshalIndent(v, "", "  ")
+	_ = os.WriteFile(filepath.Join(artDir, name), raw, 0o644)
+}
