@@ -19,6 +19,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/gorilla/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
@@ -291,4 +295,40 @@ func RenderReport(checks []Check, clusters map[string]string, total time.Duratio
 		}
 	}
 	return b.String()
+}
+
+// GRPCAnswers are a gRPC service's answers through a gateway: the health
+// Check of the whole server, and the status code for a service it does not
+// have.
+type GRPCAnswers struct {
+	Check        string
+	UnknownCode  string
+	UnknownCheck string
+}
+
+// GRPCHealth calls grpc.health.v1.Health/Check through a gateway
+// (http://127.0.0.1:PORT) with host as the HTTP/2 authority.
+func GRPCHealth(ctx context.Context, gateway, host string) (*GRPCAnswers, error) {
+	u, err := url.Parse(gateway)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithAuthority(host))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	hc := healthpb.NewHealthClient(conn)
+	out := &GRPCAnswers{}
+	r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("grpc.health.v1.Health/Check: %w", err)
+	}
+	out.Check = r.GetStatus().String()
+	_, err = hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "no.such.Service"})
+	st, _ := status.FromError(err)
+	out.UnknownCode, out.UnknownCheck = st.Code().String(), st.Message()
+	return out, nil
 }

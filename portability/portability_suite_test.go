@@ -36,12 +36,27 @@ func TestPortability(t *testing.T) {
 }
 
 const (
-	ns      = "portability"
-	fixture = "fixtures/cmd/handler" // a ly service directory (lampyr.yaml) and a Go main package
-	pkg     = "lampyr.dev/serving/fixtures/cmd/handler"
-	// The Knative Service's name: lampyr.yaml's.
+	ns  = "portability"
+	pkg = "lampyr.dev/serving/fixtures/cmd/handler"
+	// svcName is the HTTP/1 Service (lampyr.yaml in fixtures/cmd/handler).
 	svcName = "handler"
+	// grpcName is the same handler declared h2c (gRPC).
+	grpcName = "handler-grpc"
 )
+
+// fixtureService is a ly service directory of the fixture handler; each is
+// deployed as its own Knative Service.
+type fixtureService struct {
+	name     string
+	dir      string // relative to the repository root
+	snapshot string
+	template string
+}
+
+var fixtureServices = []*fixtureService{
+	{name: svcName, dir: "fixtures/cmd/handler"},
+	{name: grpcName, dir: "fixtures/services/handler-grpc"},
+}
 
 var crds = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
@@ -65,14 +80,14 @@ var (
 	created  = map[string]bool{}
 	suiteT0  time.Time
 	runnable string // the handler as a runnable image, digest-pinned
-	snapshot string // the handler as a Lampyr snapshot artifact, digest-pinned
-	template string // the sealed fiberd template `ly deploy` made, digest-pinned
 	checks   []Check
 	checksMu sync.Mutex
 	artDir   string
 )
 
-func host() string { return svcName + "." + ns + "." + clusters.Domain }
+func host() string { return hostOf(svcName) }
+
+func hostOf(svc string) string { return svc + "." + ns + "." + clusters.Domain }
 
 func record(name string, start time.Time, err *string) {
 	checksMu.Lock()
@@ -113,7 +128,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		if !apierrors.IsAlreadyExists(err) {
 			Expect(err).NotTo(HaveOccurred())
 		}
-		deleteService(ctx, s)
+		for _, f := range fixtureServices {
+			deleteService(ctx, s, f.name)
+		}
 	}
 
 	By("building the handler as a runnable image (the project's image builder)")
@@ -121,59 +138,70 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	fmt.Fprintf(GinkgoWriter, "runnable image: %s\n", runnable)
 
-	By("building the handler as a Lampyr snapshot artifact with `ly build`")
 	lyBin := filepath.Join(GinkgoT().TempDir(), "ly")
 	goBuild := exec.CommandContext(ctx, "go", "build", "-o", lyBin, "./impl/cmd/ly")
 	goBuild.Dir = e2eutil.RepoRoot()
 	out, err := goBuild.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), string(out))
-	artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact")
-	svcDir := filepath.Join(e2eutil.RepoRoot(), fixture)
-	runLy(ctx, lyBin, "build", svcDir, "--artifact", artifactDir)
+	for _, f := range fixtureServices {
+		By("building " + f.name + " as a Lampyr snapshot artifact with `ly build`")
+		artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact-"+f.name)
+		svcDir := filepath.Join(e2eutil.RepoRoot(), f.dir)
+		runLy(ctx, lyBin, "build", svcDir, "--artifact", artifactDir)
 
-	By("deploying it on Lampyr with `ly deploy` (push, seal the template), then deleting that Service")
-	events := runLy(ctx, lyBin, "deploy", svcDir, "--artifact", artifactDir,
-		"--image", lampyr.info.Registry+"/portability/handler:snapshot",
-		"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
-	var res ly.DeployResult
-	for _, e := range events {
-		if e.Event == "result" {
-			raw, _ := json.Marshal(e.Fields)
-			Expect(json.Unmarshal(raw, &res)).To(Succeed())
+		By("deploying " + f.name + " on Lampyr with `ly deploy` (push, seal the template), then deleting that Service")
+		events := runLy(ctx, lyBin, "deploy", svcDir, "--artifact", artifactDir,
+			"--image", lampyr.info.Registry+"/portability/"+f.name+":snapshot",
+			"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
+		var res ly.DeployResult
+		for _, e := range events {
+			if e.Event == "result" {
+				raw, _ := json.Marshal(e.Fields)
+				Expect(json.Unmarshal(raw, &res)).To(Succeed())
+			}
+		}
+		Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
+		Expect(res.Revision).To(Equal(f.name+"-00001"), "the template is sealed for the first Revision of a new Service")
+		f.snapshot, f.template = res.Snapshot, res.Template
+		runLy(ctx, lyBin, "delete", f.name, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
+	}
+
+	var wg sync.WaitGroup
+	type waited struct {
+		side *side
+		svc  string
+		err  error
+	}
+	results := make(chan waited, len(sides)*len(fixtureServices))
+	for _, f := range fixtureServices {
+		By("applying one identical Service " + f.name + " to both clusters")
+		p, err := ly.LoadProject(filepath.Join(e2eutil.RepoRoot(), f.dir))
+		Expect(err).NotTo(HaveOccurred())
+		svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: f.snapshot, Template: f.template, Public: true})
+		manifest, err := yaml.Marshal(svc.Object)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(artDir, "service-"+f.name+".yaml"), manifest, 0o644)).To(Succeed())
+		fmt.Fprintf(GinkgoWriter, "the Service applied to both clusters:\n%s", manifest)
+		body, err := svc.MarshalJSON()
+		Expect(err).NotTo(HaveOccurred())
+		for _, s := range sides {
+			force := true
+			_, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, f.name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "portability", Force: &force})
+			Expect(err).NotTo(HaveOccurred(), "applying %s on %s", f.name, s.name)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				t0 := time.Now()
+				_, err := s.c.WaitReady(ctx, e2eutil.KServices, ns, f.name, 4*time.Minute)
+				fmt.Fprintf(GinkgoWriter, "%s: Service %s Ready after %s\n", s.name, f.name, time.Since(t0).Round(100*time.Millisecond))
+				results <- waited{s, f.name, err}
+			}()
 		}
 	}
-	Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
-	Expect(res.Revision).To(Equal(svcName+"-00001"), "the template is sealed for the first Revision of a new Service")
-	snapshot, template = res.Snapshot, res.Template
-	runLy(ctx, lyBin, "delete", svcName, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
-
-	By("applying one identical Service to both clusters")
-	p, err := ly.LoadProject(svcDir)
-	Expect(err).NotTo(HaveOccurred())
-	svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: snapshot, Template: template, Public: true})
-	manifest, err := yaml.Marshal(svc.Object)
-	Expect(err).NotTo(HaveOccurred())
-	Expect(os.WriteFile(filepath.Join(artDir, "service.yaml"), manifest, 0o644)).To(Succeed())
-	fmt.Fprintf(GinkgoWriter, "the Service applied to both clusters:\n%s", manifest)
-	body, err := svc.MarshalJSON()
-	Expect(err).NotTo(HaveOccurred())
-	var wg sync.WaitGroup
-	errs := make([]error, len(sides))
-	for i, s := range sides {
-		force := true
-		_, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, svcName, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "portability", Force: &force})
-		Expect(err).NotTo(HaveOccurred(), "applying on %s", s.name)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			t0 := time.Now()
-			_, errs[i] = s.c.WaitReady(ctx, e2eutil.KServices, ns, svcName, 4*time.Minute)
-			fmt.Fprintf(GinkgoWriter, "%s: Service Ready after %s\n", s.name, time.Since(t0).Round(100*time.Millisecond))
-		}()
-	}
 	wg.Wait()
-	for i, s := range sides {
-		Expect(errs[i]).NotTo(HaveOccurred(), "on %s", s.name)
+	close(results)
+	for r := range results {
+		Expect(r.err).NotTo(HaveOccurred(), "Service %s on %s", r.svc, r.side.name)
 	}
 }, NodeTimeout(60*time.Minute))
 
@@ -200,7 +228,7 @@ func runLy(ctx context.Context, bin string, args ...string) []ly.Event {
 	return events
 }
 
-func deleteService(ctx context.Context, s *side) {
+func deleteService(ctx context.Context, s *side, svcName string) {
 	err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, svcName, metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
 		return
@@ -280,7 +308,7 @@ func expectSame(name, what string, a, b any) {
 	Expect(d).To(BeEmpty())
 }
 
-var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lampyr", Label("cluster", "portability"), Ordered, func() {
+var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lampyr", Label("cluster", "portability"), Ordered, ContinueOnFailure, func() {
 	BeforeAll(func(ctx SpecContext) {
 		// Both are Ready; the first request may still be on its way through
 		// the gateway's configuration. Wait until both answer.
@@ -315,18 +343,34 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		expectSame("websocket", "the WebSocket replies on /ws", a, b)
 	})
 
-	It("serves the same defaulted Service spec", func(ctx SpecContext) {
-		a, b := onBoth(func(s *side) (map[string]any, error) {
-			u, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
-			if err != nil {
-				return nil, err
-			}
-			return ServiceSpec(u), nil
-		})
-		writeJSON("service-stock.json", a)
-		writeJSON("service-lampyr.json", b)
-		expectSame("defaulted Service spec", "the defaulted Service "+ns+"/"+svcName, a, b)
+	It("answers gRPC over h2c identically", func(ctx SpecContext) {
+		for _, s := range sides {
+			Eventually(func() error {
+				_, err := Do(ctx, s.gateway, hostOf(grpcName), RequestSet[0])
+				return err
+			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Succeed(), "%s never answered %s", s.name, grpcName)
+		}
+		a, b := onBoth(func(s *side) (*GRPCAnswers, error) { return GRPCHealth(ctx, s.gateway, hostOf(grpcName)) })
+		Expect(a.Check).To(Equal("SERVING"), "stock: %+v", a)
+		expectSame("grpc", "the gRPC health answers of "+grpcName, a, b)
+		ha, hb := onBoth(func(s *side) (*Response, error) { return Do(ctx, s.gateway, hostOf(grpcName), RequestSet[1]) })
+		expectSame("request echo-get over h2c", "the answer to GET /echo from the h2c Service", ha, hb)
 	})
+
+	for _, name := range []string{svcName, grpcName} {
+		It("serves the same defaulted Service spec for "+name, func(ctx SpecContext) {
+			a, b := onBoth(func(s *side) (map[string]any, error) {
+				u, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return nil, err
+				}
+				return ServiceSpec(u), nil
+			})
+			writeJSON("defaulted-"+name+"-stock.json", a)
+			writeJSON("defaulted-"+name+"-lampyr.json", b)
+			expectSame("defaulted Service spec "+name, "the defaulted Service "+ns+"/"+name, a, b)
+		})
+	}
 
 	It("serves the same Knative CRD specs", func(ctx SpecContext) {
 		for _, name := range []string{"services", "configurations", "revisions", "routes", "domainmappings"} {
@@ -360,8 +404,8 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		switch {
 		case len(pods.Items) == 0 && !podsScaledToZero(ctx):
 			problem = "stock ran no Pod for the Service"
-		case len(names) != 1 || names[0] != svcName+"-00001":
-			problem = fmt.Sprintf("Lampyr has CapacityGrants %v, want exactly [%s-00001]", names, svcName)
+		case strings.Join(names, ",") != svcName+"-00001,"+grpcName+"-00001":
+			problem = fmt.Sprintf("Lampyr has CapacityGrants %v, want exactly [%s-00001 %s-00001]", names, svcName, grpcName)
 		case err == nil:
 			problem = "the stock cluster serves fiberd.io CapacityGrants: it is not stock"
 		}

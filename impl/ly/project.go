@@ -135,7 +135,7 @@ func (p *Project) Validate() error {
 	if p.Runtime != "go" {
 		bad("runtime", "%q: the built-in adapter builds go handlers only", p.Runtime)
 	}
-	if filepath.IsAbs(p.Main) || strings.HasPrefix(filepath.Clean(p.Main), "..") {
+	if filepath.IsAbs(p.Main) {
 		bad("main", "%q: want a Go package path relative to the service directory, e.g. ./cmd/server", p.Main)
 	}
 	for i, f := range p.Files {
