@@ -50,12 +50,18 @@ test-stock: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json
 
+# Lampyr on the offline "lampyr" cluster: valid and refused Services, grant refusal, controller kills.
+test-lampyr: tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-junit.xml -ginkgo.json-report={{artifacts}}/lampyr.json
+
 # Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
 test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
     go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
 
-# Everything CI runs: unit tests, then the cluster suites.
-test: test-unit test-clusters
+# Everything CI runs: unit tests, then the cluster suites (each creates and
+# deletes its clusters, or reuses and leaves ones that already existed).
+test: test-unit test-clusters test-stock test-lampyr test-knative-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.

@@ -52,6 +52,7 @@ var (
 	hello   string // digest-pinned helloworld image (Knative's test image)
 	fixture string // digest-pinned fixtures/cmd/handler image (answers "Hello $TARGET!")
 	enabled = os.Getenv("LAMPYR_E2E") == "1"
+	created bool // this run created the cluster: delete it at the end unless LAMPYR_KEEP=1
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -59,6 +60,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Skip("cluster suites create real Kind clusters: run them with `just test-stock` (sets LAMPYR_E2E=1)")
 	}
 	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	existed, err := env.Manager().Exists(clusterName)
+	Expect(err).NotTo(HaveOccurred())
+	created = !existed
 	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
 	Expect(err).NotTo(HaveOccurred())
 	info = infos[0]
@@ -77,6 +81,17 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Expect(err).NotTo(HaveOccurred())
 	}
 }, NodeTimeout(60*time.Minute))
+
+var _ = AfterSuite(func() {
+	if env == nil || !created {
+		return
+	}
+	if os.Getenv("LAMPYR_KEEP") == "1" {
+		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: cluster %s left running (just cluster-down %s)\n", clusterName, clusterName)
+		return
+	}
+	Expect(env.Manager().Delete(clusterName)).To(Succeed())
+})
 
 var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 	if r.Failed() && c != nil {

@@ -1,0 +1,371 @@
+// The lampyr suite runs Lampyr's control plane on a real Kind cluster with
+// the `lampyr` install profile: a valid Service becomes Ready with its
+// CapacityGrant, Home and backend Service and answers through the gateway
+// from a fiber; invalid Services are Ready=False naming the field; a refused
+// grant surfaces in ResourcesAvailable; killing the controller pod
+// repeatedly mid-reconcile converges and leaves no orphans.
+package lampyr
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/routermeta"
+)
+
+func TestLampyr(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "lampyr")
+}
+
+const (
+	clusterName = "lampyr"
+	ns          = "lampyr-e2e"
+	systemNS    = "lampyr-system"
+)
+
+var (
+	enabled = os.Getenv("LAMPYR_E2E") == "1"
+	env     *clusters.Env
+	info    kindcluster.Info
+	c       *e2eutil.Clients
+	lc      *ly.Cluster
+	inst    *ly.Installation
+	gateway string
+	created bool
+	project *ly.Project
+	built   *ly.Built
+	snap    name.Digest // the fixture handler's snapshot artifact in the registry
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip("cluster suites create real Kind clusters: run them with `just test-lampyr` (sets LAMPYR_E2E=1)")
+	}
+	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	existed, err := env.Manager().Exists(clusterName)
+	Expect(err).NotTo(HaveOccurred())
+	created = !existed
+	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
+	Expect(err).NotTo(HaveOccurred())
+	info = infos[0]
+	Expect(env.Install(ctx, info, "lampyr", "traefik")).To(Succeed())
+	c, err = e2eutil.NewClients(info.Kubeconfig)
+	Expect(err).NotTo(HaveOccurred())
+	gateway = info.GatewayURL()
+	lc, err = ly.Connect(info.Kubeconfig, "")
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	// A reused cluster may hold a previous run's namespace: start clean
+	// (templates are sealed for each Service's first Revision).
+	if err := c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
+		Eventually(func() bool {
+			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s of a previous run is still terminating", ns)
+	}
+	_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	By("building the fixture handler's snapshot artifact (ly build) and pushing it")
+	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
+	project, err = ly.LoadProject(dir)
+	Expect(err).NotTo(HaveOccurred())
+	built, err = ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
+	Expect(err).NotTo(HaveOccurred())
+	tag, err := ly.ParseImageTag(info.Registry + "/lampyr-e2e/handler:e2e")
+	Expect(err).NotTo(HaveOccurred())
+	pushed, err := ly.Push(ctx, built, tag)
+	Expect(err).NotTo(HaveOccurred())
+	snap = pushed.Ref
+}, NodeTimeout(60*time.Minute))
+
+var _ = AfterSuite(func() {
+	if env == nil || !created {
+		return
+	}
+	if os.Getenv("LAMPYR_KEEP") == "1" {
+		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: cluster %s left running (just cluster-down %s)\n", clusterName, clusterName)
+		return
+	}
+	Expect(env.Manager().Delete(clusterName)).To(Succeed())
+})
+
+var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
+	if r.Failed() && c != nil {
+		dir := filepath.Join(e2eutil.ArtifactsDir(), "lampyr", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
+		_ = e2eutil.Dump(ctx, c, dir)
+	}
+})
+
+// service seals a template for svc's first Revision and returns the
+// Service manifest ly deploy would apply, with mutate applied.
+func service(ctx context.Context, svc string, mutate func(p *ly.Project, tspec map[string]any, ann map[string]any)) *unstructured.Unstructured {
+	p := *project
+	p.Name = svc
+	tmpl, err := ly.SealTemplate(ctx, inst, svc+"-00001", snap, built.Config, p.Policy())
+	Expect(err).NotTo(HaveOccurred())
+	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
+	if mutate != nil {
+		tspec, _, _ := unstructured.NestedMap(u.Object, "spec", "template", "spec")
+		ann, _, _ := unstructured.NestedMap(u.Object, "spec", "template", "metadata", "annotations")
+		mutate(&p, tspec, ann)
+		Expect(unstructured.SetNestedMap(u.Object, tspec, "spec", "template", "spec")).To(Succeed())
+		Expect(unstructured.SetNestedMap(u.Object, ann, "spec", "template", "metadata", "annotations")).To(Succeed())
+	}
+	return u
+}
+
+func apply(ctx context.Context, u *unstructured.Unstructured) {
+	body, err := u.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	force := true
+	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "lampyr-suite", Force: &force})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+func host(svc string) string { return svc + "." + ns + "." + clusters.Domain }
+
+// revisionCondition waits for a Revision condition to reach status and
+// returns its reason and message.
+func revisionCondition(ctx context.Context, rev, typ, status string, timeout time.Duration) (string, string) {
+	var reason, msg string
+	Eventually(func() (string, error) {
+		u, err := c.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).Get(ctx, rev, metav1.GetOptions{})
+		if err != nil {
+			return "", err
+		}
+		var s string
+		s, reason, msg = e2eutil.Condition(u, typ)
+		return s, nil
+	}).WithTimeout(timeout).WithPolling(500*time.Millisecond).Should(Equal(status), "Revision %s condition %s", rev, typ)
+	return reason, msg
+}
+
+func containerMap(tspec map[string]any) map[string]any {
+	return tspec["containers"].([]any)[0].(map[string]any)
+}
+
+var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "lampyr"), Ordered, ContinueOnFailure, func() {
+	It("runs no stock controller, activator or autoscaler", func(ctx SpecContext) {
+		ds, err := c.Kube.AppsV1().Deployments("knative-serving").List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		var names []string
+		for _, d := range ds.Items {
+			names = append(names, d.Name)
+		}
+		Expect(names).To(ConsistOf("webhook"), "knative-serving must hold only upstream's webhook")
+		ls, err := c.Kube.AppsV1().Deployments(systemNS).List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		names = nil
+		for _, d := range ls.Items {
+			names = append(names, d.Name)
+		}
+		Expect(names).To(ConsistOf("lampyr-controller", "lampyr-grant-controller", "fiber-router"))
+	})
+
+	It("makes a valid Service Ready with its CapacityGrant, Home and backend Service, and serves it from fibers", func(ctx SpecContext) {
+		apply(ctx, service(ctx, "valid", nil))
+		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "valid", 4*time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		rev := "valid-00001"
+		g, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).Get(ctx, rev, metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred(), "the Revision's CapacityGrant")
+		for _, t := range []string{"Admitted", "HomeReady", "Ready"} {
+			s, r, m := e2eutil.Condition(g, t)
+			Expect(s).To(Equal("True"), "grant condition %s: %s %s", t, r, m)
+		}
+		gsnap, _, _ := unstructured.NestedString(g.Object, "spec", "snapshotArtifact")
+		Expect(gsnap).To(Equal(snap.String()))
+		pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pods.Items).NotTo(BeEmpty(), "the Revision's Home Pod")
+		for _, p := range pods.Items {
+			Expect(p.Status.Phase).To(Equal(corev1.PodRunning), "Home %s", p.Name)
+		}
+		svc, err := c.Kube.CoreV1().Services(ns).Get(ctx, rev, metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred(), "the backend Service the upstream Route reconciler expects, named after the Revision")
+		Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP), "endpointslice strategy (Traefik)")
+		Expect(svc.Spec.Selector).To(BeEmpty())
+		var ports []int32
+		for _, p := range svc.Spec.Ports {
+			ports = append(ports, p.Port)
+		}
+		Expect(ports).To(ContainElement(int32(80)), "port 80 (http) for an http1 Revision, as upstream's Route expects")
+		slices, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + rev})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(slices.Items).NotTo(BeEmpty(), "mirrored EndpointSlice")
+		_, err = c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, rev+routermeta.NameSuffix, metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred(), "router metadata")
+		Eventually(func() (string, error) {
+			code, body, _, err := e2eutil.Get(ctx, gateway, host("valid"), "/")
+			if err == nil && code != 200 {
+				err = fmt.Errorf("status %d: %s", code, body)
+			}
+			return body, err
+		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal("Hello World!\n"))
+		code, body, _, err := e2eutil.Get(ctx, gateway, host("valid"), "/echo")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(code).To(Equal(200))
+		Expect(body).To(ContainSubstring(`"K_REVISION": "valid-00001"`))
+	})
+
+	type invalid struct {
+		name, reason, field string
+		mutate              func(p *ly.Project, tspec, ann map[string]any)
+	}
+	for _, tc := range []invalid{
+		{"bad-command", "UnsupportedCommand", "command", func(_ *ly.Project, t, _ map[string]any) { containerMap(t)["command"] = []any{"/bin/sh"} }},
+		{"bad-env", "UnsupportedEnv", "env", func(_ *ly.Project, t, _ map[string]any) {
+			containerMap(t)["env"] = []any{map[string]any{"name": "TARGET", "value": "x"}}
+		}},
+		{"bad-min-scale", "UnsupportedMinScale", "min-scale", func(_ *ly.Project, _, a map[string]any) { a["autoscaling.knative.dev/min-scale"] = "1" }},
+		{"bad-concurrency", "UnsupportedContainerConcurrency", "containerConcurrency", func(_ *ly.Project, t, _ map[string]any) { t["containerConcurrency"] = int64(0) }},
+		{"bad-template", "MissingFiberdTemplate", "lampyr.dev/fiberd-template", func(_ *ly.Project, _, a map[string]any) { delete(a, ly.AnnotationFiberdTemplate) }},
+		{"bad-image", "UnsupportedImage", "image", func(_ *ly.Project, t, _ map[string]any) { containerMap(t)["image"] = "localhost:5002/lampyr-e2e/handler:e2e" }},
+		{"bad-park", "UnsupportedIdleAction", "idle-action", func(_ *ly.Project, _, a map[string]any) {
+			a[ly.AnnotationExecutionMode] = "reuse"
+			a[ly.AnnotationIdleTimeout] = "30s"
+			a[ly.AnnotationIdleAction] = "park"
+		}},
+	} {
+		It("refuses "+tc.name+" with Ready=False naming "+tc.field, func(ctx SpecContext) {
+			apply(ctx, service(ctx, tc.name, tc.mutate))
+			reason, msg := revisionCondition(ctx, tc.name+"-00001", "Ready", "False", 2*time.Minute)
+			Expect(reason).To(Equal(tc.reason), "message: %s", msg)
+			Expect(msg).To(ContainSubstring(tc.field))
+			fmt.Fprintf(GinkgoWriter, "%s: Ready=False %s: %s\n", tc.name, reason, msg)
+			_, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).Get(ctx, tc.name+"-00001", metav1.GetOptions{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a refused Revision gets no CapacityGrant")
+		})
+	}
+
+	It("surfaces a refused grant in ResourcesAvailable", func(ctx SpecContext) {
+		// More memory per fiber than the grant controller's
+		// max-memory-per-fiber (2Gi by default).
+		apply(ctx, service(ctx, "too-big", func(_ *ly.Project, t, _ map[string]any) {
+			containerMap(t)["resources"] = map[string]any{"requests": map[string]any{"memory": "3Gi"}}
+		}))
+		reason, msg := revisionCondition(ctx, "too-big-00001", "ResourcesAvailable", "False", 2*time.Minute)
+		fmt.Fprintf(GinkgoWriter, "too-big: ResourcesAvailable=False %s: %s\n", reason, msg)
+		Expect(reason).NotTo(BeEmpty())
+		Expect(msg).To(ContainSubstring("2Gi"))
+	})
+
+	It("converges with no orphans while the controller pod is killed 10 times mid-reconcile", func(ctx SpecContext) {
+		names := []string{"churn-a", "churn-b", "churn-c"}
+		for _, n := range names {
+			apply(ctx, service(ctx, n, nil))
+		}
+		for i := 0; i < 10; i++ {
+			pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=lampyr-controller"})
+			Expect(err).NotTo(HaveOccurred())
+			for _, p := range pods.Items {
+				zero := int64(0)
+				Expect(c.Kube.CoreV1().Pods(systemNS).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})).To(Succeed())
+			}
+			if i == 4 {
+				// Half way: delete one Service while the controller is down,
+				// so finalization also happens across restarts.
+				Expect(c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, "churn-c", metav1.DeleteOptions{})).To(Succeed())
+			}
+			// Wait for the replacement to run, then let it work a moment.
+			Eventually(func() bool {
+				pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=lampyr-controller"})
+				if err != nil {
+					return false
+				}
+				for _, p := range pods.Items {
+					if p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning {
+						return true
+					}
+				}
+				return false
+			}).WithTimeout(2*time.Minute).WithPolling(200*time.Millisecond).Should(BeTrue(), "kill %d: no replacement controller", i+1)
+			time.Sleep(time.Duration(500+300*i) * time.Millisecond)
+			fmt.Fprintf(GinkgoWriter, "killed the controller pod %d time(s)\n", i+1)
+		}
+		for _, n := range names[:2] {
+			_, err := c.WaitReady(ctx, e2eutil.KServices, ns, n, 4*time.Minute)
+			Expect(err).NotTo(HaveOccurred())
+			code, body, _, err := e2eutil.Get(ctx, gateway, host(n), "/")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(code).To(Equal(200), body)
+		}
+		By("deleting every Service: nothing Lampyr made may remain")
+		svcs, err := c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		for _, s := range svcs.Items {
+			Expect(c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, s.GetName(), metav1.DeleteOptions{})).To(Succeed())
+		}
+		Eventually(func() []string { return leftovers(ctx) }).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeEmpty(), "orphans after deleting every Service")
+	})
+})
+
+// leftovers lists every object in the test namespace that Lampyr or
+// Knative made for a Revision: Revisions, grants, backend Services,
+// EndpointSlices, router metadata, Home Pods and Secrets.
+func leftovers(ctx context.Context) []string {
+	var out []string
+	add := func(kind string, names ...string) {
+		for _, n := range names {
+			out = append(out, kind+"/"+n)
+		}
+	}
+	if l, err := c.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("Revision", i.GetName())
+		}
+	}
+	if l, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("CapacityGrant", i.GetName())
+		}
+	}
+	if l, err := c.Kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("Service", i.Name)
+		}
+	}
+	if l, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("EndpointSlice", i.Name)
+		}
+	}
+	if l, err := c.Kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: routermeta.LabelKey}); err == nil {
+		for _, i := range l.Items {
+			add("ConfigMap", i.Name)
+		}
+	}
+	if l, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("Pod", i.Name)
+		}
+	}
+	if l, err := c.Kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err == nil {
+		for _, i := range l.Items {
+			add("Secret", i.Name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
