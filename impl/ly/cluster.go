@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	servingclient "knative.dev/serving/pkg/client/clientset/versioned"
 
@@ -64,6 +66,8 @@ func Connect(path, context string) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kube context %s: %w", name, err)
 	}
+	// API warnings (the webhook's secure-defaults advice) as plain lines.
+	rc.WarningHandler = rest.NewWarningWriter(os.Stderr, rest.WarningWriterOptions{Deduplicate: true})
 	c := &Cluster{Context: name, LampyrNamespace: DefaultLampyrNamespace}
 	if c.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 		return nil, err
