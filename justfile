@@ -39,6 +39,8 @@ cluster-logs NAME: tools
 test-unit:
     go vet ./...
     go test -count=1 ./...
+    # Template validation must never panic: fuzz it for a bounded time.
+    go test -run '^$' -fuzz '^FuzzValidate$' -fuzztime 30s ./impl/reconciler/revision/
 
 # Cluster suites on real Kind clusters.
 test-clusters: tools

@@ -627,6 +627,17 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del(client.FiberHeader)
 			pr.Out.Header.Del(client.ProxyAuthHeader)
+			// Rewrite strips these from the outbound request, as a proxy
+			// that cannot trust its client must. fiberd's data path is
+			// reached only with the router's token, and the router has set
+			// them as Knative's runtime contract promises the handler
+			// (Forwarded MUST, X-Forwarded-For/-Proto SHOULD): pass them on
+			// unchanged, fiberd is not a hop the handler should see.
+			for _, h := range forwardedHeaders {
+				if v, ok := pr.In.Header[h]; ok {
+					pr.Out.Header[h] = v
+				}
+			}
 		},
 		Transport:     tr,
 		FlushInterval: -1,
@@ -644,6 +655,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 	s.metrics.requests.Inc()
 	rp.ServeHTTP(w, r.WithContext(ctx))
 }
+
+// forwardedHeaders are passed from the router to the fiber unchanged.
+var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
 // ---- metrics ----
 

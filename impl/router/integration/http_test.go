@@ -189,7 +189,6 @@ func TestHandlerCrashMidStreamStillReleasesTheFiber(t *testing.T) {
 // X-Forwarded-For/-Proto (SHOULD). The router sends them to fiberd (see
 // proxy.TestHeadersAsFiberdReceivesThem); this checks they reach the handler.
 func TestForwardedHeadersReachTheHandler(t *testing.T) {
-	t.Skip("fiberd's proxy (impl/fiberd/server, ReverseProxy Rewrite) drops Forwarded and X-Forwarded-*; remove this skip when it keeps them")
 	e := startEnv(t, envOptions{})
 	_, body := e.do(e.request(context.Background(), http.MethodGet, "/", nil))
 	s := decodeSeen(t, body)
