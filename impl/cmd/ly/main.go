@@ -50,7 +50,7 @@ const usage = `usage: ly COMMAND [flags]
   push --image REGISTRY/REPO:TAG [dir]     publish the artifact if the registry lacks it
   deploy --image REGISTRY/REPO:TAG [dir]   push, seal, apply the Service and wait (4m)
   status [NAME]   scale NAME --max N   logs NAME   audit   event NAME   delete NAME
-  cluster describe
+  cluster install [--provider traefik] | cluster describe
   scaffold service NAME [--upgrade] [dir]
 common flags: --context, --kubeconfig, --namespace/-n, --output terminal|plain|json`
 
@@ -105,6 +105,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	maxScale := fs.Int("max", -1, "scale: the most concurrent fibers (autoscaling.knative.dev/max-scale)")
 	upgrade := fs.Bool("upgrade", false, "scaffold: replace only the adapter of an existing service")
 	tail := fs.Int64("tail", 100, "logs: lines per Home")
+	provider := fs.String("provider", "traefik", "cluster install: networking provider (traefik, kourier)")
+	nodePort := fs.Int("node-port", 0, "cluster install: the gateway's NodePort (default: the cluster's recorded port, else 30080)")
 	if err := parseInterspersed(fs, args); err != nil {
 		return usageError{err}
 	}
@@ -273,8 +275,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "deleted Service %s/%s and everything it owned\n", c.namespace, name)
 		return nil
 	case "cluster":
-		if len(pos) != 1 || pos[0] != "describe" {
-			return usageError{errors.New("usage: ly cluster describe (installation: just cluster-up lampyr, or lampyr-clusters up --profile lampyr NAME)")}
+		if len(pos) != 1 || (pos[0] != "describe" && pos[0] != "install") {
+			return usageError{errors.New("usage: ly cluster install|describe")}
+		}
+		if pos[0] == "install" {
+			if err := clusterInstall(ctx, c, *provider, *nodePort, stderr); err != nil {
+				return err
+			}
 		}
 		cl, err := c.cluster()
 		if err != nil {

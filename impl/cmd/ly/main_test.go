@@ -33,7 +33,8 @@ func TestFlagHandling(t *testing.T) {
 		{args: []string{"push", svc, "--image", "localhost:5002/demo:v1"}, want: "run `ly build` first"},
 		{args: []string{"scale", "hello"}, want: "needs --max", usage: true},
 		{args: []string{"logs"}, want: "exactly one Service NAME", usage: true},
-		{args: []string{"cluster", "install"}, want: "usage: ly cluster describe", usage: true},
+		{args: []string{"cluster", "frob"}, want: "usage: ly cluster install|describe", usage: true},
+		{args: []string{"cluster", "install"}, want: "kubeconfig"},
 	} {
 		var out, errb bytes.Buffer
 		err := run(context.Background(), tc.args, &out, &errb)
