@@ -57,13 +57,18 @@ test-lampyr: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-junit.xml -ginkgo.json-report={{artifacts}}/lampyr.json
 
+# The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster.
+test-feasibility: tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json
+
 # Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
 test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
     go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: test-unit test-clusters test-stock test-lampyr test-knative-portability
+test: test-unit test-clusters test-stock test-lampyr test-feasibility test-knative-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.

@@ -241,7 +241,9 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		{"bad-min-scale", "UnsupportedMinScale", "min-scale", func(_ *ly.Project, _, a map[string]any) { a["autoscaling.knative.dev/min-scale"] = "1" }},
 		{"bad-concurrency", "UnsupportedContainerConcurrency", "containerConcurrency", func(_ *ly.Project, t, _ map[string]any) { t["containerConcurrency"] = int64(0) }},
 		{"bad-template", "MissingFiberdTemplate", "lampyr.dev/fiberd-template", func(_ *ly.Project, _, a map[string]any) { delete(a, ly.AnnotationFiberdTemplate) }},
-		{"bad-image", "UnsupportedImage", "image", func(_ *ly.Project, t, _ map[string]any) { containerMap(t)["image"] = "localhost:5002/lampyr-e2e/handler:e2e" }},
+		{"bad-image", "UnsupportedImage", "image", func(_ *ly.Project, t, _ map[string]any) {
+			containerMap(t)["image"] = "localhost:5002/lampyr-e2e/handler:e2e"
+		}},
 		{"bad-park", "UnsupportedIdleAction", "idle-action", func(_ *ly.Project, _, a map[string]any) {
 			a[ly.AnnotationExecutionMode] = "reuse"
 			a[ly.AnnotationIdleTimeout] = "30s"

@@ -1,0 +1,451 @@
+package feasibility
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/portability"
+)
+
+func TestFeasibility(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "feasibility")
+}
+
+const (
+	clusterName = "lampyr"
+	systemNS    = "lampyr-system"
+	svcName     = "split"
+	// Sabotage, for showing that a failure is reported with its evidence
+	// and not as a hang: "router-zero" scales fiber-router to zero during
+	// proof 6.
+	envSabotage = "LAMPYR_FEASIBILITY_SABOTAGE"
+)
+
+var (
+	enabled = os.Getenv("LAMPYR_E2E") == "1"
+	env     *clusters.Env
+	info    kindcluster.Info
+	c       *e2eutil.Clients
+	inst    *ly.Installation
+	gateway string
+	created bool
+	project *ly.Project
+	built   *ly.Built
+	snap    name.Digest
+	matrix  = &Matrix{}
+	artDir  string
+	// routerReplicas is fiber-router's replica count before a sabotage.
+	routerReplicas int32
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip("the feasibility gate needs a real Lampyr Kind cluster: run it with `just test-feasibility` (sets LAMPYR_E2E=1)")
+	}
+	artDir = filepath.Join(e2eutil.ArtifactsDir(), "feasibility")
+	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
+	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	existed, err := env.Manager().Exists(clusterName)
+	Expect(err).NotTo(HaveOccurred())
+	created = !existed
+	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
+	Expect(err).NotTo(HaveOccurred())
+	info = infos[0]
+	Expect(env.Install(ctx, info, "lampyr", "traefik")).To(Succeed())
+	c, err = e2eutil.NewClients(info.Kubeconfig)
+	Expect(err).NotTo(HaveOccurred())
+	gateway = info.GatewayURL()
+	lc, err := ly.Connect(info.Kubeconfig, "")
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
+	project, err = ly.LoadProject(dir)
+	Expect(err).NotTo(HaveOccurred())
+	built, err = ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
+	Expect(err).NotTo(HaveOccurred())
+	tag, err := ly.ParseImageTag(info.Registry + "/feasibility/handler:gate")
+	Expect(err).NotTo(HaveOccurred())
+	pushed, err := ly.Push(ctx, built, tag)
+	Expect(err).NotTo(HaveOccurred())
+	snap = pushed.Ref
+}, NodeTimeout(60*time.Minute))
+
+var _ = AfterSuite(func(ctx SpecContext) {
+	if !enabled || env == nil {
+		return
+	}
+	fmt.Fprintf(GinkgoWriter, "\nBackend feasibility matrix:\n%s", matrix.Table())
+	if raw, err := matrix.JSON(); err == nil {
+		_ = os.WriteFile(filepath.Join(artDir, "matrix.json"), raw, 0o644)
+		_ = os.WriteFile(filepath.Join(artDir, "matrix.txt"), []byte(matrix.Table()), 0o644)
+	}
+	if c != nil {
+		// Leave the installation on its default strategy for Traefik, and
+		// undo a sabotage.
+		_ = setStrategy(ctx, clusters.BackendStrategyFor("traefik"))
+		if routerReplicas > 0 {
+			scale := fmt.Sprintf(`{"spec":{"replicas":%d}}`, routerReplicas)
+			_, _ = c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{})
+		}
+	}
+	if created && os.Getenv("LAMPYR_KEEP") != "1" {
+		Expect(env.Manager().Delete(clusterName)).To(Succeed())
+	}
+}, NodeTimeout(5*time.Minute))
+
+var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
+	if r.Failed() && c != nil {
+		_ = e2eutil.Dump(ctx, c, filepath.Join(artDir, "dump", strings.ReplaceAll(r.LeafNodeText, " ", "_")))
+	}
+})
+
+func setStrategy(ctx context.Context, s string) error {
+	patch := fmt.Sprintf(`{"data":{"backend-strategy":%q}}`, s)
+	_, err := c.Kube.CoreV1().ConfigMaps(systemNS).Patch(ctx, "config-lampyr", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	return err
+}
+
+// proof runs one bounded check and records it; a failure is a matrix
+// entry with its evidence, not a failed spec (the gate decides at the end).
+func proof(provider, strategy, name string, f func() (evidence string, recovery time.Duration, err error)) bool {
+	start := time.Now()
+	ev, rec, err := f()
+	r := Result{Provider: provider, Strategy: strategy, Proof: name, Outcome: OutcomePass, Evidence: ev, Duration: time.Since(start), Recovery: rec}
+	if err != nil {
+		r.Outcome, r.Evidence = OutcomeFail, err.Error()
+	}
+	matrix.Add(r)
+	fmt.Fprintf(GinkgoWriter, "[%s/%s] %s: %s (%s) %s\n", provider, strategy, name, r.Outcome, r.Duration.Round(100*time.Millisecond), r.Evidence)
+	return err == nil
+}
+
+// echo GETs /echo on host and returns the handler's K_REVISION and the
+// headers it received.
+func echo(ctx context.Context, host string) (string, http.Header, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateway+"/echo", nil)
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", nil, 0, err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return "", nil, resp.StatusCode, fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(body)))
+	}
+	var e struct {
+		Headers http.Header       `json:"headers"`
+		Env     map[string]string `json:"env"`
+	}
+	if err := json.Unmarshal(body, &e); err != nil {
+		return "", nil, resp.StatusCode, fmt.Errorf("body %q: %w", body, err)
+	}
+	return e.Env["K_REVISION"], e.Headers, 200, nil
+}
+
+// firstGood polls until host answers 200 from one of the Revisions, or
+// the bound passes.
+func firstGood(ctx context.Context, host string, bound time.Duration) (time.Duration, error) {
+	start := time.Now()
+	var last error
+	for time.Since(start) < bound {
+		if _, _, _, err := echo(ctx, host); err == nil {
+			return time.Since(start), nil
+		} else {
+			last = err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("no good response within %s; last: %v", bound, last)
+}
+
+func ksvc(ns string, traffic []any, rev string) *unstructured.Unstructured {
+	p := *project
+	p.Name = svcName
+	tmpl, err := ly.SealTemplate(context.Background(), inst, rev, snap, built.Config, p.Policy())
+	Expect(err).NotTo(HaveOccurred())
+	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
+	if traffic != nil {
+		Expect(unstructured.SetNestedSlice(u.Object, traffic, "spec", "traffic")).To(Succeed())
+	}
+	return u
+}
+
+func apply(ctx context.Context, u *unstructured.Unstructured) {
+	body, err := u.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	force := true
+	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "feasibility", Force: &force})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+func freshNamespace(ctx context.Context, ns string) {
+	if err := c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
+		Eventually(func() bool {
+			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s still terminating", ns)
+	}
+	_, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// waitRouterReady waits for fiber-router's Deployment to be fully rolled
+// out (bounded).
+func waitRouterReady(ctx context.Context, bound time.Duration) error {
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) {
+		d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{})
+		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Spec.Replicas != nil &&
+			d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.ReadyReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("fiber-router not rolled out within %s", bound)
+}
+
+var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibility"), Ordered, func() {
+	for _, prov := range networking.Names() {
+		for _, strategy := range Strategies {
+			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func(ctx SpecContext) {
+				p, err := networking.Get(prov)
+				Expect(err).NotTo(HaveOccurred())
+				if why := p.NeedsRegistry(); why != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+					for _, pr := range Proofs {
+						matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
+					}
+					Skip(fmt.Sprintf("%s needs a container registry (%s); set LAMPYR_ONLINE=1 on a machine that can pull", prov, why))
+				}
+				if prov != "traefik" {
+					Skip(fmt.Sprintf("the gate installs Lampyr with traefik on cluster %s; %s needs its own cluster (not wired yet)", clusterName, prov))
+				}
+				runGate(ctx, prov, strategy)
+			})
+		}
+	}
+
+	It("selects, per provider, the strategy the install profile uses", func() {
+		sel := matrix.Selected()
+		fmt.Fprintf(GinkgoWriter, "\n%s", matrix.Table())
+		Expect(sel).To(HaveKey("traefik"), "no backend strategy passed every proof on traefik: the gate stops here (no custom Route reconciler, no fork)\n%s", matrix.Table())
+		Expect(sel["traefik"]).To(Equal(clusters.BackendStrategyFor("traefik")), "the install profile's default for traefik must follow the gate")
+	})
+})
+
+func runGate(ctx context.Context, prov, strategy string) {
+	ns := "feas-" + strategy
+	Expect(setStrategy(ctx, strategy)).To(Succeed())
+	freshNamespace(ctx, ns)
+	host := svcName + "." + ns + "." + clusters.Domain
+	tagHost := func(tag string) string { return tag + "-" + svcName + "." + ns + "." + clusters.Domain }
+	rev1, rev2 := svcName+"-00001", svcName+"-00002"
+
+	By("deploying two Revisions split 50/50, tagged one and two")
+	apply(ctx, ksvc(ns, nil, rev1))
+	_, err := c.WaitReady(ctx, e2eutil.Revisions, ns, rev1, 3*time.Minute)
+	Expect(err).NotTo(HaveOccurred(), "Revision %s", rev1)
+	apply(ctx, ksvc(ns, []any{
+		map[string]any{"revisionName": rev1, "percent": int64(50), "tag": "one"},
+		map[string]any{"latestRevision": true, "percent": int64(50), "tag": "two"},
+	}, rev2))
+	_, err = c.WaitReady(ctx, e2eutil.Revisions, ns, rev2, 3*time.Minute)
+	Expect(err).NotTo(HaveOccurred(), "Revision %s", rev2)
+	svc, _ := c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+	backend, _ := c.Kube.CoreV1().Services(ns).Get(ctx, rev1, metav1.GetOptions{})
+	if backend != nil {
+		fmt.Fprintf(GinkgoWriter, "backend Service %s/%s: type %s externalName %q clusterIP %s\n", ns, rev1, backend.Spec.Type, backend.Spec.ExternalName, backend.Spec.ClusterIP)
+	}
+
+	proof(prov, strategy, Proofs[0], func() (string, time.Duration, error) {
+		deadline := time.Now().Add(2 * time.Minute)
+		for {
+			ing, err := c.Dynamic.Resource(e2eutil.Ingresses).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+			if err == nil {
+				if s, r, m := e2eutil.Condition(ing, "Ready"); s == "True" {
+					ss := ""
+					if svc != nil {
+						ss, _, _ = e2eutil.Condition(svc, "Ready")
+					}
+					return fmt.Sprintf("KIngress %s/%s Ready (Service Ready=%s)", ns, svcName, ss), 0, nil
+				} else if time.Now().After(deadline) {
+					return "", 0, fmt.Errorf("KIngress not Ready within 2m: Ready=%s %s %s", s, r, m)
+				}
+			} else if time.Now().After(deadline) {
+				return "", 0, fmt.Errorf("KIngress not found within 2m: %v", err)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+
+	// Give the gateway a bounded moment to pick the routes up.
+	_, warmErr := firstGood(ctx, host, time.Minute)
+
+	proof(prov, strategy, Proofs[1], func() (string, time.Duration, error) {
+		if warmErr != nil {
+			return "", 0, warmErr
+		}
+		counts := map[string]int{}
+		for i := 0; i < 200; i++ {
+			rev, _, _, err := echo(ctx, host)
+			if err != nil {
+				return "", 0, fmt.Errorf("request %d: %v (so far %v)", i, err, counts)
+			}
+			counts[rev]++
+		}
+		ev := fmt.Sprintf("200 requests: %s %d, %s %d", rev1, counts[rev1], rev2, counts[rev2])
+		if counts[rev1] < 70 || counts[rev1] > 130 || counts[rev2] < 70 || counts[rev2] > 130 {
+			return "", 0, fmt.Errorf("split outside 35-65%%: %s", ev)
+		}
+		return ev, 0, nil
+	})
+
+	proof(prov, strategy, Proofs[2], func() (string, time.Duration, error) {
+		for _, want := range []string{rev1, rev2} {
+			got, hdr, _, err := echo(ctx, tagHost(map[string]string{rev1: "one", rev2: "two"}[want]))
+			if err != nil {
+				return "", 0, err
+			}
+			if got != want {
+				return "", 0, fmt.Errorf("selected %s, handler ran as %s", want, got)
+			}
+			for _, h := range []string{"Knative-Serving-Revision", "Knative-Serving-Namespace"} {
+				if v := hdr.Get(h); v != "" {
+					return "", 0, fmt.Errorf("the handler saw %s: %s (fiber-router must consume it)", h, v)
+				}
+			}
+		}
+		return "K_REVISION matched the selected Revision for both; Knative-Serving-Revision/-Namespace consumed", 0, nil
+	})
+
+	proof(prov, strategy, Proofs[3], func() (string, time.Duration, error) {
+		for i := 0; i < 20; i++ {
+			got, _, _, err := echo(ctx, tagHost("one"))
+			if err != nil {
+				return "", 0, err
+			}
+			if got != rev1 {
+				return "", 0, fmt.Errorf("request %d to tag one reached %s", i, got)
+			}
+		}
+		return fmt.Sprintf("20/20 requests to %s reached %s", tagHost("one"), rev1), 0, nil
+	})
+
+	proof(prov, strategy, Proofs[4], func() (string, time.Duration, error) {
+		h := tagHost("one")
+		r, err := portability.Do(ctx, gateway, h, portability.RequestSet[0])
+		if err != nil {
+			return "", 0, err
+		}
+		if r.Status != 200 || r.Body != "Hello World!\n" {
+			return "", 0, fmt.Errorf("GET / answered %d %q", r.Status, r.Body)
+		}
+		st, err := portability.DoStream(ctx, gateway, h, 5, 200)
+		if err != nil {
+			return "", 0, err
+		}
+		if st.Status != 200 || len(st.Chunks) != 5 || !st.Incremental {
+			return "", 0, fmt.Errorf("stream: %+v", st)
+		}
+		ws, err := portability.WebSocketEcho(ctx, gateway, h, []string{"a", "b"})
+		if err != nil {
+			return "", 0, err
+		}
+		if strings.Join(ws, ",") != "echo: a,echo: b" {
+			return "", 0, fmt.Errorf("websocket replies %q", ws)
+		}
+		return "HTTP 200, 5 chunks incrementally, 2 WebSocket echoes", 0, nil
+	})
+
+	sabotage := os.Getenv(envSabotage) == "router-zero"
+	proof(prov, strategy, Proofs[5], func() (string, time.Duration, error) {
+		if warmErr != nil {
+			return "", 0, fmt.Errorf("not attempted: the Service never answered (%v)", warmErr)
+		}
+		patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
+		start := time.Now()
+		if _, err := c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return "", 0, err
+		}
+		if sabotage {
+			if d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{}); err == nil && d.Spec.Replicas != nil && *d.Spec.Replicas > 0 {
+				routerReplicas = *d.Spec.Replicas
+			}
+			scale := `{"spec":{"replicas":0}}`
+			if _, err := c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{}); err != nil {
+				return "", 0, err
+			}
+			fmt.Fprintf(GinkgoWriter, "%s=router-zero: fiber-router scaled to zero during proof 6a\n", envSabotage)
+		}
+		if err := waitRouterReady(ctx, 3*time.Minute); err != nil {
+			return "", 0, err
+		}
+		rolled := time.Since(start)
+		d, err := firstGood(ctx, host, time.Minute)
+		if err != nil {
+			return "", 0, fmt.Errorf("after the rollout (%s): %v", rolled.Round(100*time.Millisecond), err)
+		}
+		// Every request must succeed again, not just one.
+		for i := 0; i < 20; i++ {
+			if _, _, _, err := echo(ctx, host); err != nil {
+				return "", 0, fmt.Errorf("request %d after recovery: %v", i, err)
+			}
+		}
+		return fmt.Sprintf("rollout done in %s; 20/20 requests good after", rolled.Round(100*time.Millisecond)), rolled + d, nil
+	})
+
+	proof(prov, strategy, Proofs[6], func() (string, time.Duration, error) {
+		if warmErr != nil {
+			return "", 0, fmt.Errorf("not attempted: the Service never answered (%v)", warmErr)
+		}
+		pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+		if err != nil {
+			return "", 0, err
+		}
+		start := time.Now()
+		for _, p := range pods.Items {
+			if err := c.Kube.CoreV1().Pods(systemNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+				return "", 0, err
+			}
+		}
+		d, err := firstGood(ctx, host, 2*time.Minute)
+		if err != nil {
+			return "", 0, fmt.Errorf("deleted %d fiber-router pods: %v", len(pods.Items), err)
+		}
+		if err := waitRouterReady(ctx, 3*time.Minute); err != nil {
+			return "", 0, err
+		}
+		for i := 0; i < 20; i++ {
+			if _, _, _, err := echo(ctx, host); err != nil {
+				return "", 0, fmt.Errorf("request %d after recovery: %v", i, err)
+			}
+		}
+		return fmt.Sprintf("deleted %d pods; first good response after %s; 20/20 good once rolled out (%s)", len(pods.Items), d.Round(10*time.Millisecond), time.Since(start).Round(100*time.Millisecond)), d, nil
+	})
+}
