@@ -62,6 +62,12 @@ test-feasibility: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json
 
+# Side-by-side performance of stock Knative and Lampyr on the paired clusters
+# (report in _artifacts/bench/report.{json,md,html}). Knobs: LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES.
+bench-portability: tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json
+
 # Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
 test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
     go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}

@@ -1,0 +1,416 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/ly"
+)
+
+func TestBench(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "bench-portability")
+}
+
+const ns = "bench"
+
+type side struct {
+	name    string
+	info    kindcluster.Info
+	c       *e2eutil.Clients
+	gateway string
+}
+
+var (
+	enabled  = os.Getenv("LAMPYR_E2E") == "1"
+	env      *clusters.Env
+	stock    = &side{name: "stock"}
+	lampyr   = &side{name: "lampyr"}
+	sides    = []*side{stock, lampyr}
+	created  = map[string]bool{}
+	runnable string
+	snap     name.Digest
+	built    *ly.Built
+	project  *ly.Project
+	inst     *ly.Installation
+	report   = &Results{Samples: map[string]*Sample{}}
+	artDir   string
+	client   = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+)
+
+func envInt(k string, d int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return d
+}
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if !enabled {
+		Skip("the benchmark needs the paired Kind clusters: run it with `just bench-portability` (sets LAMPYR_E2E=1)")
+	}
+	artDir = filepath.Join(e2eutil.ArtifactsDir(), "bench")
+	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
+	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	for _, s := range sides {
+		ok, err := env.Manager().Exists(s.name)
+		Expect(err).NotTo(HaveOccurred())
+		created[s.name] = !ok
+	}
+	infos, err := env.Up(ctx, []string{"stock", "lampyr"}, os.Getenv("LAMPYR_KEEP") == "1")
+	Expect(err).NotTo(HaveOccurred())
+	for i, s := range sides {
+		s.info = infos[i]
+		s.gateway = s.info.GatewayURL()
+		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed())
+		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)
+		Expect(err).NotTo(HaveOccurred())
+		freshNamespace(ctx, s)
+	}
+	// Stock's autoscaler would keep an idle Revision 60s+30s; the cold
+	// cycles need it at zero sooner. The window does not change how long a
+	// scale from zero takes.
+	patch := `{"data":{"stable-window":"6s","scale-to-zero-grace-period":"6s"}}`
+	_, err = stock.c.Kube.CoreV1().ConfigMaps("knative-serving").Patch(ctx, "config-autoscaler", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	runnable, err = e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", lampyr.info.Registry, "bench/handler", "runnable")
+	Expect(err).NotTo(HaveOccurred())
+	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
+	project, err = ly.LoadProject(dir)
+	Expect(err).NotTo(HaveOccurred())
+	built, err = ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
+	Expect(err).NotTo(HaveOccurred())
+	tag, _ := ly.ParseImageTag(lampyr.info.Registry + "/bench/handler:snapshot")
+	pushed, err := ly.Push(ctx, built, tag)
+	Expect(err).NotTo(HaveOccurred())
+	snap = pushed.Ref
+	lc, err := ly.Connect(lampyr.info.Kubeconfig, "")
+	Expect(err).NotTo(HaveOccurred())
+	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	out, _ := exec.Command("docker", "version", "--format", "{{.Server.Version}}").Output()
+	report.Started = time.Now().UTC()
+	report.Machine = map[string]string{
+		"cpus": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version(), "docker": strings.TrimSpace(string(out)),
+		"knative serving": knative.ServingVersion, "networking": "traefik (both sides)",
+		"memory": memTotal(), "lampyr execution mode": "fresh (home-warm-fibers: installation default)",
+	}
+}, NodeTimeout(60*time.Minute))
+
+func memTotal() string {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return "unknown"
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	return strings.Join(strings.Fields(line)[1:], " ")
+}
+
+var _ = AfterSuite(func(ctx SpecContext) {
+	if !enabled || env == nil {
+		return
+	}
+	if len(report.Rows) > 0 {
+		raw, _ := report.JSON()
+		_ = os.WriteFile(filepath.Join(artDir, "report.json"), raw, 0o644)
+		_ = os.WriteFile(filepath.Join(artDir, "report.md"), []byte(report.Markdown()), 0o644)
+		_ = os.WriteFile(filepath.Join(artDir, "report.html"), []byte(report.HTML()), 0o644)
+		fmt.Fprintf(GinkgoWriter, "\n%s\nreports: %s/report.{json,md,html}\n", report.Markdown(), artDir)
+	}
+	for _, s := range sides {
+		if s.c != nil {
+			_ = s.c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
+		}
+	}
+	if os.Getenv("LAMPYR_KEEP") == "1" {
+		return
+	}
+	for _, s := range sides {
+		if created[s.name] {
+			Expect(env.Manager().Delete(s.name)).To(Succeed())
+		}
+	}
+}, NodeTimeout(10*time.Minute))
+
+func freshNamespace(ctx context.Context, s *side) {
+	if err := s.c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
+		Eventually(func() bool {
+			_, err := s.c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(BeTrue())
+	}
+	_, err := s.c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// service is the identical Service applied to both sides (the template is
+// sealed for its first Revision; Lampyr needs it, stock ignores it).
+func service(svc string, maxScale int32) *unstructured.Unstructured {
+	p := *project
+	p.Name = svc
+	p.MaxScale = &maxScale
+	tmpl, err := ly.SealTemplate(context.Background(), inst, svc+"-00001", snap, built.Config, p.Policy())
+	Expect(err).NotTo(HaveOccurred())
+	return ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: snap.String(), Template: tmpl.String(), Public: true})
+}
+
+func apply(ctx context.Context, s *side, u *unstructured.Unstructured) {
+	body, err := u.MarshalJSON()
+	Expect(err).NotTo(HaveOccurred())
+	force := true
+	_, err = s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "bench", Force: &force})
+	Expect(err).NotTo(HaveOccurred())
+}
+
+func host(svc string) string { return svc + "." + ns + "." + clusters.Domain }
+
+func deployBoth(ctx context.Context, svc string, maxScale int32) {
+	u := service(svc, maxScale)
+	for _, s := range sides {
+		apply(ctx, s, u)
+	}
+	for _, s := range sides {
+		_, err := s.c.WaitReady(ctx, e2eutil.KServices, ns, svc, 4*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), "%s on %s", svc, s.name)
+		Eventually(func() (int, error) { return GetFunc(client, s.gateway, host(svc), "/")(ctx) }).
+			WithTimeout(time.Minute).WithPolling(200*time.Millisecond).Should(Equal(200), "%s on %s", svc, s.name)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "bench"), Ordered, func() {
+	BeforeAll(func(ctx SpecContext) { deployBoth(ctx, "warm", 20) })
+
+	It("measures warm latency and throughput at concurrency 1, 4, 16", func(ctx SpecContext) {
+		dur := time.Duration(envInt("LAMPYR_BENCH_SECONDS", 5)) * time.Second
+		for _, conc := range []int{1, 4, 16} {
+			got := map[string]*Sample{"stock": {}, "lampyr": {}}
+			// A B B A: alternate which side goes first.
+			for round, order := range [][]*side{{stock, lampyr}, {lampyr, stock}} {
+				for _, s := range order {
+					smp := Load(ctx, conc, dur, GetFunc(client, s.gateway, host("warm"), "/"))
+					fmt.Fprintf(GinkgoWriter, "warm c=%d round %d %s: %d requests, %d errors, p50 %.2fms p99 %.2fms, %.0f req/s\n", conc, round+1, s.name, len(smp.Latencies), smp.Errors, ms(smp.Percentile(50)), ms(smp.Percentile(99)), smp.Throughput())
+					got[s.name].Merge(smp)
+				}
+			}
+			m := fmt.Sprintf("warm c=%d", conc)
+			report.Samples[m+"/stock"], report.Samples[m+"/lampyr"] = got["stock"], got["lampyr"]
+			report.Rows = append(report.Rows,
+				Row{Group: m, Metric: "p50 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(50)), Lampyr: ms(got["lampyr"].Percentile(50)), Goal: "<= 1.0"},
+				Row{Group: m, Metric: "p99 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(99)), Lampyr: ms(got["lampyr"].Percentile(99)), Goal: "<= 1.0"},
+				Row{Group: m, Metric: "throughput", Unit: "req/s", Stock: got["stock"].Throughput(), Lampyr: got["lampyr"].Throughput()},
+				Row{Group: m, Metric: "errors", Unit: "", Stock: float64(got["stock"].Errors), Lampyr: float64(got["lampyr"].Errors)},
+			)
+		}
+	})
+
+	It("measures cold requests: stock from zero Pods, Lampyr fresh fibers", func(ctx SpecContext) {
+		cycles := envInt("LAMPYR_BENCH_COLD_CYCLES", 20)
+		deployBoth(ctx, "cold", 20)
+		got := map[string]*Sample{"stock": {}, "lampyr": {}}
+		do := func(s *side) {
+			t0 := time.Now()
+			code, err := GetFunc(client, s.gateway, host("cold"), "/")(ctx)
+			if err != nil {
+				code = -1
+			}
+			got[s.name].Add(time.Since(t0), code)
+		}
+		for i := 0; i < cycles; i++ {
+			// Stock: wait until the Revision has no Pod at all.
+			Eventually(func() (int, error) {
+				pods, err := stock.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service=cold"})
+				if err != nil {
+					return -1, err
+				}
+				return len(pods.Items), nil
+			}).WithTimeout(3*time.Minute).WithPolling(250*time.Millisecond).Should(BeZero(), "stock never scaled cold to zero (cycle %d)", i)
+			do(stock)
+			// Lampyr: every fresh request gets a fiber no request used.
+			time.Sleep(time.Second)
+			do(lampyr)
+			fmt.Fprintf(GinkgoWriter, "cold cycle %d: stock %.0fms, lampyr %.1fms\n", i+1, got["stock"].Millis[i], got["lampyr"].Millis[i])
+		}
+		report.Samples["cold/stock"], report.Samples["cold/lampyr"] = got["stock"], got["lampyr"]
+		for _, p := range []float64{50, 90, 99} {
+			report.Rows = append(report.Rows, Row{Group: "cold request", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
+				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["lampyr"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles", cycles)})
+		}
+		Expect(got["stock"].Errors+got["lampyr"].Errors).To(BeZero(), "cold requests failed: stock %v lampyr %v", got["stock"].Codes, got["lampyr"].Codes)
+	})
+
+	It("measures apply -> Ready and apply -> first response over 5 Revisions", func(ctx SpecContext) {
+		ready := map[string]*Sample{"stock": {}, "lampyr": {}}
+		first := map[string]*Sample{"stock": {}, "lampyr": {}}
+		for i := 0; i < 5; i++ {
+			svc := fmt.Sprintf("ready-%d", i)
+			u := service(svc, 5)
+			order := []*side{stock, lampyr}
+			if i%2 == 1 {
+				order = []*side{lampyr, stock}
+			}
+			for _, s := range order {
+				t0 := time.Now()
+				apply(ctx, s, u)
+				Eventually(func() bool {
+					o, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svc, metav1.GetOptions{})
+					return err == nil && e2eutil.IsReady(o)
+				}).WithTimeout(4*time.Minute).WithPolling(100*time.Millisecond).Should(BeTrue(), "%s on %s", svc, s.name)
+				ready[s.name].Add(time.Since(t0), 200)
+				Eventually(func() (int, error) { return GetFunc(client, s.gateway, host(svc), "/")(ctx) }).
+					WithTimeout(2 * time.Minute).WithPolling(100 * time.Millisecond).Should(Equal(200))
+				first[s.name].Add(time.Since(t0), 200)
+				fmt.Fprintf(GinkgoWriter, "%s on %s: Ready after %.1fs, first response after %.1fs\n", svc, s.name, ready[s.name].Millis[i]/1000, first[s.name].Millis[i]/1000)
+			}
+		}
+		report.Samples["apply-to-ready/stock"], report.Samples["apply-to-ready/lampyr"] = ready["stock"], ready["lampyr"]
+		report.Rows = append(report.Rows,
+			Row{Group: "apply -> Ready", Metric: "median", Unit: "ms", Stock: ms(ready["stock"].Percentile(50)), Lampyr: ms(ready["lampyr"].Percentile(50)), Goal: "<= 0.5"},
+			Row{Group: "apply -> first response", Metric: "median", Unit: "ms", Stock: ms(first["stock"].Percentile(50)), Lampyr: ms(first["lampyr"].Percentile(50)), Goal: "<= 0.5"},
+		)
+	})
+
+	It("measures behaviour at 2x max-scale concurrent requests", func(ctx SpecContext) {
+		deployBoth(ctx, "cap", 2)
+		for _, s := range sides {
+			smp := Load(ctx, 4, 10*time.Second, GetFunc(client, s.gateway, host("cap"), "/stream?n=10&delayms=100"))
+			report.Samples["cap/"+s.name] = smp
+			fmt.Fprintf(GinkgoWriter, "cap %s: %d requests, codes %v, p50 %.0fms p99 %.0fms\n", s.name, len(smp.Latencies), smp.Codes, ms(smp.Percentile(50)), ms(smp.Percentile(99)))
+		}
+		st, lp := report.Samples["cap/stock"], report.Samples["cap/lampyr"]
+		report.Rows = append(report.Rows,
+			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "completed", Unit: "", Stock: float64(st.Codes[200]), Lampyr: float64(lp.Codes[200])},
+			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "503s", Unit: "", Stock: float64(st.Codes[503]), Lampyr: float64(lp.Codes[503])},
+			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "p99 latency", Unit: "ms", Stock: ms(st.Percentile(99)), Lampyr: ms(lp.Percentile(99))},
+		)
+	})
+
+	It("measures the idle footprint with 0 and 20 idle Services", func(ctx SpecContext) {
+		for _, s := range sides {
+			Expect(s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
+		}
+		settle := func() {
+			for _, s := range sides {
+				Eventually(func() (int, error) {
+					pods, err := s.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
+					return len(pods.Items), err
+				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Service Pods still running", s.name)
+			}
+			time.Sleep(10 * time.Second)
+		}
+		measure := func(label string) {
+			for _, what := range []string{"node memory", "serving planes memory", "workload memory"} {
+				var v [2]float64
+				for i, s := range sides {
+					fp, err := footprint(s.info.Name)
+					Expect(err).NotTo(HaveOccurred())
+					v[i] = fp[what]
+				}
+				report.Rows = append(report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Goal: map[bool]string{true: "<= 1.0"}[label == "20 Services" && what == "node memory"]})
+			}
+		}
+		settle()
+		measure("0 Services")
+		var svcs []*unstructured.Unstructured
+		for i := 0; i < 20; i++ {
+			svcs = append(svcs, service(fmt.Sprintf("idle-%d", i), 2))
+		}
+		for _, s := range sides {
+			for _, u := range svcs {
+				apply(ctx, s, u)
+			}
+		}
+		for _, s := range sides {
+			for _, u := range svcs {
+				_, err := s.c.WaitReady(ctx, e2eutil.KServices, ns, u.GetName(), 5*time.Minute)
+				Expect(err).NotTo(HaveOccurred(), "%s on %s", u.GetName(), s.name)
+			}
+		}
+		// Stock scales the idle Services to zero; Lampyr keeps a Home per
+		// Revision. Both are "idle".
+		Eventually(func() (int, error) {
+			pods, err := stock.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
+			return len(pods.Items), err
+		}).WithTimeout(5*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock idle Services never reached zero Pods")
+		time.Sleep(10 * time.Second)
+		measure("20 Services")
+	})
+})
+
+// footprint reads, inside a cluster's node, the memory of the whole node
+// (its cgroup, as docker stats reports it), of the serving control and data
+// plane (knative-serving, lampyr-system, traefik), and of the workload
+// namespace, from crictl stats (working set), in MiB.
+func footprint(cluster string) (map[string]float64, error) {
+	node := cluster + "-control-plane"
+	out, err := exec.Command("docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", node).Output()
+	if err != nil {
+		return nil, fmt.Errorf("docker stats %s: %w", node, err)
+	}
+	used, _, _ := strings.Cut(strings.TrimSpace(string(out)), "/")
+	fp := map[string]float64{"node memory": parseMiB(strings.TrimSpace(used))}
+	raw, err := exec.Command("docker", "exec", node, "crictl", "stats", "-o", "json").Output()
+	if err != nil {
+		return nil, fmt.Errorf("crictl stats in %s: %w", node, err)
+	}
+	var st struct {
+		Stats []struct {
+			Attributes struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"attributes"`
+			Memory struct {
+				WorkingSetBytes struct {
+					Value string `json:"value"`
+				} `json:"workingSetBytes"`
+			} `json:"memory"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, err
+	}
+	for _, s := range st.Stats {
+		b, _ := strconv.ParseFloat(s.Memory.WorkingSetBytes.Value, 64)
+		switch s.Attributes.Labels["io.kubernetes.pod.namespace"] {
+		case "knative-serving", "lampyr-system", "traefik":
+			fp["serving planes memory"] += b / (1 << 20)
+		case ns:
+			fp["workload memory"] += b / (1 << 20)
+		}
+	}
+	return fp, nil
+}
+
+func parseMiB(s string) float64 {
+	units := map[string]float64{"KiB": 1.0 / 1024, "MiB": 1, "GiB": 1024, "B": 1.0 / (1 << 20)}
+	for _, u := range []string{"KiB", "MiB", "GiB", "B"} {
+		if strings.HasSuffix(s, u) {
+			v, _ := strconv.ParseFloat(strings.TrimSuffix(s, u), 64)
+			return v * units[u]
+		}
+	}
+	return 0
+}

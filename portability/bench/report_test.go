@@ -1,0 +1,75 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPercentilesAndRatios(t *testing.T) {
+	s := &Sample{}
+	for i := 1; i <= 100; i++ {
+		s.Add(time.Duration(i)*time.Millisecond, 200)
+	}
+	if got := s.Percentile(50); got != 50*time.Millisecond {
+		t.Errorf("p50 = %s", got)
+	}
+	if got := s.Percentile(99); got != 99*time.Millisecond {
+		t.Errorf("p99 = %s", got)
+	}
+	r := Row{Stock: 200, Lampyr: 1, Goal: "<= 0.01"}
+	if m, ok := r.Met(); !ok || !m {
+		t.Errorf("1/200 <= 0.01: met=%v ok=%v", m, ok)
+	}
+	if m, ok := (Row{Stock: 1, Lampyr: 2, Goal: "<= 1.0"}).Met(); !ok || m {
+		t.Error("2/1 <= 1.0 reported met")
+	}
+	if _, ok := (Row{Stock: 0, Lampyr: 2, Goal: "<= 1.0"}).Met(); ok {
+		t.Error("a ratio over zero must not be judged")
+	}
+	if !math.IsNaN((Row{}).Ratio()) {
+		t.Error("0/0 ratio must be NaN")
+	}
+}
+
+func TestLoadCountsErrorsAndStops(t *testing.T) {
+	n := 0
+	s := Load(context.Background(), 2, 200*time.Millisecond, func(ctx context.Context) (int, error) {
+		time.Sleep(5 * time.Millisecond)
+		n++
+		if n%2 == 0 {
+			return 503, nil
+		}
+		return 200, nil
+	})
+	if len(s.Latencies) == 0 || s.Errors == 0 || s.Codes[200] == 0 {
+		t.Errorf("sample %+v", s.Codes)
+	}
+	if s.Duration < 200*time.Millisecond || s.Duration > 2*time.Second {
+		t.Errorf("duration %s", s.Duration)
+	}
+}
+
+func TestRenderings(t *testing.T) {
+	r := &Results{Machine: map[string]string{"cpus": "2"}, Samples: map[string]*Sample{}}
+	a, b := &Sample{}, &Sample{}
+	a.Add(300*time.Millisecond, 200)
+	b.Add(2*time.Millisecond, 200)
+	r.Samples["cold/stock"], r.Samples["cold/lampyr"] = a, b
+	r.Rows = append(r.Rows, Row{Group: "cold request", Metric: "p50", Unit: "ms", Stock: 300, Lampyr: 2, Goal: "<= 0.01"})
+	md := r.Markdown()
+	for _, want := range []string{"| cold request | p50 | 300 ms | 2.00 ms | 0.00667 | <= 0.01 | yes |", "- cpus: 2"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
+		}
+	}
+	h := r.HTML()
+	if !strings.Contains(h, "<svg") || !strings.Contains(h, "polyline") || !strings.Contains(h, "lampyr (n=1)") {
+		t.Errorf("html lacks the CDF plot:\n%s", h)
+	}
+	if _, err := r.JSON(); err != nil {
+		t.Fatal(err)
+	}
+}
