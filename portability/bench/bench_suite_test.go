@@ -316,9 +316,10 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		settle := func() {
 			for _, s := range sides {
 				Eventually(func() (int, error) {
-					pods, err := s.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
+					// Every Pod: Lampyr's Homes carry only the Revision label.
+					pods, err := s.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 					return len(pods.Items), err
-				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Service Pods still running", s.name)
+				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Pods of deleted Services still running", s.name)
 			}
 			time.Sleep(10 * time.Second)
 		}
