@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -75,6 +76,17 @@ type Fiber struct {
 	lastUsed time.Time
 	requests int64
 	ending   bool
+
+	tOnce     sync.Once
+	transport *http.Transport
+}
+
+// Transport returns the fiber's HTTP transport, made by mk on first use, so
+// requests to a reused fiber share its connections; the pool closes them
+// when the fiber ends.
+func (f *Fiber) Transport(mk func() *http.Transport) *http.Transport {
+	f.tOnce.Do(func() { f.transport = mk() })
+	return f.transport
 }
 
 // Snapshot is a fiber's state at one moment.
@@ -335,6 +347,10 @@ func (p *Pool) removeLocked(f *Fiber) {
 }
 
 func (p *Pool) end(f *Fiber, reason string) {
+	f.tOnce.Do(func() {}) // no transport may be made from here on
+	if f.transport != nil {
+		f.transport.CloseIdleConnections()
+	}
 	if err := f.Destroy(); err != nil {
 		p.cfg.Logf("destroying fiber %s: %v", f.ID(), err)
 	}
@@ -363,11 +379,39 @@ func (p *Pool) Release(id string) error {
 	return nil
 }
 
+// BusyWait is how long Begin waits for a reused fiber's previous request
+// to end. A client that has read a whole response may send its next
+// request before the proxy has marked the fiber free; that request waits
+// this long instead of failing with ErrBusy.
+const BusyWait = 100 * time.Millisecond
+
 // Begin marks a leased fiber busy for one request. The returned func ends
-// the request; in fresh mode the fiber is then spent.
-func (p *Pool) Begin(id string) (*Fiber, func(), error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// the request; in fresh mode the fiber is then spent. A fiber busy with
+// another request is waited for up to BusyWait (or ctx) before ErrBusy.
+func (p *Pool) Begin(ctx context.Context, id string) (*Fiber, func(), error) {
+	deadline := time.NewTimer(BusyWait)
+	defer deadline.Stop()
+	for {
+		p.mu.Lock()
+		f, ok := p.fibers[id]
+		if ok && !f.ending && f.state == "busy" {
+			ch := p.changed
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-deadline.C:
+			case <-ctx.Done():
+			}
+			p.mu.Lock()
+		}
+		f2, end, err := p.beginLocked(id)
+		p.mu.Unlock()
+		return f2, end, err
+	}
+}
+
+func (p *Pool) beginLocked(id string) (*Fiber, func(), error) {
 	f, ok := p.fibers[id]
 	if !ok || f.ending {
 		return nil, nil, ErrUnknown
@@ -394,6 +438,7 @@ func (p *Pool) Begin(id string) (*Fiber, func(), error) {
 		} else {
 			f.state = "acquired"
 		}
+		p.notifyLocked()
 	}, nil
 }
 

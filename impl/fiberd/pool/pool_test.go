@@ -120,21 +120,21 @@ func TestFreshSpentAndBusy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, end, err := p.Begin(f.ID())
+	_, end, err := p.Begin(context.Background(), f.ID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrBusy) {
+	if _, _, err := p.Begin(context.Background(), f.ID()); !errors.Is(err, ErrBusy) {
 		t.Fatalf("second concurrent request: %v, want ErrBusy", err)
 	}
 	end()
-	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrSpent) {
+	if _, _, err := p.Begin(context.Background(), f.ID()); !errors.Is(err, ErrSpent) {
 		t.Fatalf("second request into a fresh fiber: %v, want ErrSpent", err)
 	}
 	if err := p.Release(f.ID()); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.Begin(f.ID()); !errors.Is(err, ErrUnknown) {
+	if _, _, err := p.Begin(context.Background(), f.ID()); !errors.Is(err, ErrUnknown) {
 		t.Fatalf("request into a released fiber: %v", err)
 	}
 	if err := p.Release(f.ID()); !errors.Is(err, ErrUnknown) {
@@ -175,7 +175,7 @@ func TestReuseIdleRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		_, end, err := p.Begin(f.ID())
+		_, end, err := p.Begin(context.Background(), f.ID())
 		if err != nil {
 			t.Fatalf("request %d into a reuse fiber: %v", i, err)
 		}
@@ -196,4 +196,37 @@ func TestNoWarmPoolIsReadyAndStartsOnDemand(t *testing.T) {
 	if be.started.Load() != 1 {
 		t.Fatalf("started %d fibers, want 1 on demand", be.started.Load())
 	}
+}
+
+// A client that has read a whole response can send its next request before
+// the proxy ends the previous one: Begin waits for that end instead of
+// answering ErrBusy, and never lets two requests into one fiber.
+func TestReuseBeginWaitsForThePreviousRequestToEnd(t *testing.T) {
+	p := newPool(t, &fakeBackend{}, ModeReuse, 3, 0)
+	f, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, end, err := p.Begin(context.Background(), f.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan time.Time, 1)
+	go func() { time.Sleep(20 * time.Millisecond); ended <- time.Now(); end() }()
+	_, end2, err := p.Begin(context.Background(), f.ID())
+	if err != nil {
+		t.Fatalf("back-to-back request: %v, want it to wait for the previous one", err)
+	}
+	if began, at := time.Now(), <-ended; began.Before(at) {
+		t.Fatal("second request began before the first ended")
+	}
+	// Still busy after BusyWait: ErrBusy, promptly.
+	t0 := time.Now()
+	if _, _, err := p.Begin(context.Background(), f.ID()); !errors.Is(err, ErrBusy) {
+		t.Fatalf("concurrent request: %v, want ErrBusy", err)
+	}
+	if d := time.Since(t0); d < BusyWait || d > 10*BusyWait {
+		t.Errorf("ErrBusy after %s, want about %s", d, BusyWait)
+	}
+	end2()
 }

@@ -587,7 +587,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		writeErr(w, status, reason, msg)
 		return
 	}
-	f, end, err := l.pool.Begin(id)
+	f, end, err := l.pool.Begin(r.Context(), id)
 	switch {
 	case errors.Is(err, pool.ErrUnknown):
 		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
@@ -609,17 +609,34 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(g.MaxRequestSeconds)*time.Second)
 		defer cancel()
 	}
-	tr := &http.Transport{
-		DialContext:       func(ctx context.Context, _, _ string) (net.Conn, error) { return f.Dial(ctx) },
-		DisableKeepAlives: l.protocol != "h2c",
-		// The router already decompresses nothing; pass bytes through.
-		DisableCompression: true,
+	reuse := l.pool.Mode() == pool.ModeReuse
+	mk := func() *http.Transport {
+		tr := &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return f.Dial(ctx) },
+			// A fresh fiber serves one request: no connection to keep.
+			DisableKeepAlives: !reuse && l.protocol != "h2c",
+			// The router already decompresses nothing; pass bytes through.
+			DisableCompression:  true,
+			MaxIdleConnsPerHost: 1,
+		}
+		if l.protocol == "h2c" {
+			tr.Protocols = new(http.Protocols)
+			tr.Protocols.SetUnencryptedHTTP2(true)
+		}
+		return tr
 	}
-	if l.protocol == "h2c" {
-		tr.Protocols = new(http.Protocols)
-		tr.Protocols.SetUnencryptedHTTP2(true)
+	var tr *http.Transport
+	if reuse {
+		// A reused fiber keeps its connection between requests (the
+		// helper bridges bytes, so keep-alive passes through); the pool
+		// closes it when the fiber ends.
+		tr = f.Transport(mk)
 	}
-	defer tr.CloseIdleConnections()
+	if tr == nil { // fresh mode, or the fiber ended meanwhile
+		tr = mk()
+		defer tr.CloseIdleConnections()
+	}
+
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
