@@ -220,7 +220,7 @@ func parse(r io.Reader, log *progress.Log, requested string) []Result {
 					res.Reason = "skipped by request (--skip): " + res.Reason
 				}
 			}
-			log.Printf("   %-4s %-30s %5.1fs %s", e.Action, name, e.Elapsed, firstLine(res.Reason))
+			log.Printf("   %-4s %-30s %5.1fs %s", e.Action, name, e.Elapsed, cause(res.Reason))
 			results = append(results, res)
 		}
 	}
@@ -256,10 +256,23 @@ func reason(out, action string) string {
 	return strings.Join(keep, "\n")
 }
 
+// cause is the one line of a failure's output that says what went wrong:
+// the first line carrying an error marker, else the first line.
+func cause(reason string) string {
+	for _, l := range strings.Split(reason, "\n") {
+		for _, m := range []string{"Error", "error", "unexpected", "wanted", "Fatal", "failed", "timed out"} {
+			if strings.Contains(l, m) {
+				return firstLine(l)
+			}
+		}
+	}
+	return firstLine(reason)
+}
+
 func firstLine(s string) string {
 	l, _, _ := strings.Cut(s, "\n")
-	if len(l) > 100 {
-		l = l[:100] + "..."
+	if len(l) > 160 {
+		l = l[:160] + "..."
 	}
 	return l
 }
@@ -277,7 +290,7 @@ func write(dir string, rep Report) error {
 	fmt.Fprintf(&md, "Suite `%s` at knative.dev/networking %s, %s, %.0fs.\n\n", rep.Suite, rep.NetworkingVersion, rep.Started.UTC().Format(time.RFC3339), rep.Seconds)
 	fmt.Fprintf(&md, "**%d passed, %d failed, %d skipped**\n\n| subtest | outcome | seconds | reason |\n|---|---|---|---|\n", rep.Passed, rep.Failed, rep.Skipped)
 	for _, r := range rep.Results {
-		fmt.Fprintf(&md, "| %s | %s | %.1f | %s |\n", r.Name, r.Outcome, r.Seconds, strings.ReplaceAll(firstLine(r.Reason), "|", "\\|"))
+		fmt.Fprintf(&md, "| %s | %s | %.1f | %s |\n", r.Name, r.Outcome, r.Seconds, strings.ReplaceAll(cause(r.Reason), "|", "\\|"))
 	}
 	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(md.String()), 0o644)
 }
