@@ -224,7 +224,12 @@ func waitRouterReady(ctx context.Context, bound time.Duration) error {
 		d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{})
 		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Spec.Replicas != nil &&
 			d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.ReadyReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas {
-			return nil
+			// The replaced Pods must be gone too: a draining Pod still
+			// answers, and recovery means the new Pods carry the traffic.
+			pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+			if err == nil && len(pods.Items) == int(*d.Spec.Replicas) {
+				return nil
+			}
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
