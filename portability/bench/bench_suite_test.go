@@ -169,9 +169,18 @@ func freshNamespace(ctx context.Context, s *side) {
 // service is the identical Service applied to both sides (the template is
 // sealed for its first Revision; Lampyr needs it, stock ignores it).
 func service(svc string, maxScale int32) *unstructured.Unstructured {
+	return serviceMode(svc, maxScale, "fresh")
+}
+
+// serviceMode is service with Lampyr's execution mode; the annotation is
+// part of the identical YAML and means nothing to stock Knative.
+func serviceMode(svc string, maxScale int32, mode string) *unstructured.Unstructured {
 	p := *project
 	p.Name = svc
 	p.MaxScale = &maxScale
+	if mode == "reuse" {
+		p.Execution = ly.Execution{Mode: "reuse", IdleTimeout: "30s", IdleAction: "release"}
+	}
 	tmpl, err := ly.SealTemplate(context.Background(), inst, svc+"-00001", snap, built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
 	return ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: snap.String(), Template: tmpl.String(), Public: true})
@@ -188,7 +197,11 @@ func apply(ctx context.Context, s *side, u *unstructured.Unstructured) {
 func host(svc string) string { return svc + "." + ns + "." + clusters.Domain }
 
 func deployBoth(ctx context.Context, svc string, maxScale int32) {
-	u := service(svc, maxScale)
+	deployBothMode(ctx, svc, maxScale, "fresh")
+}
+
+func deployBothMode(ctx context.Context, svc string, maxScale int32, mode string) {
+	u := serviceMode(svc, maxScale, mode)
 	for _, s := range sides {
 		apply(ctx, s, u)
 	}
@@ -203,7 +216,9 @@ func deployBoth(ctx context.Context, svc string, maxScale int32) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "bench"), Ordered, func() {
-	BeforeAll(func(ctx SpecContext) { deployBoth(ctx, "warm", 20) })
+	// Warm requests: Lampyr reuses live fibers (execution mode reuse, as a
+	// latency-sensitive service would declare); cold: fresh fibers.
+	BeforeAll(func(ctx SpecContext) { deployBothMode(ctx, "warm", 20, "reuse") })
 
 	It("measures warm latency and throughput at concurrency 1, 4, 16", func(ctx SpecContext) {
 		dur := time.Duration(envInt("LAMPYR_BENCH_SECONDS", 5)) * time.Second
@@ -213,7 +228,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			for round, order := range [][]*side{{stock, lampyr}, {lampyr, stock}} {
 				for _, s := range order {
 					smp := Load(ctx, conc, dur, GetFunc(client, s.gateway, host("warm"), "/"))
-					fmt.Fprintf(GinkgoWriter, "warm c=%d round %d %s: %d requests, %d errors, p50 %.2fms p99 %.2fms, %.0f req/s\n", conc, round+1, s.name, len(smp.Latencies), smp.Errors, ms(smp.Percentile(50)), ms(smp.Percentile(99)), smp.Throughput())
+					fmt.Fprintf(GinkgoWriter, "warm c=%d round %d %s: %d requests, %d errors, %d unfinished at the window's end, p50 %.2fms p99 %.2fms, %.0f req/s\n", conc, round+1, s.name, len(smp.Latencies), smp.Errors, smp.Unfinished, ms(smp.Percentile(50)), ms(smp.Percentile(99)), smp.Throughput())
 					got[s.name].Merge(smp)
 				}
 			}
@@ -224,6 +239,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				Row{Group: m, Metric: "p99 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(99)), Lampyr: ms(got["lampyr"].Percentile(99)), Goal: "<= 1.0"},
 				Row{Group: m, Metric: "throughput", Unit: "req/s", Stock: got["stock"].Throughput(), Lampyr: got["lampyr"].Throughput()},
 				Row{Group: m, Metric: "errors", Unit: "", Stock: float64(got["stock"].Errors), Lampyr: float64(got["lampyr"].Errors)},
+				Row{Group: m, Metric: "unfinished at window end", Unit: "", Stock: float64(got["stock"].Unfinished), Lampyr: float64(got["lampyr"].Unfinished)},
 			)
 		}
 	})

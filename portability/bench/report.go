@@ -24,8 +24,11 @@ type Sample struct {
 	Latencies []time.Duration `json:"-"`
 	Millis    []float64       `json:"latenciesMs"`
 	Errors    int             `json:"errors"`
-	Codes     map[int]int     `json:"codes"`
-	Duration  time.Duration   `json:"durationNanos"`
+	// Unfinished counts requests still running when the load window ended
+	// (not in Latencies): a side that completes nothing shows it here.
+	Unfinished int           `json:"unfinished"`
+	Codes      map[int]int   `json:"codes"`
+	Duration   time.Duration `json:"durationNanos"`
 }
 
 // Add records one request.
@@ -81,7 +84,10 @@ func Load(ctx context.Context, concurrency int, d time.Duration, do func(ctx con
 				code, err := do(ctx)
 				el := time.Since(t0)
 				if ctx.Err() != nil && err != nil {
-					return // cut by the end of the run, not a result
+					mu.Lock()
+					s.Unfinished++ // cut by the end of the window
+					mu.Unlock()
+					return
 				}
 				if err != nil {
 					code = -1
@@ -303,5 +309,6 @@ func (s *Sample) Merge(o *Sample) {
 		s.Codes[c] += n
 	}
 	s.Errors += o.Errors
+	s.Unfinished += o.Unfinished
 	s.Duration += o.Duration
 }
