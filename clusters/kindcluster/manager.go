@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -260,8 +261,24 @@ func (m *Manager) connect(ctx context.Context, info Info) error {
 }
 
 // Delete removes a cluster, its kubeconfig and its state.
+//
+// On cgroup v1 a node interrupted mid-creation can hold a pod container
+// whose freezer cgroup the node's own runc left FROZEN (it was killed while
+// applying cgroup settings); its tasks cannot die, so `docker rm -f` fails
+// with "did not receive an exit event". Delete then thaws the node's frozen
+// cgroups and tries again.
 func (m *Manager) Delete(name string) error {
-	if err := m.provider.Delete(name, m.KubeconfigPath(name)); err != nil {
+	var err error
+	for attempt := 0; attempt < 4; attempt++ {
+		if err = m.provider.Delete(name, m.KubeconfigPath(name)); err == nil {
+			break
+		}
+		if n := m.thawNodes(name); n > 0 && m.Log != nil {
+			m.Log.Printf("   thawed %d frozen cgroup(s) in cluster %s's nodes; deleting again", n, name)
+		}
+		time.Sleep(time.Duration(attempt+1) * time.Second)
+	}
+	if err != nil {
 		return fmt.Errorf("delete cluster %s: %w", name, err)
 	}
 	_ = os.Remove(m.KubeconfigPath(name))
@@ -320,4 +337,41 @@ func docker(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("docker %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// thawNodes thaws every FROZEN freezer cgroup under the cluster's node
+// containers (cgroup v1 only) and returns how many it thawed.
+func (m *Manager) thawNodes(name string) int {
+	const root = "/sys/fs/cgroup/freezer"
+	if _, err := os.Stat(root); err != nil {
+		return 0
+	}
+	out, err := docker(context.Background(), "ps", "-aq", "--no-trunc", "--filter", "label=io.x-k8s.kind.cluster="+name)
+	if err != nil {
+		return 0
+	}
+	ids := strings.Fields(out)
+	n := 0
+	_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() != "freezer.state" {
+			return nil
+		}
+		mine := false
+		for _, id := range ids {
+			if strings.Contains(path, id) {
+				mine = true
+				break
+			}
+		}
+		if !mine {
+			return nil
+		}
+		if b, err := os.ReadFile(path); err == nil && strings.TrimSpace(string(b)) == "FROZEN" {
+			if os.WriteFile(path, []byte("THAWED"), 0) == nil {
+				n++
+			}
+		}
+		return nil
+	})
+	return n
 }
