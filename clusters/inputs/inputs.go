@@ -172,14 +172,47 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	if err := os.MkdirAll(imgDir, 0o755); err != nil {
 		return nil, err
 	}
+	cpBins := map[string]string{
+		"kube-apiserver": bin(k8sBins, "kube-apiserver"), "kube-controller-manager": bin(k8sBins, "kube-controller-manager"),
+		"kube-scheduler": bin(k8sBins, "kube-scheduler"), "kube-proxy": bin(k8sBins, "kube-proxy"),
+		"etcd": bin(etcdBins, "server"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
+	}
+	nodeBins := map[string]string{
+		"/usr/bin/kubelet": bin(k8sBins, "kubelet"), "/usr/bin/kubeadm": bin(k8sBins, "kubeadm"),
+		"/usr/bin/kubectl": bin(k8sBins, "kubectl"), "/usr/local/bin/crictl": bin(crictlBins, "crictl"),
+	}
+	// A warm run finds the node image it made last time without
+	// re-assembling (and re-compressing) the control-plane images.
+	memo, err := newNodeMemo(imgDir, rootKey, required, cpBins, nodeBins)
+	if err != nil {
+		return nil, err
+	}
+	if m, ok := memo.load(ctx); ok {
+		res.NodeImage, res.ControlPlaneImages = m.NodeImage, m.ControlPlaneImages
+	} else {
+		if err := b.nodeAndImages(ctx, res, rootDir, rootTar, rootKey, rootSpec, required, cpBins, nodeBins); err != nil {
+			return nil, err
+		}
+		if err := memo.save(res); err != nil {
+			return nil, err
+		}
+	}
+
+	reg, err := b.registryImage(ctx, bin(regBins, "registry"))
+	if err != nil {
+		return nil, err
+	}
+	res.RegistryImage = reg
+	return res, nil
+}
+
+// nodeAndImages assembles the control-plane images and the node image.
+func (b *Builder) nodeAndImages(ctx context.Context, res *Result, rootDir, rootTar, rootKey string, rootSpec nodeimage.RootfsSpec, required, cpBins, nodeBins map[string]string) error {
+	imgDir := filepath.Join(b.Cache, "images")
 	var nodeKeyParts []string
-	err = b.Log.Step(fmt.Sprintf("Assembling %d control-plane images", len(required)), func() error {
+	err := b.Log.Step(fmt.Sprintf("Assembling %d control-plane images", len(required)), func() error {
 		for component, ref := range required {
-			img, err := b.controlPlaneImage(ctx, component, rootDir, map[string]string{
-				"kube-apiserver": bin(k8sBins, "kube-apiserver"), "kube-controller-manager": bin(k8sBins, "kube-controller-manager"),
-				"kube-scheduler": bin(k8sBins, "kube-scheduler"), "kube-proxy": bin(k8sBins, "kube-proxy"),
-				"etcd": bin(etcdBins, "server"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
-			})
+			img, err := b.controlPlaneImage(ctx, component, rootDir, cpBins)
 			if err != nil {
 				return fmt.Errorf("image %s: %w", ref, err)
 			}
@@ -199,28 +232,17 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-
 	node, err := b.nodeImage(ctx, nodeImageInputs{
 		rootTar: rootTar, rootKey: rootKey, kindFiles: rootSpec.KindFiles, required: required,
-		images: res.ControlPlaneImages, imageKeys: nodeKeyParts,
-		binaries: map[string]string{
-			"/usr/bin/kubelet": bin(k8sBins, "kubelet"), "/usr/bin/kubeadm": bin(k8sBins, "kubeadm"),
-			"/usr/bin/kubectl": bin(k8sBins, "kubectl"), "/usr/local/bin/crictl": bin(crictlBins, "crictl"),
-		},
+		images: res.ControlPlaneImages, imageKeys: nodeKeyParts, binaries: nodeBins,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	res.NodeImage = node
-
-	reg, err := b.registryImage(ctx, bin(regBins, "registry"))
-	if err != nil {
-		return nil, err
-	}
-	res.RegistryImage = reg
-	return res, nil
+	return nil
 }
 
 // controlPlaneImage assembles one of kubeadm's images from its binary, where
@@ -310,7 +332,7 @@ func buildPause(ctx context.Context, src, out string) error {
 
 // loadIntoDocker loads a docker-archive tarball unless Docker has ref.
 func loadIntoDocker(ctx context.Context, ref, file string) error {
-	if exec.CommandContext(ctx, "docker", "image", "inspect", ref).Run() == nil {
+	if dockerHas(ctx, ref) {
 		return nil
 	}
 	if out, err := exec.CommandContext(ctx, "docker", "load", "-i", file).CombinedOutput(); err != nil {
@@ -376,4 +398,9 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
+}
+
+// dockerHas reports whether the local Docker engine has image ref.
+func dockerHas(ctx context.Context, ref string) bool {
+	return exec.CommandContext(ctx, "docker", "image", "inspect", ref).Run() == nil
 }

@@ -1,6 +1,9 @@
 package inputs
 
 import (
+	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -51,8 +54,43 @@ func TestKubernetesLDFlags(t *testing.T) {
 	}
 }
 
-func TestImageFileName(t *testing.T) {
-	if got := imageFileName("registry.k8s.io/coredns/coredns:v1.13.1"); got != "registry.k8s.io_coredns_coredns_v1.13.1.tar" {
-		t.Errorf("imageFileName = %s", got)
+func TestMissingRefs(t *testing.T) {
+	got := missingRefs([]string{"a:1", "b:2", "c:3"}, []string{"b:2", "sha256:x", "a:1"})
+	if len(got) != 1 || got[0] != "c:3" {
+		t.Errorf("missingRefs = %v, want [c:3]", got)
+	}
+}
+
+// The node memo must change when any input file changes (its size, since
+// paths hold cache keys) or the set of kubeadm images does, and only then.
+func TestNodeMemoKey(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "kubelet")
+	if err := os.WriteFile(bin, []byte("one"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	key := func(required map[string]string) string {
+		m, err := newNodeMemo(dir, "root", required, map[string]string{"etcd": bin}, map[string]string{"/usr/bin/kubelet": bin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.file
+	}
+	req := map[string]string{"etcd": "registry.k8s.io/etcd:3.6.6-0", "pause": "registry.k8s.io/pause:3.10.1"}
+	a := key(req)
+	if b := key(map[string]string{"pause": "registry.k8s.io/pause:3.10.1", "etcd": "registry.k8s.io/etcd:3.6.6-0"}); a != b {
+		t.Errorf("map order changed the key: %s vs %s", a, b)
+	}
+	if b := key(map[string]string{"etcd": "registry.k8s.io/etcd:3.6.7-0", "pause": "registry.k8s.io/pause:3.10.1"}); a == b {
+		t.Error("a different etcd image kept the key")
+	}
+	if err := os.WriteFile(bin, []byte("longer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if b := key(req); a == b {
+		t.Error("a different binary kept the key")
+	}
+	if _, ok := (&nodeMemo{file: filepath.Join(dir, "absent.json")}).load(context.Background()); ok {
+		t.Error("an absent memo loaded")
 	}
 }

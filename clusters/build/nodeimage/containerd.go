@@ -62,35 +62,40 @@ func CNIConfig(podSubnet string) string {
 `, podSubnet)
 }
 
-// ImportUnit imports the preloaded images into containerd's k8s.io namespace
-// before kubelet starts, and pins them so kubelet's image GC never removes
-// them (ctr 1.6 import has no --label flag).
-const ImportUnit = `[Unit]
-Description=Lampyr: import preloaded images into containerd
-After=containerd.service
-Requires=containerd.service
-Before=kubelet.service
-ConditionPathExistsGlob=/kind/images/*.tar
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart=/kind/bin/lampyr-import-images.sh
-
-[Install]
-WantedBy=multi-user.target
+// PreloadStartScript starts containerd in a node build container (not
+// booted: no systemd) and waits until it answers, as kind's node-image
+// build does.
+const PreloadStartScript = `set -e
+nohup containerd >/var/log/containerd-build.log 2>&1 &
+for i in $(seq 1 50); do
+  if [ -S /run/containerd/containerd.sock ] && ctr version >/dev/null 2>&1; then exit 0; fi
+  sleep 0.1
+done
+echo "containerd did not answer within 5s:" >&2
+tail -20 /var/log/containerd-build.log >&2
+exit 1
 `
 
-// ImportScript is run by ImportUnit.
-const ImportScript = `#!/bin/bash
-set -euo pipefail
-for i in $(seq 1 30); do ctr version >/dev/null 2>&1 && break; sleep 0.5; done
-for f in /kind/images/*.tar; do
-  ctr --namespace=k8s.io images import --all-platforms "$f" >/dev/null
-done
+// PreloadFinishScript pins every preloaded image so kubelet's image GC never
+// removes it (ctr 1.6's import has no --label flag) and removes the build
+// log.
+const PreloadFinishScript = `set -e
 ctr --namespace=k8s.io images list -q | while read -r ref; do
   ctr --namespace=k8s.io images label "$ref" io.cri-containerd.pinned=pinned >/dev/null
 done
+rm -f /var/log/containerd-build.log
+`
+
+// PreloadStopScript stops the build container's containerd and waits for
+// it to exit (it stays a zombie: the container's PID 1 is sleep, which
+// reaps nothing, so only live processes count).
+const PreloadStopScript = `pkill containerd || true
+for i in $(seq 1 100); do
+  ps -C containerd -o stat= | grep -qv '^Z' || exit 0
+  sleep 0.1
+done
+echo "containerd did not exit within 10s" >&2
+exit 1
 `
 
 // DefaultStorageManifest is the StorageClass kind applies; the node ships no
