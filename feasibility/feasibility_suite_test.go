@@ -15,8 +15,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -198,22 +196,11 @@ func ksvc(ns string, traffic []any, rev string) *unstructured.Unstructured {
 }
 
 func apply(ctx context.Context, u *unstructured.Unstructured) {
-	body, err := u.MarshalJSON()
-	Expect(err).NotTo(HaveOccurred())
-	force := true
-	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "feasibility", Force: &force})
-	Expect(err).NotTo(HaveOccurred())
+	Expect(c.Apply(ctx, e2eutil.KServices, u, "feasibility")).To(Succeed())
 }
 
 func freshNamespace(ctx context.Context, ns string) {
-	if err := c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
-		Eventually(func() bool {
-			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-			return apierrors.IsNotFound(err)
-		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s still terminating", ns)
-	}
-	_, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	Expect(err).NotTo(HaveOccurred())
+	Expect(c.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
 }
 
 // waitRouterReady waits for fiber-router's Deployment to be fully rolled

@@ -7,9 +7,12 @@ import (
 	"net/http"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -80,4 +83,37 @@ func Get(ctx context.Context, gatewayURL, host, path string) (int, string, http.
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), resp.Header, err
+}
+
+// Apply server-side applies u (namespaced) as fieldManager, taking over
+// fields another manager set: suites own what they apply.
+func (c *Clients) Apply(ctx context.Context, gvr schema.GroupVersionResource, u *unstructured.Unstructured, fieldManager string) error {
+	body, err := u.MarshalJSON()
+	if err != nil {
+		return err
+	}
+	force := true
+	_, err = c.Dynamic.Resource(gvr).Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: fieldManager, Force: &force})
+	if err != nil {
+		return fmt.Errorf("applying %s %s/%s: %w", gvr.Resource, u.GetNamespace(), u.GetName(), err)
+	}
+	return nil
+}
+
+// FreshNamespace deletes ns if it exists, waits until it is gone (up to
+// timeout), and creates it empty.
+func (c *Clients) FreshNamespace(ctx context.Context, ns string, timeout time.Duration) error {
+	if err := c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
+		err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err), nil
+		})
+		if err != nil {
+			return fmt.Errorf("namespace %s still terminating after %s: %w", ns, timeout, err)
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting namespace %s: %w", ns, err)
+	}
+	_, err := c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	return err
 }

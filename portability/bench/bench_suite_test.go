@@ -17,8 +17,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -150,14 +148,7 @@ var _ = AfterSuite(func(ctx SpecContext) {
 }, NodeTimeout(10*time.Minute))
 
 func freshNamespace(ctx context.Context, s *side) {
-	if err := s.c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
-		Eventually(func() bool {
-			_, err := s.c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
-			return apierrors.IsNotFound(err)
-		}).WithTimeout(3 * time.Minute).WithPolling(time.Second).Should(BeTrue())
-	}
-	_, err := s.c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	Expect(err).NotTo(HaveOccurred())
+	Expect(s.c.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
 }
 
 // service is the identical Service applied to both sides (the template is
@@ -181,11 +172,8 @@ func serviceMode(svc string, maxScale int32, mode string) *unstructured.Unstruct
 }
 
 func apply(ctx context.Context, s *side, u *unstructured.Unstructured) {
-	body, err := u.MarshalJSON()
-	Expect(err).NotTo(HaveOccurred())
-	force := true
-	_, err = s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "bench", Force: &force})
-	Expect(err).NotTo(HaveOccurred())
+	u.SetNamespace(ns)
+	Expect(s.c.Apply(ctx, e2eutil.KServices, u, "bench")).To(Succeed())
 }
 
 func host(svc string) string { return svc + "." + ns + "." + clusters.Domain }
@@ -218,10 +206,23 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		dur := time.Duration(envInt("LAMPYR_BENCH_SECONDS", 5)) * time.Second
 		for _, conc := range []int{1, 4, 16} {
 			got := map[string]*Sample{"stock": {}, "lampyr": {}}
+			var lampyrRouter routerTotals
 			// A B B A: alternate which side goes first.
 			for round, order := range [][]*side{{stock, lampyr}, {lampyr, stock}} {
 				for _, s := range order {
+					var before routerTotals
+					if s == lampyr {
+						var err error
+						before, err = scrapeRouters(ctx, lampyr.c.Kube, "warm")
+						Expect(err).NotTo(HaveOccurred())
+					}
 					smp := Load(ctx, conc, dur, GetFunc(client, s.gateway, host("warm"), "/"))
+					if s == lampyr {
+						after, err := scrapeRouters(ctx, lampyr.c.Kube, "warm")
+						Expect(err).NotTo(HaveOccurred())
+						d := after.minus(before)
+						lampyrRouter = routerTotals{lampyrRouter.reqSum + d.reqSum, lampyrRouter.acqSum + d.acqSum, lampyrRouter.reqCount + d.reqCount, lampyrRouter.acqCount + d.acqCount}
+					}
 					fmt.Fprintf(GinkgoWriter, "warm c=%d round %d %s: %d requests, %d errors, %d unfinished at the window's end, p50 %.2fms p99 %.2fms, %.0f req/s\n", conc, round+1, s.name, len(smp.Latencies), smp.Errors, smp.Unfinished, ms(smp.Percentile(50)), ms(smp.Percentile(99)), smp.Throughput())
 					got[s.name].Merge(smp)
 				}
@@ -235,6 +236,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				Row{Group: m, Metric: "errors", Unit: "", Stock: float64(got["stock"].Errors), Lampyr: float64(got["lampyr"].Errors)},
 				Row{Group: m, Metric: "unfinished at window end", Unit: "", Stock: float64(got["stock"].Unfinished), Lampyr: float64(got["lampyr"].Unfinished)},
 			)
+			report.Breakdown = append(report.Breakdown, breakdownRows("Lampyr "+m, ms(got["lampyr"].Mean()), lampyrRouter)...)
 		}
 	})
 
@@ -258,6 +260,8 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			}
 			got[s.name].Add(time.Since(t0), code)
 		}
+		before, err := scrapeRouters(ctx, lampyr.c.Kube, "cold")
+		Expect(err).NotTo(HaveOccurred())
 		for i := 0; i < cycles; i++ {
 			// Stock: wait until the Revision has no Pod at all.
 			Eventually(func() (int, error) {
@@ -273,6 +277,9 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			do(lampyr)
 			fmt.Fprintf(GinkgoWriter, "cold cycle %d: stock %.0fms, lampyr %.1fms\n", i+1, got["stock"].Millis[i], got["lampyr"].Millis[i])
 		}
+		after, err := scrapeRouters(ctx, lampyr.c.Kube, "cold")
+		Expect(err).NotTo(HaveOccurred())
+		report.Breakdown = append(report.Breakdown, breakdownRows("Lampyr cold request", ms(got["lampyr"].Mean()), after.minus(before))...)
 		report.Samples["cold/stock"], report.Samples["cold/lampyr"] = got["stock"], got["lampyr"]
 		for _, p := range []float64{50, 90, 99} {
 			report.Rows = append(report.Rows, Row{Group: "cold request", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
@@ -359,6 +366,28 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				}
 				report.Rows = append(report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Goal: map[bool]string{true: "<= 1.0"}[label == "20 Services" && what == "node memory"]})
 			}
+			// CPU: both nodes over the same window, from cumulative
+			// counters (the node's cgroup; each container's CRI stats).
+			window := time.Duration(envInt("LAMPYR_BENCH_IDLE_CPU_SECONDS", 30)) * time.Second
+			var before, after [2]map[string]float64
+			for i, s := range sides {
+				c, err := cpuCounters(s.info.Name)
+				Expect(err).NotTo(HaveOccurred())
+				before[i] = c
+			}
+			time.Sleep(window)
+			for i, s := range sides {
+				c, err := cpuCounters(s.info.Name)
+				Expect(err).NotTo(HaveOccurred())
+				after[i] = c
+			}
+			for _, what := range []string{"node CPU", "serving planes CPU", "workload CPU"} {
+				var v [2]float64
+				for i := range sides {
+					v[i] = (after[i][what] - before[i][what]) / float64(window.Nanoseconds()) * 1000
+				}
+				report.Rows = append(report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "millicores", Stock: v[0], Lampyr: v[1], Note: fmt.Sprintf("%s window", window)})
+			}
 		}
 		settle()
 		measure("0 Services")
@@ -429,6 +458,81 @@ func footprint(cluster string) (map[string]float64, error) {
 		}
 	}
 	return fp, nil
+}
+
+// cpuCounters reads a cluster's cumulative CPU time in nanoseconds: the
+// node container's cgroup (cgroup v1 cpuacct or v2 cpu.stat, Docker's
+// cgroupfs or systemd layout) and the serving planes' containers (CRI
+// stats).
+func cpuCounters(cluster string) (map[string]float64, error) {
+	node := cluster + "-control-plane"
+	out, err := exec.Command("docker", "inspect", "-f", "{{.Id}}", node).Output()
+	if err != nil {
+		return nil, fmt.Errorf("docker inspect %s: %w", node, err)
+	}
+	id := strings.TrimSpace(string(out))
+	c := map[string]float64{}
+	found := false
+	for _, f := range []string{
+		"/sys/fs/cgroup/cpuacct/docker/" + id + "/cpuacct.usage",
+		"/sys/fs/cgroup/cpuacct/system.slice/docker-" + id + ".scope/cpuacct.usage",
+	} {
+		if b, err := os.ReadFile(f); err == nil {
+			c["node CPU"], _ = strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+			found = true
+			break
+		}
+	}
+	for _, f := range []string{
+		"/sys/fs/cgroup/system.slice/docker-" + id + ".scope/cpu.stat",
+		"/sys/fs/cgroup/docker/" + id + "/cpu.stat",
+	} {
+		if found {
+			break
+		}
+		if b, err := os.ReadFile(f); err == nil {
+			for _, line := range strings.Split(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
+					us, _ := strconv.ParseFloat(v, 64)
+					c["node CPU"] = us * 1000
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("no cgroup CPU counter for container %s (looked under /sys/fs/cgroup for Docker's cgroupfs and systemd layouts)", node)
+	}
+	raw, err := exec.Command("docker", "exec", node, "crictl", "stats", "-o", "json").Output()
+	if err != nil {
+		return nil, fmt.Errorf("crictl stats in %s: %w", node, err)
+	}
+	var st struct {
+		Stats []struct {
+			Attributes struct {
+				Labels map[string]string `json:"labels"`
+			} `json:"attributes"`
+			CPU struct {
+				UsageCoreNanoSeconds struct {
+					Value string `json:"value"`
+				} `json:"usageCoreNanoSeconds"`
+			} `json:"cpu"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return nil, err
+	}
+	for _, s := range st.Stats {
+		switch s.Attributes.Labels["io.kubernetes.pod.namespace"] {
+		case "knative-serving", "lampyr-system", "traefik":
+			v, _ := strconv.ParseFloat(s.CPU.UsageCoreNanoSeconds.Value, 64)
+			c["serving planes CPU"] += v
+		case ns:
+			v, _ := strconv.ParseFloat(s.CPU.UsageCoreNanoSeconds.Value, 64)
+			c["workload CPU"] += v
+		}
+	}
+	return c, nil
 }
 
 func parseMiB(s string) float64 {

@@ -58,6 +58,18 @@ func (s *Sample) Percentile(p float64) time.Duration {
 	return d[rank-1]
 }
 
+// Mean is the mean latency (0 for an empty sample).
+func (s *Sample) Mean() time.Duration {
+	if len(s.Latencies) == 0 {
+		return 0
+	}
+	var t time.Duration
+	for _, d := range s.Latencies {
+		t += d
+	}
+	return t / time.Duration(len(s.Latencies))
+}
+
 // Throughput is successful requests per second over the sample's duration.
 func (s *Sample) Throughput() float64 {
 	if s.Duration <= 0 {
@@ -164,6 +176,8 @@ type Results struct {
 	Started time.Time          `json:"started"`
 	Rows    []Row              `json:"rows"`
 	Samples map[string]*Sample `json:"samples"` // "<measurement>/<side>"
+	// Breakdown splits Lampyr's latency by hop (from its routers' metrics).
+	Breakdown []Row `json:"breakdown,omitempty"`
 }
 
 // JSON renders the report.
@@ -196,6 +210,16 @@ func (r *Results) Markdown() string {
 			metric += " (" + row.Note + ")"
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", row.Group, metric, fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratio, row.Goal, met)
+	}
+	if len(r.Breakdown) > 0 {
+		fmt.Fprintf(&b, "\n## Where Lampyr's time goes (mean per request)\n\n| phase | part | lampyr |\n|---|---|---|\n")
+		for _, row := range r.Breakdown {
+			part := row.Metric
+			if row.Note != "" {
+				part += " (" + row.Note + ")"
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", row.Group, part, fmtVal(row.Lampyr, row.Unit))
+		}
 	}
 	return b.String()
 }
@@ -235,6 +259,17 @@ func (r *Results) HTML() string {
 		fmt.Fprintf(&b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(row.Metric), fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratio, html.EscapeString(row.Goal))
 	}
 	b.WriteString("</table>")
+	if len(r.Breakdown) > 0 {
+		b.WriteString("<h2>Where Lampyr's time goes (mean per request)</h2><table><tr><th>phase</th><th>part</th><th>lampyr</th></tr>")
+		for _, row := range r.Breakdown {
+			part := row.Metric
+			if row.Note != "" {
+				part += " (" + row.Note + ")"
+			}
+			fmt.Fprintf(&b, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(part), fmtVal(row.Lampyr, row.Unit))
+		}
+		b.WriteString("</table>")
+	}
 	names := map[string]bool{}
 	for k := range r.Samples {
 		names[strings.SplitN(k, "/", 2)[0]] = true

@@ -73,3 +73,31 @@ func TestRenderings(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestBreakdownRowsAndRendering(t *testing.T) {
+	// 10 requests, 60 ms in the routers of which 20 ms leasing 2 fibers;
+	// clients saw 10 ms each.
+	rows := breakdownRows("Lampyr warm c=1", 10, routerTotals{reqSum: 0.060, acqSum: 0.020, reqCount: 10, acqCount: 2})
+	want := map[string]float64{"client mean": 10, "before the router (gateway, Service hop)": 4, "fiber lease per request": 2, "router -> Home -> handler and back": 4}
+	for _, r := range rows {
+		if w, ok := want[r.Metric]; !ok || math.Abs(r.Lampyr-w) > 1e-9 {
+			t.Errorf("%s = %v, want %v", r.Metric, r.Lampyr, w)
+		}
+	}
+	if got := breakdownRows("x", 1, routerTotals{}); len(got) != 1 || !strings.Contains(got[0].Note, "no request") {
+		t.Errorf("empty totals: %+v", got)
+	}
+	r := &Results{Breakdown: rows}
+	if md := r.Markdown(); !strings.Contains(md, "Where Lampyr's time goes") || !strings.Contains(md, "fiber lease per request") {
+		t.Errorf("markdown lacks the breakdown:\n%s", md)
+	}
+	if h := r.HTML(); !strings.Contains(h, "router -&gt; Home -&gt; handler and back") {
+		t.Error("html lacks the breakdown")
+	}
+	s := &Sample{}
+	s.Add(time.Millisecond, 200)
+	s.Add(3*time.Millisecond, 200)
+	if s.Mean() != 2*time.Millisecond {
+		t.Errorf("mean = %s", s.Mean())
+	}
+}

@@ -23,7 +23,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
@@ -136,11 +135,8 @@ func service(ctx context.Context, svc string, mutate func(p *ly.Project, tspec m
 }
 
 func apply(ctx context.Context, u *unstructured.Unstructured) {
-	body, err := u.MarshalJSON()
-	Expect(err).NotTo(HaveOccurred())
-	force := true
-	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "lampyr-suite", Force: &force})
-	Expect(err).NotTo(HaveOccurred())
+	u.SetNamespace(ns)
+	Expect(c.Apply(ctx, e2eutil.KServices, u, "lampyr-suite")).To(Succeed())
 }
 
 func host(svc string) string { return svc + "." + ns + "." + clusters.Domain }

@@ -21,7 +21,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/build/gobuild"
@@ -121,14 +120,11 @@ func toAny(m map[string]string) map[string]any {
 }
 
 func applyKsvc(ctx context.Context, u *unstructured.Unstructured) {
-	body, err := u.MarshalJSON()
-	Expect(err).NotTo(HaveOccurred())
-	force := true
-	_, err = c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, u.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "stock-suite", Force: &force})
-	Expect(err).NotTo(HaveOccurred())
+	u.SetNamespace(ns)
+	Expect(c.Apply(ctx, e2eutil.KServices, u, "stock-suite")).To(Succeed())
 }
 
-func host(name string) string { return name + "." + ns + ".example.com" }
+func host(name string) string { return name + "." + ns + "." + clusters.Domain }
 
 var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "stock"), Ordered, func() {
 	It("serves a digest-pinned helloworld through the gateway on 127.0.0.1", func(ctx SpecContext) {

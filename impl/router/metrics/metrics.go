@@ -3,6 +3,8 @@
 package metrics
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -15,6 +17,7 @@ type Metrics struct {
 	Requests        *prometheus.CounterVec
 	RequestDuration *prometheus.HistogramVec
 	FibersAcquired  *prometheus.CounterVec
+	AcquireDuration *prometheus.HistogramVec
 	FibersReleased  *prometheus.CounterVec
 	FibersLeaked    *prometheus.CounterVec
 	FibersLive      *prometheus.GaugeVec
@@ -46,6 +49,11 @@ func New() *Metrics {
 			Name: "lampyr_router_fibers_acquired_total",
 			Help: "Fibers acquired from fiberd.",
 		}, revLabels),
+		AcquireDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "lampyr_router_fiber_acquire_seconds",
+			Help:    "Round trip of a fiber lease from fiberd (a fresh fiber's start included), successful ones only.",
+			Buckets: []float64{.0002, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, revLabels),
 		FibersReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lampyr_router_fibers_released_total",
 			Help: "Fibers released to fiberd (killed).",
@@ -71,7 +79,7 @@ func New() *Metrics {
 			Help: "Revisions in the routing table.",
 		}),
 	}
-	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.FibersReleased, m.FibersLeaked,
+	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.FibersReleased, m.FibersLeaked,
 		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -81,6 +89,7 @@ func New() *Metrics {
 func (m *Metrics) Revision(namespace, revision string) *RevisionObserver {
 	return &RevisionObserver{
 		acquired: m.FibersAcquired.WithLabelValues(namespace, revision),
+		acquire:  m.AcquireDuration.WithLabelValues(namespace, revision),
 		released: m.FibersReleased.WithLabelValues(namespace, revision),
 		leaked:   m.FibersLeaked.WithLabelValues(namespace, revision),
 		live:     m.FibersLive.WithLabelValues(namespace, revision),
@@ -92,11 +101,16 @@ func (m *Metrics) Revision(namespace, revision string) *RevisionObserver {
 // hot path does no label lookups.
 type RevisionObserver struct {
 	acquired, released, leaked prometheus.Counter
+	acquire                    prometheus.Observer
 	live, queue                prometheus.Gauge
 }
 
 // Acquired implements pool.Observer.
-func (o *RevisionObserver) Acquired() { o.acquired.Inc(); o.live.Inc() }
+func (o *RevisionObserver) Acquired(d time.Duration) {
+	o.acquired.Inc()
+	o.live.Inc()
+	o.acquire.Observe(d.Seconds())
+}
 
 // Released implements pool.Observer.
 func (o *RevisionObserver) Released() { o.released.Inc(); o.live.Dec() }
@@ -114,6 +128,7 @@ func (m *Metrics) Forget(namespace, revision string) {
 	m.Requests.DeletePartialMatch(l)
 	m.RequestDuration.Delete(l)
 	m.FibersAcquired.Delete(l)
+	m.AcquireDuration.Delete(l)
 	m.FibersReleased.Delete(l)
 	m.FibersLeaked.Delete(l)
 	m.FibersLive.Delete(l)

@@ -1,6 +1,9 @@
 package metrics
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func series(t *testing.T, m *Metrics, name string) int {
 	t.Helper()
@@ -19,13 +22,13 @@ func series(t *testing.T, m *Metrics, name string) int {
 func TestObserverAndForget(t *testing.T) {
 	m := New()
 	o := m.Revision("demo", "a-00001")
-	o.Acquired()
-	o.Acquired()
+	o.Acquired(time.Millisecond)
+	o.Acquired(time.Millisecond)
 	o.Released()
 	o.Leaked()
 	o.QueueDepth(1)
 	m.Requests.WithLabelValues("demo", "a-00001", "200").Inc()
-	m.Revision("demo", "b-00001").Acquired()
+	m.Revision("demo", "b-00001").Acquired(time.Millisecond)
 
 	mfs, _ := m.Registry.Gather()
 	var live float64 = -1
@@ -44,7 +47,7 @@ func TestObserverAndForget(t *testing.T) {
 		t.Fatalf("live = %v after 2 acquired, 1 released, 1 leaked; want 0", live)
 	}
 	m.Forget("demo", "a-00001")
-	for _, name := range []string{"lampyr_router_fibers_acquired_total", "lampyr_router_fibers_live"} {
+	for _, name := range []string{"lampyr_router_fibers_acquired_total", "lampyr_router_fiber_acquire_seconds", "lampyr_router_fibers_live"} {
 		if n := series(t, m, name); n != 1 {
 			t.Fatalf("%s has %d series after forgetting a-00001, want only b-00001's", name, n)
 		}

@@ -42,7 +42,9 @@ type Config struct {
 // about queue depth, for metrics. All methods must be cheap and safe for
 // concurrent use.
 type Observer interface {
-	Acquired()
+	// Acquired: fiberd leased a fiber after d (its POST's round trip,
+	// including a fresh fiber's start).
+	Acquired(d time.Duration)
 	Released()
 	// Leaked: releasing failed for good; the fiber may still be alive.
 	Leaked()
@@ -259,9 +261,10 @@ func (p *Pool) acquireDetached(ctx context.Context, home string) (fibers.Fiber, 
 		defer p.releases.Done()
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), acquireTimeout)
 		defer cancel()
+		t0 := time.Now()
 		f, err := p.client.Acquire(actx, home)
 		if err == nil {
-			p.obs.Acquired()
+			p.obs.Acquired(time.Since(t0))
 		}
 		res <- acquired{f, err}
 	}()
