@@ -103,6 +103,9 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		CgroupV1:          !cgroupV2(),
 		DisableDefaultCNI: true,
 		PodSubnet:         inputs.PodSubnet,
+		// Test clusters: etcd on the node's tmpfs unless asked otherwise
+		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
+		EtcdOnTmpfs: os.Getenv("LAMPYR_ETCD_ON_DISK") != "1",
 	}
 }
 

@@ -198,7 +198,7 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 		}
 	}
 
-	reg, err := b.registryImage(ctx, bin(regBins, "registry"))
+	reg, err := b.registryImage(ctx, bin(regBins, "distribution"))
 	if err != nil {
 		return nil, err
 	}

@@ -2,10 +2,15 @@ package inputs
 
 import (
 	"context"
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
 )
 
 const kubeadmList = `registry.k8s.io/kube-apiserver:v1.35.4
@@ -92,5 +97,31 @@ func TestNodeMemoKey(t *testing.T) {
 	}
 	if _, ok := (&nodeMemo{file: filepath.Join(dir, "absent.json")}).load(context.Background()); ok {
 		t.Error("an absent memo loaded")
+	}
+}
+
+func TestCoreDNSMain(t *testing.T) {
+	src := coreDNSMain([]string{"kubernetes", "forward"})
+	if _, err := parser.ParseFile(token.NewFileSet(), "main.go", src, parser.ImportsOnly); err != nil {
+		t.Fatalf("generated main does not parse: %v\n%s", err, src)
+	}
+	for _, want := range []string{`_ "github.com/coredns/coredns/plugin/kubernetes"`, `_ "github.com/coredns/coredns/plugin/forward"`, `"github.com/coredns/coredns/coremain"`, "coremain.Run()"} {
+		if !strings.Contains(src, want) {
+			t.Errorf("generated main lacks %s:\n%s", want, src)
+		}
+	}
+	// kubeadm's Corefile (k8s.io/kubernetes cmd/kubeadm/app/phases/addons/dns/manifests.go),
+	// by package: the prometheus directive is plugin/metrics.
+	for _, p := range []string{"errors", "health", "ready", "kubernetes", "metrics", "forward", "cache", "loop", "reload", "loadbalance"} {
+		if !slices.Contains(CoreDNSPlugins, p) {
+			t.Errorf("CoreDNSPlugins lacks %s, which kubeadm's Corefile uses", p)
+		}
+	}
+	if _, err := parser.ParseFile(token.NewFileSet(), "main.go", registryMain, parser.ImportsOnly); err != nil {
+		t.Fatalf("registry main does not parse: %v", err)
+	}
+	s := CoreDNSSpec()
+	if len(s.Packages) != 1 || s.Packages[0] != s.ScratchPath() || gobuild.BinaryName(s.Packages[0]) != "coredns" {
+		t.Errorf("CoreDNS must build the scratch module's own main into a binary named coredns: %+v", s.Packages)
 	}
 }

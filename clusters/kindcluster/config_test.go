@@ -25,10 +25,17 @@ func TestKindConfig(t *testing.T) {
 			t.Errorf("kind config lacks %q:\n%s", want, got)
 		}
 	}
+	if strings.Contains(got, "dataDir") {
+		t.Error("etcd's data dir must stay kubeadm's default unless EtcdOnTmpfs")
+	}
 	s.CgroupV1 = false
+	s.EtcdOnTmpfs = true
 	b, _ = s.KindConfig()
 	if strings.Contains(string(b), "failCgroupV1") {
 		t.Error("failCgroupV1 must only be set on cgroup v1 hosts")
+	}
+	if !strings.Contains(string(b), "dataDir: /tmp/lampyr-etcd") {
+		t.Errorf("EtcdOnTmpfs must move etcd's data dir into the node's tmpfs:\n%s", b)
 	}
 	s.Ports[0].HostPort = 0
 	if _, err := s.KindConfig(); err == nil {

@@ -54,7 +54,17 @@ type Spec struct {
 	CGO bool
 	// GOOS/GOARCH default to linux/amd64... of the host.
 	GOARCH string
+	// MainSource, with a pinned Module, is the scratch module's own main
+	// package (main.go at its root, import path lampyr.dev/build/<Name>):
+	// for programs assembled from the module's packages, such as a CoreDNS
+	// with only the plugins a cluster uses. List that import path in
+	// Packages to build it.
+	MainSource string `json:",omitempty"`
 }
+
+// ScratchPath is the import path of s's scratch module (and of its
+// MainSource program).
+func (s Spec) ScratchPath() string { return "lampyr.dev/build/" + sanitize(s.Name) }
 
 // Binary is one built executable.
 type Binary struct {
@@ -90,7 +100,7 @@ func BinaryName(pkg string) string {
 // ScratchGoMod renders the go.mod of the scratch module for s.
 func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
 	f := &modfile.File{}
-	if err := f.AddModuleStmt("lampyr.dev/build/" + sanitize(s.Name)); err != nil {
+	if err := f.AddModuleStmt(s.ScratchPath()); err != nil {
 		return nil, err
 	}
 	if err := f.AddGoStmt(strings.TrimPrefix(goVersion, "go")); err != nil {
@@ -190,11 +200,19 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 		var imports bytes.Buffer
 		imports.WriteString("//go:build tools\n\npackage scratch\n\nimport (\n")
 		for _, p := range s.Packages {
+			if p == s.ScratchPath() {
+				continue // a program, not importable; main.go's imports count instead
+			}
 			fmt.Fprintf(&imports, "\t_ %q\n", p)
 		}
 		imports.WriteString(")\n")
 		if err := os.WriteFile(filepath.Join(buildDir, "tools.go"), imports.Bytes(), 0o644); err != nil {
 			return nil, err
+		}
+		if s.MainSource != "" {
+			if err := os.WriteFile(filepath.Join(buildDir, "main.go"), []byte(s.MainSource), 0o644); err != nil {
+				return nil, err
+			}
 		}
 		if err := b.run(ctx, buildDir, s, "go", "mod", "tidy", "-e"); err != nil {
 			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, err)
