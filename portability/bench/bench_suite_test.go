@@ -429,32 +429,16 @@ func footprint(cluster string) (map[string]float64, error) {
 	}
 	used, _, _ := strings.Cut(strings.TrimSpace(string(out)), "/")
 	fp := map[string]float64{"node memory": parseMiB(strings.TrimSpace(used))}
-	raw, err := exec.Command("docker", "exec", node, "crictl", "stats", "-o", "json").Output()
+	stats, err := criStats(node)
 	if err != nil {
-		return nil, fmt.Errorf("crictl stats in %s: %w", node, err)
-	}
-	var st struct {
-		Stats []struct {
-			Attributes struct {
-				Labels map[string]string `json:"labels"`
-			} `json:"attributes"`
-			Memory struct {
-				WorkingSetBytes struct {
-					Value string `json:"value"`
-				} `json:"workingSetBytes"`
-			} `json:"memory"`
-		} `json:"stats"`
-	}
-	if err := json.Unmarshal(raw, &st); err != nil {
 		return nil, err
 	}
-	for _, s := range st.Stats {
-		b, _ := strconv.ParseFloat(s.Memory.WorkingSetBytes.Value, 64)
-		switch s.Attributes.Labels["io.kubernetes.pod.namespace"] {
+	for _, c := range stats {
+		switch c.namespace {
 		case "knative-serving", "lampyr-system", "traefik":
-			fp["serving planes memory"] += b / (1 << 20)
+			fp["serving planes memory"] += c.workingSet / (1 << 20)
 		case ns:
-			fp["workload memory"] += b / (1 << 20)
+			fp["workload memory"] += c.workingSet / (1 << 20)
 		}
 	}
 	return fp, nil
@@ -503,36 +487,60 @@ func cpuCounters(cluster string) (map[string]float64, error) {
 	if !found {
 		return nil, fmt.Errorf("no cgroup CPU counter for container %s (looked under /sys/fs/cgroup for Docker's cgroupfs and systemd layouts)", node)
 	}
+	stats, err := criStats(node)
+	if err != nil {
+		return nil, err
+	}
+	for _, st := range stats {
+		switch st.namespace {
+		case "knative-serving", "lampyr-system", "traefik":
+			c["serving planes CPU"] += st.cpuNanos
+		case ns:
+			c["workload CPU"] += st.cpuNanos
+		}
+	}
+	return c, nil
+}
+
+// criStat is one container's CRI stats: its pod's namespace, working set
+// (bytes) and cumulative CPU time (ns).
+type criStat struct {
+	namespace            string
+	workingSet, cpuNanos float64
+}
+
+// criStats reads every container's stats in a node with crictl.
+func criStats(node string) ([]criStat, error) {
 	raw, err := exec.Command("docker", "exec", node, "crictl", "stats", "-o", "json").Output()
 	if err != nil {
 		return nil, fmt.Errorf("crictl stats in %s: %w", node, err)
+	}
+	type value struct {
+		Value string `json:"value"`
 	}
 	var st struct {
 		Stats []struct {
 			Attributes struct {
 				Labels map[string]string `json:"labels"`
 			} `json:"attributes"`
+			Memory struct {
+				WorkingSetBytes value `json:"workingSetBytes"`
+			} `json:"memory"`
 			CPU struct {
-				UsageCoreNanoSeconds struct {
-					Value string `json:"value"`
-				} `json:"usageCoreNanoSeconds"`
+				UsageCoreNanoSeconds value `json:"usageCoreNanoSeconds"`
 			} `json:"cpu"`
 		} `json:"stats"`
 	}
 	if err := json.Unmarshal(raw, &st); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("crictl stats in %s: %w", node, err)
 	}
+	out := make([]criStat, 0, len(st.Stats))
 	for _, s := range st.Stats {
-		switch s.Attributes.Labels["io.kubernetes.pod.namespace"] {
-		case "knative-serving", "lampyr-system", "traefik":
-			v, _ := strconv.ParseFloat(s.CPU.UsageCoreNanoSeconds.Value, 64)
-			c["serving planes CPU"] += v
-		case ns:
-			v, _ := strconv.ParseFloat(s.CPU.UsageCoreNanoSeconds.Value, 64)
-			c["workload CPU"] += v
-		}
+		ws, _ := strconv.ParseFloat(s.Memory.WorkingSetBytes.Value, 64)
+		cpu, _ := strconv.ParseFloat(s.CPU.UsageCoreNanoSeconds.Value, 64)
+		out = append(out, criStat{namespace: s.Attributes.Labels["io.kubernetes.pod.namespace"], workingSet: ws, cpuNanos: cpu})
 	}
-	return c, nil
+	return out, nil
 }
 
 func parseMiB(s string) float64 {
