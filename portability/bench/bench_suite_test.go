@@ -60,6 +60,43 @@ var (
 	client   = &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 )
 
+// settle waits (up to 5 min) until both nodes are quiet: freshly created
+// clusters keep two cores busy for minutes (controllers' first syncs, image
+// unpacking), and measuring then says more about the machine than about
+// either implementation. Quiet: each node under LAMPYR_BENCH_QUIET_MILLICORES
+// (default 400) over a 10 s window.
+func settle(ctx context.Context) (note string) {
+	limit := float64(envInt("LAMPYR_BENCH_QUIET_MILLICORES", 400))
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		var before, after [2]map[string]float64
+		for i, s := range sides {
+			c, err := cpuCounters(s.info.Name)
+			Expect(err).NotTo(HaveOccurred())
+			before[i] = c
+		}
+		time.Sleep(10 * time.Second)
+		quiet := true
+		var line []string
+		for i, s := range sides {
+			c, err := cpuCounters(s.info.Name)
+			Expect(err).NotTo(HaveOccurred())
+			after[i] = c
+			mc := (after[i]["node CPU"] - before[i]["node CPU"]) / 1e10 * 1000
+			line = append(line, fmt.Sprintf("%s %.0f millicores", s.name, mc))
+			quiet = quiet && mc < limit
+		}
+		fmt.Fprintf(GinkgoWriter, "settling: %s\n", strings.Join(line, ", "))
+		if quiet || ctx.Err() != nil {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(GinkgoWriter, "settling: still busy after 5 min; measuring anyway (the report's machine facts say so)\n")
+			return "nodes were still busy when measuring began: " + strings.Join(line, ", ")
+		}
+	}
+}
+
 func envInt(k string, d int) int {
 	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
 		return v
@@ -103,12 +140,16 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err := ly.Connect(lampyr.info.Kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	busy := settle(ctx)
 	out, _ := exec.Command("docker", "version", "--format", "{{.Server.Version}}").Output()
 	report.Started = time.Now().UTC()
 	report.Machine = map[string]string{
 		"cpus": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version(), "docker": strings.TrimSpace(string(out)),
 		"knative serving": knative.ServingVersion, "networking": "traefik (both sides)",
 		"memory": memTotal(), "lampyr execution mode": "fresh (home-warm-fibers: installation default)",
+	}
+	if busy != "" {
+		report.Machine["note"] = busy
 	}
 }, NodeTimeout(60*time.Minute))
 
