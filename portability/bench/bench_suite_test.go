@@ -140,6 +140,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err := ly.Connect(lampyr.info.Kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	// A reused stock cluster may still carry the short autoscaler window a
+	// previous (interrupted) run set for its cold phase: with it stock
+	// scaled to zero during Lampyr's warm turns and answered nothing
+	// within its own 5 s windows.
+	Expect(resetAutoscaler(ctx)).To(Succeed())
 	busy := settle(ctx)
 	out, _ := exec.Command("docker", "version", "--format", "{{.Server.Version}}").Output()
 	report.Started = time.Now().UTC()
@@ -152,6 +157,22 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		report.Machine["note"] = busy
 	}
 }, NodeTimeout(60*time.Minute))
+
+// shortAutoscalerKeys are the config-autoscaler keys the cold phase sets
+// on stock.
+var shortAutoscalerKeys = []string{"stable-window", "scale-to-zero-grace-period"}
+
+// resetAutoscaler removes the cold phase's keys from stock's
+// config-autoscaler, back to Knative's defaults.
+func resetAutoscaler(ctx context.Context) error {
+	data := map[string]any{}
+	for _, k := range shortAutoscalerKeys {
+		data[k] = nil
+	}
+	patch, _ := json.Marshal(map[string]any{"data": data})
+	_, err := stock.c.Kube.CoreV1().ConfigMaps("knative-serving").Patch(ctx, "config-autoscaler", types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
 
 func memTotal() string {
 	b, err := os.ReadFile("/proc/meminfo")
@@ -177,6 +198,9 @@ var _ = AfterSuite(func(ctx SpecContext) {
 		if s.c != nil {
 			_ = s.c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 		}
+	}
+	if stock.c != nil {
+		_ = resetAutoscaler(ctx)
 	}
 	if os.Getenv("LAMPYR_KEEP") == "1" {
 		return
