@@ -45,6 +45,13 @@ const APIPort = 9090
 // for the Home Pod's request and limit.
 var HomeOverhead = resource.MustParse("256Mi")
 
+// HomeCPURequest is what each Home reserves on its node: Knative's own
+// per-Pod reservation (queue-sidecar-cpu-request, 25m), since an idle Home
+// costs about what an idle queue-proxy does. At 100m a 2-core Kind node
+// fitted 6 Revisions beside the control plane; the 7th Home stayed
+// Pending (Insufficient cpu) and its Revision never became Ready.
+var HomeCPURequest = resource.MustParse("25m")
+
 // HomeName names the Home Pod, Service and Secret of a grant.
 func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
 
@@ -218,7 +225,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 				Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources: corev1.ResourceRequirements{
-					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: resource.MustParse("100m")},
+					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},
 					Limits:   corev1.ResourceList{corev1.ResourceMemory: *mem},
 				},
 				ReadinessProbe: probe("/readyz"),
