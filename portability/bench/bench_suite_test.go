@@ -363,6 +363,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			}
 		}
 		ready := map[string]*Sample{"stock": {}, "lampyr": {}}
+		var timelines []*timeline
 		first := map[string]*Sample{"stock": {}, "lampyr": {}}
 		for i := 0; i < 5; i++ {
 			svc := fmt.Sprintf("ready-%d", i)
@@ -373,18 +374,27 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			}
 			for _, s := range order {
 				t0 := time.Now()
+				var stop chan struct{}
+				if s == lampyr {
+					stop = make(chan struct{})
+					timelines = append(timelines, watchRevision(ctx, s.c, svc+"-00001", stop))
+				}
 				apply(ctx, s, u)
 				Eventually(func() bool {
 					o, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svc, metav1.GetOptions{})
 					return err == nil && e2eutil.IsReady(o)
 				}).WithTimeout(4*time.Minute).WithPolling(100*time.Millisecond).Should(BeTrue(), "%s on %s", svc, s.name)
 				ready[s.name].Add(time.Since(t0), 200)
+				if stop != nil {
+					close(stop)
+				}
 				Eventually(func() (int, error) { return GetFunc(client, s.gateway, host(svc), "/")(ctx) }).
 					WithTimeout(2 * time.Minute).WithPolling(100 * time.Millisecond).Should(Equal(200))
 				first[s.name].Add(time.Since(t0), 200)
 				fmt.Fprintf(GinkgoWriter, "%s on %s: Ready after %.1fs, first response after %.1fs\n", svc, s.name, ready[s.name].Millis[i]/1000, first[s.name].Millis[i]/1000)
 			}
 		}
+		report.Breakdown = append(report.Breakdown, timelineRows(timelines)...)
 		report.Samples["apply-to-ready/stock"], report.Samples["apply-to-ready/lampyr"] = ready["stock"], ready["lampyr"]
 		report.Rows = append(report.Rows,
 			Row{Group: "apply -> Ready", Metric: "median", Unit: "ms", Stock: ms(ready["stock"].Percentile(50)), Lampyr: ms(ready["lampyr"].Percentile(50)), Goal: "<= 0.5"},

@@ -101,3 +101,31 @@ func TestBreakdownRowsAndRendering(t *testing.T) {
 		t.Errorf("mean = %s", s.Mean())
 	}
 }
+
+func TestTimelineRows(t *testing.T) {
+	mk := func(m map[string]time.Duration) *timeline { return &timeline{first: m} }
+	rows := timelineRows([]*timeline{
+		mk(map[string]time.Duration{"Revision created": 100 * time.Millisecond, "Revision Ready": 5 * time.Second}),
+		mk(map[string]time.Duration{"Revision created": 300 * time.Millisecond, "Revision Ready": 4 * time.Second}),
+		mk(map[string]time.Duration{"Revision created": 200 * time.Millisecond}),
+	})
+	if len(rows) != len(milestones) {
+		t.Fatalf("%d rows for %d milestones", len(rows), len(milestones))
+	}
+	for _, r := range rows {
+		switch {
+		case strings.HasPrefix(r.Metric, "Revision created"):
+			if r.Lampyr != 200 || r.Note != "3 of 3 Revisions" {
+				t.Errorf("created: %+v", r)
+			}
+		case strings.HasPrefix(r.Metric, "Revision Ready"):
+			if r.Lampyr != 5000 || r.Note != "2 of 3 Revisions" {
+				t.Errorf("ready (upper median of 4 s, 5 s): %+v", r)
+			}
+		case r.Metric == "grant Admitted":
+			if r.Note != "never observed" {
+				t.Errorf("admitted: %+v", r)
+			}
+		}
+	}
+}
