@@ -42,17 +42,10 @@ type nodeImageInputs struct {
 // Docker as lampyr.dev/kind-node:<version>-<key>.
 func (b *Builder) nodeImage(ctx context.Context, in nodeImageInputs) (string, error) {
 	keyParts := append([]string{recipe, nodeRecipe, in.rootKey}, in.imageKeys...)
-	bins := make([]string, 0, len(in.binaries))
-	for p, f := range in.binaries {
-		st, err := os.Stat(f)
-		if err != nil {
-			return "", err
-		}
-		// The file's path holds its build's cache key; a rebuild of the
-		// same key is reproducible, so mtime must not change the node image.
-		bins = append(bins, fmt.Sprintf("%s=%s:%d", p, f, st.Size()))
+	bins, err := fileKeyParts(in.binaries)
+	if err != nil {
+		return "", err
 	}
-	sort.Strings(bins)
 	sort.Strings(keyParts[3:])
 	key := hashOf(append(keyParts, bins...)...)
 	ref := NodeImageRepo + ":" + KubernetesVersion + "-" + key[:12]
@@ -212,21 +205,33 @@ type nodeMemoBody struct {
 func newNodeMemo(dir, rootKey string, required, cpBins, nodeBins map[string]string) (*nodeMemo, error) {
 	parts := []string{recipe, nodeRecipe, rootKey, KubernetesVersion, fmt.Sprint(HostHasCapability(capSysResource))}
 	for _, m := range []map[string]string{required, cpBins, nodeBins} {
-		var kv []string
-		for k, v := range m {
-			if filepath.IsAbs(v) {
-				st, err := os.Stat(v)
-				if err != nil {
-					return nil, err
-				}
-				v = fmt.Sprintf("%s:%d", v, st.Size())
-			}
-			kv = append(kv, k+"="+v)
+		kv, err := fileKeyParts(m)
+		if err != nil {
+			return nil, err
 		}
-		sort.Strings(kv)
 		parts = append(parts, kv...)
 	}
 	return &nodeMemo{file: filepath.Join(dir, "node-memo-"+hashOf(parts...)+".json")}, nil
+}
+
+// fileKeyParts renders m as sorted "key=value" lines for a cache key; a value
+// that is a file's absolute path becomes "path:size". The path holds its
+// build's cache key and a rebuild of the same key is reproducible, so mtime
+// must not change a key.
+func fileKeyParts(m map[string]string) ([]string, error) {
+	kv := make([]string, 0, len(m))
+	for k, v := range m {
+		if filepath.IsAbs(v) {
+			st, err := os.Stat(v)
+			if err != nil {
+				return nil, err
+			}
+			v = fmt.Sprintf("%s:%d", v, st.Size())
+		}
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return kv, nil
 }
 
 // load returns the remembered result when everything it names still exists.

@@ -69,20 +69,11 @@ func settle(ctx context.Context) (note string) {
 	limit := float64(envInt("LAMPYR_BENCH_QUIET_MILLICORES", 400))
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
-		var before, after [2]map[string]float64
-		for i, s := range sides {
-			c, err := cpuCounters(s.info.Name)
-			Expect(err).NotTo(HaveOccurred())
-			before[i] = c
-		}
-		time.Sleep(10 * time.Second)
+		rates := cpuRates(10 * time.Second)
 		quiet := true
 		var line []string
 		for i, s := range sides {
-			c, err := cpuCounters(s.info.Name)
-			Expect(err).NotTo(HaveOccurred())
-			after[i] = c
-			mc := (after[i]["node CPU"] - before[i]["node CPU"]) / 1e10 * 1000
+			mc := rates[i]["node CPU"]
 			line = append(line, fmt.Sprintf("%s %.0f millicores", s.name, mc))
 			quiet = quiet && mc < limit
 		}
@@ -285,8 +276,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 					if s == lampyr {
 						after, err := scrapeRouters(ctx, lampyr.c.Kube, "warm")
 						Expect(err).NotTo(HaveOccurred())
-						d := after.minus(before)
-						lampyrRouter = routerTotals{lampyrRouter.reqSum + d.reqSum, lampyrRouter.acqSum + d.acqSum, lampyrRouter.reqCount + d.reqCount, lampyrRouter.acqCount + d.acqCount}
+						lampyrRouter = lampyrRouter.plus(after.minus(before))
 					}
 					fmt.Fprintf(GinkgoWriter, "warm c=%d round %d %s: %d requests, %d errors, %d unfinished at the window's end, p50 %.2fms p99 %.2fms, %.0f req/s\n", conc, round+1, s.name, len(smp.Latencies), smp.Errors, smp.Unfinished, ms(smp.Percentile(50)), ms(smp.Percentile(99)), smp.Throughput())
 					got[s.name].Merge(smp)
@@ -444,22 +434,11 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			// CPU: both nodes over the same window, from cumulative
 			// counters (the node's cgroup; each container's CRI stats).
 			window := time.Duration(envInt("LAMPYR_BENCH_IDLE_CPU_SECONDS", 30)) * time.Second
-			var before, after [2]map[string]float64
-			for i, s := range sides {
-				c, err := cpuCounters(s.info.Name)
-				Expect(err).NotTo(HaveOccurred())
-				before[i] = c
-			}
-			time.Sleep(window)
-			for i, s := range sides {
-				c, err := cpuCounters(s.info.Name)
-				Expect(err).NotTo(HaveOccurred())
-				after[i] = c
-			}
+			rates := cpuRates(window)
 			for _, what := range []string{"node CPU", "serving planes CPU", "workload CPU"} {
 				var v [2]float64
 				for i := range sides {
-					v[i] = (after[i][what] - before[i][what]) / float64(window.Nanoseconds()) * 1000
+					v[i] = rates[i][what]
 				}
 				report.Rows = append(report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "millicores", Stock: v[0], Lampyr: v[1], Note: fmt.Sprintf("%s window", window)})
 			}
@@ -517,6 +496,27 @@ func footprint(cluster string) (map[string]float64, error) {
 		}
 	}
 	return fp, nil
+}
+
+// cpuRates samples both sides' CPU counters at the start and end of the same
+// window and returns each counter's mean rate over it, in millicores.
+func cpuRates(window time.Duration) [2]map[string]float64 {
+	var before, rates [2]map[string]float64
+	for i, s := range sides {
+		c, err := cpuCounters(s.info.Name)
+		Expect(err).NotTo(HaveOccurred())
+		before[i] = c
+	}
+	time.Sleep(window)
+	for i, s := range sides {
+		c, err := cpuCounters(s.info.Name)
+		Expect(err).NotTo(HaveOccurred())
+		rates[i] = map[string]float64{}
+		for k, v := range c {
+			rates[i][k] = (v - before[i][k]) / float64(window.Nanoseconds()) * 1000
+		}
+	}
+	return rates
 }
 
 // cpuCounters reads a cluster's cumulative CPU time in nanoseconds: the

@@ -25,6 +25,10 @@ func (a routerTotals) minus(b routerTotals) routerTotals {
 	return routerTotals{a.reqSum - b.reqSum, a.acqSum - b.acqSum, a.reqCount - b.reqCount, a.acqCount - b.acqCount}
 }
 
+func (a routerTotals) plus(b routerTotals) routerTotals {
+	return routerTotals{a.reqSum + b.reqSum, a.acqSum + b.acqSum, a.reqCount + b.reqCount, a.acqCount + b.acqCount}
+}
+
 // scrapeRouters reads each fiber-router's /metrics (admin port) through the
 // API server's pod proxy and sums the series of service's Revisions.
 func scrapeRouters(ctx context.Context, kube kubernetes.Interface, service string) (routerTotals, error) {
