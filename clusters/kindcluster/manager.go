@@ -32,6 +32,11 @@ type Info struct {
 	SpecHash  string        `json:"specHash"`
 	NodeImage string        `json:"nodeImage"`
 	Registry  string        `json:"registry,omitempty"`
+	// NodesStartedAt records when Docker last started each node container
+	// (by container name), as of the creation. A node started since then was
+	// restarted (a Docker or host restart); with Spec.EtcdOnTmpfs that means
+	// the cluster's etcd came back empty.
+	NodesStartedAt map[string]string `json:"nodesStartedAt,omitempty"`
 }
 
 // Gateway is the first published port: the gateway's public NodePort.
@@ -90,6 +95,15 @@ func (m *Manager) ReadInfo(name string) (Info, error) {
 		return info, fmt.Errorf("cluster %s has no state in %s (create it with `just cluster-up %s`): %w", name, m.StateDir, name, err)
 	}
 	return info, json.Unmarshal(b, &info)
+}
+
+// List names every Kind cluster on this Docker engine, whoever created it.
+func (m *Manager) List() ([]string, error) {
+	names, err := m.provider.List()
+	if err != nil {
+		return nil, fmt.Errorf("list kind clusters: %w", err)
+	}
+	return names, nil
 }
 
 // Exists reports whether kind knows a cluster named name.
@@ -177,8 +191,20 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 		if err != nil || info.SpecHash != hash {
 			return Info{}, false, fmt.Errorf("cluster %s exists but was not created from this spec (recorded %q, want %q): delete it with `just cluster-down %s`", s.Name, info.SpecHash, hash, s.Name)
 		}
-		m.Log.Printf(" ✓ Reusing cluster %s (same spec %s)", s.Name, hash)
-		return info, false, m.connect(ctx, info)
+		lost, why, err := m.stateLost(ctx, s, info)
+		if err != nil {
+			return Info{}, false, err
+		}
+		if !lost {
+			m.Log.Printf(" ✓ Reusing cluster %s (same spec %s)", s.Name, hash)
+			return info, false, m.connect(ctx, info)
+		}
+		// Nothing of it is left to lose: its etcd is empty. Recreating it
+		// is what the user would do by hand.
+		m.Log.Printf(" ✗ Cluster %s cannot be reused: %s; recreating it", s.Name, why)
+		if err := m.Delete(s.Name); err != nil {
+			return Info{}, false, err
+		}
 	}
 	_ = os.Remove(m.infoPath(s.Name))
 	resolved := s
@@ -239,8 +265,71 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 	if m.Registry != nil {
 		info.Registry = m.Registry.HostAddress()
 	}
+	if info.NodesStartedAt, err = m.nodesStartedAt(ctx, s.Name); err != nil {
+		return info, true, err
+	}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	return info, true, os.WriteFile(m.infoPath(s.Name), b, 0o644)
+}
+
+// nodesStartedAt reads when Docker last started each of a cluster's nodes.
+func (m *Manager) nodesStartedAt(ctx context.Context, name string) (map[string]string, error) {
+	ns, err := m.provider.ListNodes(name)
+	if err != nil {
+		return nil, fmt.Errorf("cluster %s: list nodes: %w", name, err)
+	}
+	at := make(map[string]string, len(ns))
+	for _, n := range ns {
+		out, err := docker(ctx, "inspect", "--format", "{{.State.Running}} {{.State.StartedAt}}", n.String())
+		if err != nil {
+			return nil, fmt.Errorf("cluster %s: %w", name, err)
+		}
+		running, started, _ := strings.Cut(out, " ")
+		if running != "true" {
+			started = "not running"
+		}
+		at[n.String()] = started
+	}
+	return at, nil
+}
+
+// stateLost tells whether an existing cluster with the right spec has lost
+// its state: with etcd on the node's tmpfs, a node container that Docker
+// restarted since the creation (or that is not running) holds an empty etcd,
+// and the API server answers without kubeadm's RBAC ("kubernetes-admin
+// cannot patch namespaces"). Info files written before NodesStartedAt was
+// recorded cannot tell, and are trusted.
+func (m *Manager) stateLost(ctx context.Context, s Spec, info Info) (bool, string, error) {
+	if !s.EtcdOnTmpfs || len(info.NodesStartedAt) == 0 {
+		return false, "", nil
+	}
+	now, err := m.nodesStartedAt(ctx, s.Name)
+	if err != nil {
+		return false, "", err
+	}
+	lost, why := restartedNodes(info.NodesStartedAt, now)
+	return lost, why, nil
+}
+
+// restartedNodes compares the recorded start times with the current ones.
+func restartedNodes(recorded, now map[string]string) (bool, string) {
+	names := make([]string, 0, len(recorded))
+	for n := range recorded {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		cur, ok := now[n]
+		switch {
+		case !ok:
+			return true, fmt.Sprintf("its node %s is gone", n)
+		case cur == "not running":
+			return true, fmt.Sprintf("its node %s is not running, and its etcd kept its data in the node's tmpfs", n)
+		case cur != recorded[n]:
+			return true, fmt.Sprintf("its node %s was restarted (at %s, created at %s), and its etcd kept its data in the node's tmpfs, so the cluster came back empty", n, cur, recorded[n])
+		}
+	}
+	return false, ""
 }
 
 // connect wires a cluster's node to the local registry.

@@ -5,6 +5,7 @@
 //	lampyr-clusters up NAME...          create or reuse clusters, in parallel, and install
 //	                                    their profile (stock*, lampyr*; --profile overrides)
 //	lampyr-clusters down NAME...        delete clusters
+//	lampyr-clusters down --all          delete every Kind cluster on this Docker engine
 //	lampyr-clusters logs NAME DIR       export node logs (kind export logs)
 //	lampyr-clusters load NAME TAR...    load docker-archive images into a cluster
 //	lampyr-clusters info NAME           print a cluster's state (kubeconfig, ports)
@@ -51,6 +52,7 @@ func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	keep := fs.Bool("keep", os.Getenv("LAMPYR_KEEP") == "1", "keep clusters whose creation failed or was interrupted")
 	provider := fs.String("provider", envOr("LAMPYR_NETWORKING", "traefik"), "networking provider for installed profiles (traefik, kourier)")
+	all := fs.Bool("all", false, "down: every Kind cluster on this Docker engine (CI starts from none)")
 	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: from the name (stock*, lampyr*)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
@@ -91,7 +93,20 @@ func run(ctx context.Context, args []string) error {
 		}
 		return nil
 	case "down":
-		for _, n := range fs.Args() {
+		names := fs.Args()
+		if *all {
+			if len(names) > 0 {
+				return errors.New("usage: lampyr-clusters down --all, or down NAME...: not both")
+			}
+			var err error
+			if names, err = env.Manager().List(); err != nil {
+				return err
+			}
+			if len(names) == 0 {
+				log.Printf(" ✓ No Kind clusters to delete")
+			}
+		}
+		for _, n := range names {
 			if err := log.Step("Deleting cluster "+n, func() error { return env.Manager().Delete(n) }); err != nil {
 				return err
 			}
