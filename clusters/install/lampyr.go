@@ -109,9 +109,9 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*
 			return nil, err
 		}
 	}
-	if in.HelperImage == "" {
-		in.HelperImage = in.GrantImage
-	}
+	// The Home image built here holds /lampyr-helper itself, so HelperImage
+	// stays empty unless LAMPYR_HELPER_IMAGE names one: no init container
+	// copies the helper in (it was 0.5-1 s of every Home's start).
 	ko := make([]knative.Object, len(objs))
 	for i, o := range objs {
 		ko[i] = knative.Object{Unstructured: o, Source: ImplConfigDir}

@@ -1,0 +1,382 @@
+// Command knative-conformance runs Knative Serving's own conformance suites
+// (knative.dev/serving/test/conformance/api/v1 and .../runtime, compiled with
+// -tags=e2e from the version this repository pins) against a cluster, checks
+// every result against the implementation's declared expectations, and
+// writes a ConformanceReport (report.yaml), JUnit and a Markdown summary.
+//
+// Managed mode, on a cluster `just cluster-up` created:
+//
+//	knative-conformance --cluster stock --out _artifacts/conformance/stock
+//
+// Third-party mode, on any cluster running Knative Serving:
+//
+//	knative-conformance --kubeconfig ~/.kube/config --gateway-service traefik/traefik \
+//	    --ingress-endpoint 127.0.0.1 --ingress-class traefik.ingress.networking.knative.dev \
+//	    --registry registry.example.com/knative-test --implementation my-knative --version 1.2.3 \
+//	    --expectations my-expectations.yaml --out report/
+//
+// The suite's test images are built from knative.dev/serving/test/test_images
+// and pushed to --registry, which the cluster must be able to pull from.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/apply"
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/manifest"
+	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/conformance/upstream"
+)
+
+// testImages are the knative.dev/serving/test/test_images packages the
+// conformance suites deploy (test/conformance.go names them; the image name
+// is the package's last element, as ko names them).
+var testImages = []string{
+	"autoscale", "configmimic", "failing", "grpc-ping", "hellohttp2", "hellovolume", "helloworld", "httpproxy",
+	"multicontainer/servingcontainer", "multicontainer/sidecarcontainer", "pizzaplanetv1", "pizzaplanetv2",
+	"readiness", "runtime", "singlethreaded", "slowstart", "timeout", "volumes", "wsserver",
+}
+
+// suites are the upstream conformance packages, by short name.
+var suites = map[string]upstream.Suite{
+	"api":     {Name: "api", Package: knative.ServingModule + "/test/conformance/api/v1", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
+	"runtime": {Name: "runtime", Package: knative.ServingModule + "/test/conformance/runtime", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx, os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+type options struct {
+	cluster, kubeconfig, gatewayService, ingressEndpoint, ingressClass, provider string
+	registry, implementation, version, expectations, out, suites, reference      string
+	parallel                                                                     int
+	timeout                                                                      time.Duration
+	extraArgs                                                                    string
+}
+
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("knative-conformance", flag.ContinueOnError)
+	fs.StringVar(&o.cluster, "cluster", "", "managed mode: a cluster created by `just cluster-up` (stock, lampyr)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "third-party mode: the cluster's kubeconfig")
+	fs.StringVar(&o.gatewayService, "gateway-service", "", "third-party mode: namespace/name of the Service in front of the KIngress implementation (its port 80 NodePort is dialled)")
+	fs.StringVar(&o.ingressEndpoint, "ingress-endpoint", "127.0.0.1", "address that reaches the gateway Service's node ports")
+	fs.StringVar(&o.ingressClass, "ingress-class", "", "the KIngress class (default: the --provider's)")
+	fs.StringVar(&o.provider, "provider", "traefik", "networking provider installed on the cluster (traefik, kourier)")
+	fs.StringVar(&o.registry, "registry", "", "where the test images are pushed, as registry/path (default: localhost:5002, the local registry)")
+	fs.StringVar(&o.implementation, "implementation", "", "name of the implementation under test (default: from the cluster's profile)")
+	fs.StringVar(&o.version, "version", "", "its version (default: Knative Serving's pinned version, or this checkout's for Lampyr)")
+	fs.StringVar(&o.expectations, "expectations", "", "declared expectations (default: conformance/expectations/<profile>-<provider>.yaml)")
+	fs.StringVar(&o.out, "out", "", "report directory (default: $LAMPYR_ARTIFACTS/conformance/<cluster>)")
+	fs.StringVar(&o.suites, "suites", "api,runtime", "comma-separated suites: api, runtime")
+	fs.StringVar(&o.reference, "reference", "", "a reference report.yaml (stock) to compare with, written as side-by-side.md")
+	fs.IntVar(&o.parallel, "parallel", 4, "parallel tests within a suite (go test -parallel)")
+	fs.DurationVar(&o.timeout, "timeout", 60*time.Minute, "per-suite go test timeout")
+	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the suites (e.g. -disable-optional-api)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.cluster == "" && o.kubeconfig == "":
+		return nil, errors.New("say which cluster: --cluster NAME (created by `just cluster-up`) or --kubeconfig PATH with --gateway-service NS/NAME (third-party mode)")
+	case o.cluster != "" && o.kubeconfig != "":
+		return nil, errors.New("--cluster and --kubeconfig are two modes: give one")
+	case o.kubeconfig != "" && !strings.Contains(o.gatewayService, "/"):
+		return nil, fmt.Errorf("--gateway-service %q: third-party mode needs the gateway Service as namespace/name (e.g. traefik/traefik, kourier-system/kourier)", o.gatewayService)
+	}
+	for _, s := range strings.Split(o.suites, ",") {
+		if _, ok := suites[s]; !ok {
+			return nil, fmt.Errorf("--suites: unknown suite %q (known: api, runtime)", s)
+		}
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string) (int, error) {
+	o, err := parseFlags(args)
+	if err != nil {
+		return 2, err
+	}
+	log := progress.New(os.Stderr)
+	env := clusters.NewEnv(log)
+	root := e2eutil.RepoRoot()
+	rep := &upstream.Report{Date: time.Now().UTC(), Mode: "managed"}
+	profile := ""
+	gwNS, gwName := "", ""
+	prov, err := networking.Get(o.provider)
+	if err != nil {
+		return 2, err
+	}
+	if o.ingressClass == "" {
+		o.ingressClass = prov.IngressClass()
+	}
+	if o.cluster != "" {
+		info, err := env.Manager().ReadInfo(o.cluster)
+		if err != nil {
+			return 2, err
+		}
+		o.kubeconfig = info.Kubeconfig
+		profile = clusters.ProfileFor(o.cluster)
+		gw := prov.Gateway(info.Gateway().NodePort)
+		gwNS, gwName = gw.Namespace, gw.Service
+		if info.Gateway().HostPort != info.Gateway().NodePort {
+			return 2, fmt.Errorf("cluster %s publishes its gateway NodePort %d on host port %d: the suites dial the NodePort itself, so use a cluster whose ports match (stock, lampyr)", o.cluster, info.Gateway().NodePort, info.Gateway().HostPort)
+		}
+		rep.Cluster = upstream.Cluster{Name: o.cluster, Gateway: fmt.Sprintf("%s:%d (%s/%s)", o.ingressEndpoint, gw.NodePort, gwNS, gwName)}
+	} else {
+		rep.Mode = "third-party"
+		gwNS, gwName, _ = strings.Cut(o.gatewayService, "/")
+		rep.Cluster = upstream.Cluster{Kubeconfig: o.kubeconfig, Gateway: fmt.Sprintf("%s (%s/%s)", o.ingressEndpoint, gwNS, gwName)}
+	}
+	if o.implementation == "" {
+		switch profile {
+		case "lampyr":
+			o.implementation = "lampyr"
+		case "stock":
+			o.implementation = "knative-serving"
+		default:
+			return 2, errors.New("--implementation: name the implementation under test (no cluster profile to infer it from)")
+		}
+	}
+	if o.version == "" {
+		o.version = knative.ServingVersion
+		if profile == "lampyr" {
+			o.version = gitVersion(root)
+		}
+	}
+	if o.expectations == "" && profile != "" {
+		o.expectations = filepath.Join(root, "conformance", "expectations", profile+"-"+o.provider+".yaml")
+	}
+	var exp *upstream.Expectations
+	if o.expectations != "" {
+		if exp, err = upstream.LoadExpectations(o.expectations); err != nil {
+			return 2, err
+		}
+		rep.Claimed, rep.Unsupported = exp.Claimed, exp.Unsupported
+	}
+	if o.out == "" {
+		o.out = filepath.Join(e2eutil.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
+	}
+	rep.Implementation = upstream.Implementation{Name: o.implementation, Version: o.version, Networking: fmt.Sprintf("%s (%s)", o.provider, o.ingressClass)}
+	if rep.Implementation.Name == "lampyr" {
+		rep.Implementation.URL = "https://lampyr.dev/serving"
+	}
+
+	c, err := e2eutil.NewClients(o.kubeconfig)
+	if err != nil {
+		return 2, err
+	}
+	if v, err := c.Kube.Discovery().ServerVersion(); err == nil {
+		rep.Cluster.KubernetesVersion = v.GitVersion
+	} else {
+		return 1, fmt.Errorf("cluster at %s does not answer: %w", o.kubeconfig, err)
+	}
+	if nodes, err := c.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+		rep.Cluster.Nodes = len(nodes.Items)
+	}
+	if _, err := c.Kube.CoreV1().Services(gwNS).Get(ctx, gwName, metav1.GetOptions{}); err != nil {
+		return 2, fmt.Errorf("gateway Service %s/%s: %w (is Knative Serving installed with %s?)", gwNS, gwName, err, o.provider)
+	}
+	host, _ := os.Hostname()
+	rep.Cluster.Host = host
+
+	// The suites' test images.
+	pub := env.Publisher()
+	repo := pub.Registry + "/knative-serving-test"
+	if o.registry != "" {
+		reg, path, _ := strings.Cut(o.registry, "/")
+		pub.Registry = reg
+		repo = strings.TrimSuffix(o.registry, "/")
+		if path == "" {
+			repo = reg + "/knative-serving-test"
+		}
+	}
+	prefix := strings.TrimPrefix(strings.TrimPrefix(repo, pub.Registry), "/")
+	spec := gobuild.Spec{Name: "knative-serving-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+	var imgs []publish.Image
+	for _, n := range testImages {
+		pkg := knative.ServingModule + "/test/test_images/" + n
+		spec.Packages = append(spec.Packages, pkg)
+		imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/" + filepath.Base(n)})
+	}
+	if _, err := pub.Publish(ctx, spec, imgs); err != nil {
+		return 1, err
+	}
+	tag := strings.ReplaceAll(knative.ServingVersion, "+", "_")
+
+	// The namespaces, ConfigMap and Secret the suites expect (upstream's
+	// test/config, read from the pinned module).
+	if err := applyTestResources(ctx, c, log); err != nil {
+		return 1, err
+	}
+
+	suiteArgs := []string{
+		"-kubeconfig=" + o.kubeconfig,
+		"-dockerrepo=" + repo,
+		"-tag=" + tag,
+		"-ingressendpoint=" + o.ingressEndpoint,
+		"-ingress-class=" + o.ingressClass,
+		"-resolvabledomain=false",
+		"-disable-logstream",
+	}
+	if o.extraArgs != "" {
+		suiteArgs = append(suiteArgs, strings.Fields(o.extraArgs)...)
+	}
+	suiteEnv := []string{"GATEWAY_OVERRIDE=" + gwName, "GATEWAY_NAMESPACE_OVERRIDE=" + gwNS}
+	rep.Reproduce = []string{
+		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", gitVersion(root)),
+		"just cluster-up " + orName(o.cluster, "<cluster>") + "   # or bring your own cluster: third-party mode",
+		"go run ./conformance/cmd/knative-conformance " + strings.Join(args, " "),
+	}
+	for _, name := range strings.Split(o.suites, ",") {
+		s := suites[name]
+		raw, err := os.Create(filepath.Join(mkdir(o.out), name+"-go-test.json"))
+		if err != nil {
+			return 1, err
+		}
+		inv := upstream.Invocation{Suite: s, Dir: root, Args: suiteArgs, Env: suiteEnv, Skip: exp.Skips(name),
+			Parallel: o.parallel, Timeout: o.timeout, Raw: raw, Log: log}
+		rep.Reproduce = append(rep.Reproduce, "# "+name+": "+strings.Join(suiteEnv, " ")+" "+strings.Join(inv.Command(), " "))
+		var results []upstream.Result
+		start := time.Now()
+		err = log.Step(fmt.Sprintf("Running %s conformance (%s) against %s", name, s.Package, orName(o.cluster, o.kubeconfig)), func() error {
+			var err error
+			results, err = upstream.Run(ctx, inv)
+			return err
+		})
+		raw.Close()
+		if err != nil {
+			if ctx.Err() != nil {
+				return 130, ctx.Err()
+			}
+			rep.Suites = append(rep.Suites, upstream.SuiteReport{Suite: s, Seconds: time.Since(start).Seconds(), Result: "failure", Error: err.Error(), Command: inv.Command()})
+			continue
+		}
+		results, v := upstream.Apply(name, results, exp.For(name))
+		rep.Suites = append(rep.Suites, upstream.NewSuiteReport(s, time.Since(start).Seconds(), results, v, inv.Command()))
+	}
+	rep.Finish()
+	if err := rep.Write(o.out); err != nil {
+		return 1, err
+	}
+	for _, s := range rep.Suites {
+		st := s.Statistics
+		fmt.Printf("%s %s: %s: %d passed, %d failed, %d expected failures, %d skipped (%.0fs)\n", o.implementation, s.Suite.Name, s.Result, st.Passed, st.Failed, st.ExpectedFailures, st.Skipped, s.Seconds)
+		for _, u := range s.Undeclared {
+			fmt.Printf("  undeclared failure: %s\n", u)
+		}
+		for _, u := range s.UnexpectedPasses {
+			fmt.Printf("  declared to fail, passed (remove the declaration): %s\n", u)
+		}
+		for _, u := range s.MissingDeclared {
+			fmt.Printf("  declared, but the suite has no such test: %s\n", u)
+		}
+	}
+	fmt.Printf("report: %s (%s)\n", filepath.Join(o.out, "report.yaml"), rep.Result)
+	if o.reference != "" {
+		ref, err := readReport(o.reference)
+		if err != nil {
+			return 1, err
+		}
+		side := upstream.SideBySide(ref, rep)
+		if err := os.WriteFile(filepath.Join(o.out, "side-by-side.md"), []byte(side), 0o644); err != nil {
+			return 1, err
+		}
+		fmt.Printf("side by side with %s: %s\n", o.reference, filepath.Join(o.out, "side-by-side.md"))
+	}
+	if rep.Result == "failure" {
+		return 1, fmt.Errorf("conformance %s: see %s", rep.Result, filepath.Join(o.out, "report.md"))
+	}
+	return 0, nil
+}
+
+func orName(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+func mkdir(d string) string {
+	_ = os.MkdirAll(d, 0o755)
+	return d
+}
+
+func gitVersion(root string) string {
+	cmd := exec.Command("git", "describe", "--always", "--dirty")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// applyTestResources applies upstream's test/config/{cluster,test}-resources.yaml.
+func applyTestResources(ctx context.Context, c *e2eutil.Clients, log *progress.Log) error {
+	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", knative.ServingModule)
+	cmd.Dir = e2eutil.RepoRoot()
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("go list -m %s: %w", knative.ServingModule, err)
+	}
+	var objs []*unstructured.Unstructured
+	for _, f := range []string{"cluster-resources.yaml", "test-resources.yaml"} {
+		b, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "test", "config", f))
+		if err != nil {
+			return err
+		}
+		o, err := manifest.Parse(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		objs = append(objs, o...)
+	}
+	a, err := apply.New(c.Config, log)
+	if err != nil {
+		return err
+	}
+	return log.Step(fmt.Sprintf("Applying upstream test resources (%d objects)", len(objs)), func() error { return a.Apply(ctx, objs) })
+}
+
+func readReport(path string) (*upstream.Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r upstream.Report
+	if err := yaml.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
+}

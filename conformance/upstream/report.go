@@ -1,0 +1,305 @@
+package upstream
+
+import (
+	"encoding/xml"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Report is a ConformanceReport in the manner of Gateway API's: who was
+// tested, on what, what it claims, and each test's result with its reason.
+type Report struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// Implementation is what ran the Knative API on the cluster.
+	Implementation Implementation `json:"implementation"`
+	Date           time.Time      `json:"date"`
+	// Mode is "managed" (clusters this project created) or "third-party"
+	// (any cluster given by kubeconfig and gateway).
+	Mode        string        `json:"mode"`
+	Cluster     Cluster       `json:"cluster"`
+	Claimed     []string      `json:"claimedFeatures,omitempty"`
+	Unsupported []Feature     `json:"unsupportedFeatures,omitempty"`
+	Suites      []SuiteReport `json:"suites"`
+	// Result is success (every suite ran clean), partial (a test the
+	// implementation must pass was skipped or declared failing) or failure
+	// (an undeclared failure, or a suite that did not run).
+	Result    string   `json:"result"`
+	Reproduce []string `json:"reproduce"`
+}
+
+// Implementation names the Knative implementation under test.
+type Implementation struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	URL     string `json:"url,omitempty"`
+	// Networking is the KIngress implementation and its class.
+	Networking string `json:"networking"`
+}
+
+// Cluster records facts about the cluster tested.
+type Cluster struct {
+	Name              string `json:"name,omitempty"`
+	Kubeconfig        string `json:"kubeconfig,omitempty"`
+	KubernetesVersion string `json:"kubernetesVersion"`
+	Nodes             int    `json:"nodes"`
+	Gateway           string `json:"gateway"`
+	Host              string `json:"host,omitempty"`
+}
+
+// SuiteReport is one suite's run.
+type SuiteReport struct {
+	Suite      Suite      `json:"suite"`
+	Seconds    float64    `json:"seconds"`
+	Statistics Statistics `json:"statistics"`
+	Result     string     `json:"result"`
+	// Error is set when the suite could not run at all.
+	Error            string   `json:"error,omitempty"`
+	Undeclared       []string `json:"undeclaredFailures,omitempty"`
+	UnexpectedPasses []string `json:"unexpectedPasses,omitempty"`
+	MissingDeclared  []string `json:"missingDeclared,omitempty"`
+	Tests            []Result `json:"tests,omitempty"`
+	Command          []string `json:"command"`
+}
+
+// Statistics counts a suite's tests by outcome.
+type Statistics struct {
+	Passed           int `json:"passed"`
+	Failed           int `json:"failed"`
+	Skipped          int `json:"skipped"`
+	ExpectedFailures int `json:"expectedFailures"`
+}
+
+// NewSuiteReport fills a suite's section from its verdict.
+func NewSuiteReport(s Suite, seconds float64, results []Result, v Verdict, cmd []string) SuiteReport {
+	sr := SuiteReport{Suite: s, Seconds: seconds, Tests: results, Command: cmd,
+		Statistics:       Statistics{Passed: v.Passed, Failed: v.Failed, Skipped: v.Skipped, ExpectedFailures: v.ExpectedFailures},
+		Undeclared:       v.Undeclared,
+		UnexpectedPasses: v.UnexpectedPasses,
+		MissingDeclared:  v.Missing,
+	}
+	switch {
+	case !v.OK():
+		sr.Result = "failure"
+	case v.ExpectedFailures > 0 || declaredSkips(results) > 0:
+		sr.Result = "partial"
+	default:
+		sr.Result = "success"
+	}
+	return sr
+}
+
+func declaredSkips(rs []Result) int {
+	n := 0
+	for _, r := range rs {
+		if r.Outcome == Skip && r.Declared != "" {
+			n++
+		}
+	}
+	return n
+}
+
+// Finish sets the overall result from the suites'.
+func (r *Report) Finish() {
+	r.APIVersion, r.Kind = "conformance.lampyr.dev/v1alpha1", "ConformanceReport"
+	r.Result = "success"
+	for _, s := range r.Suites {
+		switch {
+		case s.Result == "failure":
+			r.Result = "failure"
+		case s.Result == "partial" && r.Result == "success":
+			r.Result = "partial"
+		}
+	}
+}
+
+// Write puts report.yaml, junit.xml and report.md into dir.
+func (r *Report) Write(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := yaml.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "report.yaml"), b, 0o644); err != nil {
+		return err
+	}
+	if b, err = r.JUnit(); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "junit.xml"), b, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(Markdown(r)), 0o644)
+}
+
+type junitSuites struct {
+	XMLName xml.Name     `xml:"testsuites"`
+	Name    string       `xml:"name,attr"`
+	Suites  []junitSuite `xml:"testsuite"`
+}
+
+type junitSuite struct {
+	Name     string      `xml:"name,attr"`
+	Tests    int         `xml:"tests,attr"`
+	Failures int         `xml:"failures,attr"`
+	Skipped  int         `xml:"skipped,attr"`
+	Time     float64     `xml:"time,attr"`
+	Cases    []junitCase `xml:"testcase"`
+}
+
+type junitCase struct {
+	Name      string        `xml:"name,attr"`
+	Classname string        `xml:"classname,attr"`
+	Time      float64       `xml:"time,attr"`
+	Failure   *junitMessage `xml:"failure,omitempty"`
+	Skipped   *junitMessage `xml:"skipped,omitempty"`
+}
+
+type junitMessage struct {
+	Message string `xml:"message,attr"`
+	Body    string `xml:",chardata"`
+}
+
+// JUnit renders the report as JUnit XML: an expected failure is a skip
+// whose message names the feature and the declared reason.
+func (r *Report) JUnit() ([]byte, error) {
+	js := junitSuites{Name: r.Implementation.Name}
+	for _, s := range r.Suites {
+		su := junitSuite{Name: s.Suite.Package, Time: s.Seconds}
+		for _, t := range s.Tests {
+			c := junitCase{Name: t.Name, Classname: s.Suite.Package, Time: t.Seconds}
+			switch t.Outcome {
+			case Fail:
+				c.Failure = &junitMessage{Message: Cause(t.Reason), Body: t.Reason}
+				su.Failures++
+			case Skip, ExpectedFail:
+				msg := Cause(t.Reason)
+				if t.Declared != "" {
+					msg = fmt.Sprintf("%s (needs %s): %s", t.Outcome, t.Feature, t.Declared)
+				}
+				c.Skipped = &junitMessage{Message: msg, Body: t.Reason}
+				su.Skipped++
+			}
+			su.Cases = append(su.Cases, c)
+			su.Tests++
+		}
+		js.Suites = append(js.Suites, su)
+	}
+	b, err := xml.MarshalIndent(js, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(xml.Header), b...), nil
+}
+
+// Markdown is the human summary of one report.
+func Markdown(r *Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Knative conformance: %s %s (%s)\n\n", r.Implementation.Name, r.Implementation.Version, r.Result)
+	fmt.Fprintf(&b, "%s, %s mode, Kubernetes %s (%d node(s)), networking %s, gateway %s.\n\n",
+		r.Date.UTC().Format(time.RFC3339), r.Mode, r.Cluster.KubernetesVersion, r.Cluster.Nodes, r.Implementation.Networking, r.Cluster.Gateway)
+	b.WriteString("| suite | result | passed | failed | expected failures | skipped | seconds |\n|---|---|---|---|---|---|---|\n")
+	for _, s := range r.Suites {
+		fmt.Fprintf(&b, "| %s (%s %s) | %s | %d | %d | %d | %d | %.0f |\n", s.Suite.Name, s.Suite.Module, s.Suite.Version, s.Result,
+			s.Statistics.Passed, s.Statistics.Failed, s.Statistics.ExpectedFailures, s.Statistics.Skipped, s.Seconds)
+	}
+	for _, s := range r.Suites {
+		fmt.Fprintf(&b, "\n## %s: `%s`\n\n", s.Suite.Name, s.Suite.Package)
+		if s.Error != "" {
+			fmt.Fprintf(&b, "Did not run: %s\n", s.Error)
+			continue
+		}
+		for _, l := range []struct {
+			title string
+			names []string
+		}{{"Undeclared failures", s.Undeclared}, {"Declared failures that passed (remove the declaration)", s.UnexpectedPasses}, {"Declared tests the suite no longer has", s.MissingDeclared}} {
+			if len(l.names) > 0 {
+				fmt.Fprintf(&b, "**%s:** %s\n\n", l.title, strings.Join(l.names, ", "))
+			}
+		}
+		b.WriteString("| test | outcome | seconds | feature | reason |\n|---|---|---|---|---|\n")
+		for _, t := range s.Tests {
+			why := Cause(t.Reason)
+			if t.Declared != "" {
+				why = t.Declared
+			}
+			fmt.Fprintf(&b, "| %s | %s | %.1f | %s | %s |\n", t.Name, t.Outcome, t.Seconds, t.Feature, mdCell(why))
+		}
+	}
+	b.WriteString("\n## Reproduce\n\n```\n" + strings.Join(r.Reproduce, "\n") + "\n```\n")
+	return b.String()
+}
+
+// SideBySide compares a reference report (stock) with another (Lampyr),
+// test by test.
+func SideBySide(ref, other *Report) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| suite | %s passed | %s passed | %s expected failures | %s undeclared failures |\n|---|---|---|---|---|\n",
+		ref.Implementation.Name, other.Implementation.Name, other.Implementation.Name, other.Implementation.Name)
+	for _, s := range other.Suites {
+		var rs SuiteReport
+		for _, x := range ref.Suites {
+			if x.Suite.Name == s.Suite.Name {
+				rs = x
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %d of %d | %d of %d | %d | %d |\n", s.Suite.Name, rs.Statistics.Passed, len(rs.Tests),
+			s.Statistics.Passed, len(s.Tests), s.Statistics.ExpectedFailures, s.Statistics.Failed)
+	}
+	b.WriteString("\n| suite | test | " + ref.Implementation.Name + " | " + other.Implementation.Name + " | why |\n|---|---|---|---|---|\n")
+	for _, s := range other.Suites {
+		refOut := map[string]string{}
+		for _, x := range ref.Suites {
+			if x.Suite.Name == s.Suite.Name {
+				for _, t := range x.Tests {
+					refOut[t.Name] = t.Outcome
+				}
+			}
+		}
+		names := map[string]Result{}
+		for _, t := range s.Tests {
+			names[t.Name] = t
+		}
+		keys := make([]string, 0, len(names))
+		for k := range names {
+			keys = append(keys, k)
+		}
+		for k := range refOut {
+			if _, ok := names[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			t := names[k]
+			if t.Outcome == refOut[k] && t.Outcome == Pass {
+				continue
+			}
+			why := t.Declared
+			if why == "" {
+				why = Cause(t.Reason)
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", s.Suite.Name, k, orDash(refOut[k]), orDash(t.Outcome), mdCell(why))
+		}
+	}
+	return b.String()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func mdCell(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ")
+}

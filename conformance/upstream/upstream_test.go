@@ -1,0 +1,163 @@
+package upstream
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+const goTestJSON = `{"Action":"start","Package":"knative.dev/serving/test/conformance/api/v1"}
+{"Action":"run","Test":"TestBlueGreenRoute"}
+{"Action":"output","Test":"TestBlueGreenRoute","Output":"=== RUN   TestBlueGreenRoute\n"}
+{"Action":"pass","Test":"TestBlueGreenRoute","Elapsed":21.5}
+{"Action":"run","Test":"TestSingleConcurrency"}
+{"Action":"run","Test":"TestSingleConcurrency/sub"}
+{"Action":"output","Test":"TestSingleConcurrency/sub","Output":"    single_threaded_test.go:88: Error: 2 concurrent requests reached the container\n"}
+{"Action":"fail","Test":"TestSingleConcurrency/sub","Elapsed":3}
+{"Action":"fail","Test":"TestSingleConcurrency","Elapsed":30.2}
+{"Action":"run","Test":"TestMustHaveSysctlReadOnly"}
+{"Action":"output","Test":"TestMustHaveSysctlReadOnly","Output":"    sysctl_test.go:30: Skipping: sysctls are an optional API\n"}
+{"Action":"skip","Test":"TestMustHaveSysctlReadOnly","Elapsed":0}
+{"Action":"run","Test":"TestRevisionTimeout"}
+{"Action":"output","Test":"TestRevisionTimeout","Output":"    revision_timeout_test.go:99: Service not Ready: RevisionFailed\n"}
+{"Action":"fail","Test":"TestRevisionTimeout","Elapsed":120}
+{"Action":"output","Output":"FAIL\n"}
+{"Action":"fail","Package":"knative.dev/serving/test/conformance/api/v1","Elapsed":150}
+`
+
+func TestParseRollsUpSubtestsAndKeepsCauses(t *testing.T) {
+	var seen []string
+	rs, loose := Parse(strings.NewReader(goTestJSON), func(r Result) { seen = append(seen, r.Name) })
+	if len(rs) != 4 || len(seen) != 4 {
+		t.Fatalf("results %+v (callbacks %v)", rs, seen)
+	}
+	by := map[string]Result{}
+	for _, r := range rs {
+		by[r.Name] = r
+	}
+	if r := by["TestSingleConcurrency"]; r.Outcome != Fail || r.Subtests != 1 || len(r.FailedSubtests) != 1 ||
+		Cause(r.Reason) != "single_threaded_test.go:88: Error: 2 concurrent requests reached the container" {
+		t.Errorf("TestSingleConcurrency: %+v (cause %q)", r, Cause(r.Reason))
+	}
+	if r := by["TestMustHaveSysctlReadOnly"]; r.Outcome != Skip || !strings.Contains(r.Reason, "optional API") {
+		t.Errorf("skip: %+v", r)
+	}
+	if r := by["TestBlueGreenRoute"]; r.Outcome != Pass || r.Seconds != 21.5 || r.Reason != "" {
+		t.Errorf("pass: %+v", r)
+	}
+	if !strings.Contains(loose, "FAIL") {
+		t.Errorf("output outside tests is kept for build errors: %q", loose)
+	}
+}
+
+func TestApplyDeclarations(t *testing.T) {
+	rs, _ := Parse(strings.NewReader(goTestJSON), nil)
+	decl := map[string]Declared{
+		"TestSingleConcurrency": {Test: "api/TestSingleConcurrency", Outcome: Fail, Feature: "f1", Reason: "r1"},
+		"TestBlueGreenRoute":    {Test: "api/TestBlueGreenRoute", Outcome: Fail, Feature: "f2", Reason: "r2"},
+		"TestProbe":             {Test: "api/TestProbe", Outcome: Skip, Feature: "probes", Reason: "no probes"},
+		"TestGone":              {Test: "api/TestGone", Outcome: Fail, Feature: "x", Reason: "y"},
+	}
+	rs, v := Apply("api", rs, decl)
+	if v.Passed != 1 || v.Failed != 1 || v.ExpectedFailures != 1 || v.Skipped != 2 {
+		t.Errorf("verdict %+v", v)
+	}
+	if strings.Join(v.Undeclared, ",") != "api/TestRevisionTimeout" {
+		t.Errorf("undeclared %v", v.Undeclared)
+	}
+	if strings.Join(v.UnexpectedPasses, ",") != "api/TestBlueGreenRoute" {
+		t.Errorf("unexpected passes %v", v.UnexpectedPasses)
+	}
+	if strings.Join(v.Missing, ",") != "api/TestGone" {
+		t.Errorf("missing %v", v.Missing)
+	}
+	if v.OK() {
+		t.Error("an undeclared failure must fail the run")
+	}
+	var probe Result
+	for _, r := range rs {
+		if r.Name == "TestProbe" {
+			probe = r
+		}
+	}
+	if probe.Outcome != Skip || probe.Feature != "probes" || probe.Declared != "no probes" {
+		t.Errorf("a declared skip is reported with its reason: %+v", probe)
+	}
+	sr := NewSuiteReport(Suite{Name: "api"}, 1, rs, v, nil)
+	if sr.Result != "failure" {
+		t.Errorf("suite result %s", sr.Result)
+	}
+	_, clean := Apply("api", []Result{{Name: "TestA", Outcome: Fail}}, map[string]Declared{"TestA": {Outcome: Fail, Feature: "f", Reason: "r"}})
+	if sr := NewSuiteReport(Suite{Name: "api"}, 1, nil, clean, nil); sr.Result != "partial" {
+		t.Errorf("declared failures only: %s, want partial", sr.Result)
+	}
+}
+
+func TestExpectationsNameTheBadField(t *testing.T) {
+	dir := t.TempDir()
+	for body, want := range map[string]string{
+		"implementation: x\ntests:\n- test: TestA\n  outcome: fail\n  feature: f\n  reason: r\n":            "tests[0].test \"TestA\": write <suite>/<TestName>",
+		"implementation: x\ntests:\n- test: api/TestA\n  outcome: maybe\n  feature: f\n  reason: r\n":      "tests[0] (api/TestA).outcome \"maybe\"",
+		"implementation: x\ntests:\n- test: api/TestA\n  outcome: fail\n":                                   "feature and reason are required",
+		"implementation: x\ntests:\n- test: api/TestA\n  outcome: fail\n  feature: f\n  reason: r\n  why: z\n": "unknown field \"why\"",
+		"tests: []\n": "implementation is empty",
+	} {
+		p := filepath.Join(dir, "e.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadExpectations(p); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", body, err, want)
+		}
+	}
+}
+
+func TestTheRepositoryExpectationsLoad(t *testing.T) {
+	files, _ := filepath.Glob("../expectations/*.yaml")
+	if len(files) == 0 {
+		t.Fatal("no conformance/expectations/*.yaml")
+	}
+	for _, f := range files {
+		if _, err := LoadExpectations(f); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+func TestReportRoundTripsAndRenders(t *testing.T) {
+	rs, _ := Parse(strings.NewReader(goTestJSON), nil)
+	rs, v := Apply("api", rs, map[string]Declared{"TestRevisionTimeout": {Outcome: Fail, Feature: "timeoutSeconds", Reason: "not yet"}})
+	rep := &Report{Implementation: Implementation{Name: "lampyr", Version: "v1"}, Date: time.Unix(0, 0), Mode: "managed",
+		Suites: []SuiteReport{NewSuiteReport(Suite{Name: "api", Package: "p"}, 150, rs, v, []string{"go", "test"})}, Reproduce: []string{"just test-conformance"}}
+	rep.Finish()
+	if rep.Result != "failure" {
+		t.Errorf("an undeclared failure (TestSingleConcurrency) makes the report a failure, got %s", rep.Result)
+	}
+	dir := t.TempDir()
+	if err := rep.Write(dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "report.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := yaml.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Kind != "ConformanceReport" || len(back.Suites[0].Tests) != 4 || back.Suites[0].Statistics.ExpectedFailures != 1 {
+		t.Errorf("round trip: %+v", back)
+	}
+	j, _ := os.ReadFile(filepath.Join(dir, "junit.xml"))
+	if !strings.Contains(string(j), `<skipped message="expected-fail (needs timeoutSeconds): not yet">`) || !strings.Contains(string(j), `<failure message="single_threaded_test.go:88`) {
+		t.Errorf("junit:\n%s", j)
+	}
+	side := SideBySide(&back, rep)
+	if !strings.Contains(side, "| api | TestRevisionTimeout | expected-fail | expected-fail | not yet |") {
+		t.Errorf("side by side:\n%s", side)
+	}
+}
