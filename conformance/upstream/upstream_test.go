@@ -100,9 +100,9 @@ func TestApplyDeclarations(t *testing.T) {
 func TestExpectationsNameTheBadField(t *testing.T) {
 	dir := t.TempDir()
 	for body, want := range map[string]string{
-		"implementation: x\ntests:\n- test: TestA\n  outcome: fail\n  feature: f\n  reason: r\n":            "tests[0].test \"TestA\": write <suite>/<TestName>",
-		"implementation: x\ntests:\n- test: api/TestA\n  outcome: maybe\n  feature: f\n  reason: r\n":      "tests[0] (api/TestA).outcome \"maybe\"",
-		"implementation: x\ntests:\n- test: api/TestA\n  outcome: fail\n":                                   "feature and reason are required",
+		"implementation: x\ntests:\n- test: TestA\n  outcome: fail\n  feature: f\n  reason: r\n":               "tests[0].test \"TestA\": write <suite>/<TestName>",
+		"implementation: x\ntests:\n- test: api/TestA\n  outcome: maybe\n  feature: f\n  reason: r\n":          "tests[0] (api/TestA).outcome \"maybe\"",
+		"implementation: x\ntests:\n- test: api/TestA\n  outcome: fail\n":                                      "feature and reason are required",
 		"implementation: x\ntests:\n- test: api/TestA\n  outcome: fail\n  feature: f\n  reason: r\n  why: z\n": "unknown field \"why\"",
 		"tests: []\n": "implementation is empty",
 	} {
