@@ -83,6 +83,15 @@ func TraefikArgs() []any {
 		"--providers.knative.privateEntrypoints=internal",
 		"--providers.knative.privateService.name=traefik-internal",
 		"--providers.knative.privateService.namespace=" + traefikNamespace,
+		// The provider marks a KIngress Ready once it has handed the new
+		// configuration over (after its own throttleDuration, 0 by default),
+		// but Traefik applies a provider's configuration at most once per
+		// providersThrottleDuration (2s by default): for up to 2 s a Ready
+		// Route answered Traefik's "404 page not found" (Knative's own
+		// conformance suites probe right after Ready and failed on it).
+		// Apply quickly, and report Ready only after the apply has had time.
+		"--providers.providersThrottleDuration=100ms",
+		"--providers.knative.throttleDuration=500ms",
 	}
 }
 
