@@ -65,13 +65,17 @@ func TestControllerWiring(t *testing.T) {
 	if p.Spec.Containers[0].Image != "kind.local/fiberd:test" {
 		t.Fatalf("Home image %q: config-lampyr not read through its informer", p.Spec.Containers[0].Image)
 	}
+	if got := get().Status.HomeEndpoint; got != resources.HomeEndpoint(g) {
+		t.Fatalf("homeEndpoint before the Home is Ready: %q, want the Service's", got)
+	}
 	p.Status.Phase = corev1.PodRunning
+	p.Status.PodIP = "10.244.0.7"
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 	if _, err := kube.CoreV1().Pods("default").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil("the grant to become Ready after its Home Pod did", func() bool { return get().Status.IsReady() })
-	if got := get().Status.HomeEndpoint; got != resources.HomeEndpoint(g) {
-		t.Fatalf("homeEndpoint %q", got)
+	if got := get().Status.HomeEndpoint; got != "10.244.0.7:9090" {
+		t.Fatalf("homeEndpoint of a Ready Home %q, want its Pod's address", got)
 	}
 }

@@ -129,10 +129,11 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 	if err := r.reconcileService(ctx, g); err != nil {
 		return 0, err
 	}
-	if err := r.reconcilePod(ctx, g, cfg); err != nil {
+	home, err := r.reconcilePod(ctx, g, cfg)
+	if err != nil {
 		return 0, err
 	}
-	g.Status.HomeEndpoint = resources.HomeEndpoint(g)
+	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, home)
 	return renewIn, nil
 }
 
@@ -357,38 +358,40 @@ func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityG
 	return err
 }
 
-func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) error {
+// reconcilePod runs the Home Pod and returns it once it is this grant's
+// and current (nil while it is being created or replaced).
+func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (*corev1.Pod, error) {
 	want := resources.MakeHomePod(g, cfg)
 	if want.Spec.Containers[0].Image == "" {
 		g.Status.MarkHomeFailed("HomeImageMissing", "no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
-		return nil
+		return nil, nil
 	}
 	have, err := r.pods.Pods(g.Namespace).Get(want.Name)
 	if apierrs.IsNotFound(err) {
 		if _, err := r.kube.CoreV1().Pods(g.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating Home Pod %s/%s: %w", g.Namespace, want.Name, err)
+			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", g.Namespace, want.Name, err)
 		}
 		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s created.", want.Name)
-		return nil
+		return nil, nil
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !metav1.IsControlledBy(have, g) {
 		g.Status.MarkHomeFailed("HomeNameTaken", "Pod %s/%s exists and is not owned by this CapacityGrant; delete it", g.Namespace, want.Name)
-		return nil
+		return nil, nil
 	}
 	// Pods are immutable where it matters, so a Home that failed or runs an
 	// outdated image is replaced rather than updated.
 	if have.DeletionTimestamp == nil && (have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image) {
 		if err := r.kube.CoreV1().Pods(g.Namespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
-			return fmt.Errorf("replacing Home Pod %s/%s: %w", g.Namespace, have.Name, err)
+			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", g.Namespace, have.Name, err)
 		}
 		g.Status.MarkHomeFailed(v1alpha1.ReasonHomeFailed, "Home Pod %s %s; replacing it. %s", have.Name, phaseOrImage(have, want), have.Status.Message)
-		return nil
+		return nil, nil
 	}
 	markHome(g, have)
-	return nil
+	return have, nil
 }
 
 func phaseOrImage(have, want *corev1.Pod) string {

@@ -6,6 +6,7 @@ package resources
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,7 +56,30 @@ var HomeCPURequest = resource.MustParse("25m")
 // HomeName names the Home Pod, Service and Secret of a grant.
 func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
 
-// HomeEndpoint is status.homeEndpoint: host:port of fiberd's API.
+// HomeEndpointOf is status.homeEndpoint: the Ready Home Pod's own address
+// when it has one, else the Home Service's name. fiber-router dials the Pod
+// directly, as Knative's activator does, so a new Revision serves as soon as
+// it is Ready: through the Service, the first requests waited for kube-proxy
+// to program the new endpoint (its minimum sync period is 1 s), measured at
+// 0.3-1.9 s between a Revision's Ready and its first answer. A replaced Pod
+// changes the address and so the router metadata.
+func HomeEndpointOf(g *v1alpha1.CapacityGrant, home *corev1.Pod) string {
+	if home != nil && home.Status.PodIP != "" && home.DeletionTimestamp == nil && podReady(home) {
+		return net.JoinHostPort(home.Status.PodIP, strconv.Itoa(APIPort))
+	}
+	return HomeEndpoint(g)
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// HomeEndpoint is the Home Service's host:port of fiberd's API.
 func HomeEndpoint(g *v1alpha1.CapacityGrant) string {
 	return fmt.Sprintf("%s.%s.svc:%d", HomeName(g), g.Namespace, APIPort)
 }

@@ -122,3 +122,26 @@ func TestMakeHomePodRegistryMirrors(t *testing.T) {
 		t.Fatalf("bad mirror: %v", err)
 	}
 }
+
+func TestHomeEndpointOfPrefersTheReadyPod(t *testing.T) {
+	g := &v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "demo"}}
+	svc := "hello-00001-home.demo.svc:9090"
+	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name string
+		pod  *corev1.Pod
+		want string
+	}{
+		{"no Pod yet", nil, svc},
+		{"Pod without an IP", &corev1.Pod{Status: corev1.PodStatus{Conditions: ready}}, svc},
+		{"Pod not Ready", &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}}, svc},
+		{"Pod being deleted", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, svc},
+		{"Ready Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, "10.244.0.7:9090"},
+		{"Ready IPv6 Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "fd00::7", Conditions: ready}}, "[fd00::7]:9090"},
+	} {
+		if got := HomeEndpointOf(g, tc.pod); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
