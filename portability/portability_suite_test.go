@@ -105,15 +105,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
 	log := progress.New(GinkgoWriter)
 	env = clusters.NewEnv(log)
-	for _, s := range sides {
-		ok, err := env.Manager().Exists(s.name)
-		Expect(err).NotTo(HaveOccurred())
-		created[s.name] = !ok
-	}
 	infos, err := env.Up(ctx, []string{stock.name, lampyr.name}, keep)
 	Expect(err).NotTo(HaveOccurred())
 	for i, s := range sides {
 		s.info = infos[i]
+		created[s.name] = s.info.Created
 		s.gateway = s.info.GatewayURL()
 		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)
 		Expect(err).NotTo(HaveOccurred())

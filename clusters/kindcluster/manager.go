@@ -37,6 +37,9 @@ type Info struct {
 	// restarted (a Docker or host restart); with Spec.EtcdOnTmpfs that means
 	// the cluster's etcd came back empty.
 	NodesStartedAt map[string]string `json:"nodesStartedAt,omitempty"`
+	// Created is true when this Up created the cluster (rather than reusing
+	// it): whoever created it deletes it at the end.
+	Created bool `json:"-"`
 }
 
 // Gateway is the first published port: the gateway's public NodePort.
@@ -269,6 +272,7 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 		return info, true, err
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
+	info.Created = true
 	return info, true, os.WriteFile(m.infoPath(s.Name), b, 0o644)
 }
 

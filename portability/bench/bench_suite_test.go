@@ -102,15 +102,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	artDir = filepath.Join(e2eutil.ArtifactsDir(), "bench")
 	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
 	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	for _, s := range sides {
-		ok, err := env.Manager().Exists(s.name)
-		Expect(err).NotTo(HaveOccurred())
-		created[s.name] = !ok
-	}
 	infos, err := env.Up(ctx, []string{"stock", "lampyr"}, os.Getenv("LAMPYR_KEEP") == "1")
 	Expect(err).NotTo(HaveOccurred())
 	for i, s := range sides {
 		s.info = infos[i]
+		created[s.name] = s.info.Created
 		s.gateway = s.info.GatewayURL()
 		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed())
 		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)

@@ -62,12 +62,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Skip("cluster suites create real Kind clusters: run them with `just test-lampyr` (sets LAMPYR_E2E=1)")
 	}
 	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	existed, err := env.Manager().Exists(clusterName)
-	Expect(err).NotTo(HaveOccurred())
-	created = !existed
 	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
 	Expect(err).NotTo(HaveOccurred())
 	info = infos[0]
+	created = info.Created // this run created it (or recreated a stale one): delete it at the end
 	Expect(env.Install(ctx, info, "lampyr", "traefik")).To(Succeed())
 	c, err = e2eutil.NewClients(info.Kubeconfig)
 	Expect(err).NotTo(HaveOccurred())
