@@ -22,8 +22,11 @@ type Report struct {
 	Date           time.Time      `json:"date"`
 	// Mode is "managed" (clusters this project created) or "third-party"
 	// (any cluster given by kubeconfig and gateway).
-	Mode        string        `json:"mode"`
-	Cluster     Cluster       `json:"cluster"`
+	Mode    string  `json:"mode"`
+	Cluster Cluster `json:"cluster"`
+	// TestConfig lists what the run changed on the cluster before testing,
+	// as upstream's own test installation does.
+	TestConfig  []string      `json:"testConfig,omitempty"`
 	Claimed     []string      `json:"claimedFeatures,omitempty"`
 	Unsupported []Feature     `json:"unsupportedFeatures,omitempty"`
 	Suites      []SuiteReport `json:"suites"`
@@ -206,6 +209,9 @@ func Markdown(r *Report) string {
 	fmt.Fprintf(&b, "# Knative conformance: %s %s (%s)\n\n", r.Implementation.Name, r.Implementation.Version, r.Result)
 	fmt.Fprintf(&b, "%s, %s mode, Kubernetes %s (%d node(s)), networking %s, gateway %s.\n\n",
 		r.Date.UTC().Format(time.RFC3339), r.Mode, r.Cluster.KubernetesVersion, r.Cluster.Nodes, r.Implementation.Networking, r.Cluster.Gateway)
+	for _, c := range r.TestConfig {
+		fmt.Fprintf(&b, "Test configuration: %s.\n\n", c)
+	}
 	b.WriteString("| suite | result | passed | failed | expected failures | skipped | seconds |\n|---|---|---|---|---|---|---|\n")
 	for _, s := range r.Suites {
 		fmt.Fprintf(&b, "| %s (%s %s) | %s | %d | %d | %d | %d | %.0f |\n", s.Suite.Name, s.Suite.Module, s.Suite.Version, s.Result,

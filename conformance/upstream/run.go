@@ -69,6 +69,8 @@ type Invocation struct {
 	Env []string
 	// Skip lists tests not to run at all (go test -skip), by top-level name.
 	Skip []string
+	// Run, when set, selects tests (go test -run): a partial run, reported as such.
+	Run string
 	// Parallel bounds the suite's t.Parallel tests (go test -parallel).
 	Parallel int
 	Timeout  time.Duration
@@ -91,6 +93,9 @@ func (inv Invocation) Command() []string {
 		args = append(args, fmt.Sprintf("-parallel=%d", inv.Parallel))
 	}
 	args = append(args, inv.Suite.Package)
+	if inv.Run != "" {
+		args = append(args, "-run="+inv.Run)
+	}
 	if len(inv.Skip) > 0 {
 		names := append([]string(nil), inv.Skip...)
 		sort.Strings(names)
@@ -213,7 +218,8 @@ func reason(out, action string) string {
 	var keep []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		l = strings.TrimSpace(l)
-		if l == "" || strings.HasPrefix(l, "=== ") || strings.HasPrefix(l, "--- ") {
+		// client-go's warnings (klog lines) say nothing about the test.
+		if l == "" || strings.HasPrefix(l, "=== ") || strings.HasPrefix(l, "--- ") || strings.Contains(l, "] \"Warning: ") {
 			continue
 		}
 		keep = append(keep, l)
@@ -221,6 +227,10 @@ func reason(out, action string) string {
 	limit := 20
 	if action == Skip {
 		limit = 3
+		// t.Skip() without a message leaves only "file_test.go:NN:".
+		if len(keep) == 1 && strings.HasSuffix(keep[0], ":") {
+			return "skipped by the suite without a message at " + strings.TrimSuffix(keep[0], ":") + " (a flag or feature gate it checks: see that line)"
+		}
 	}
 	if len(keep) > limit {
 		keep = keep[len(keep)-limit:]
@@ -228,11 +238,18 @@ func reason(out, action string) string {
 	return strings.Join(keep, "\n")
 }
 
-// Cause is the one line of a reason that says what went wrong: the first
-// line carrying an error marker, else the first line.
+// Cause is the one line of a reason that says what went wrong: the last
+// line carrying an error marker (a test fails at its end; earlier lines
+// that merely contain such a word, in an object dump, are progress), else
+// the first line.
 func Cause(reason string) string {
-	for _, l := range strings.Split(reason, "\n") {
-		for _, m := range []string{"Error", "error", "unexpected", "wanted", "Fatal", "failed", "timed out", "not Ready", "Skip"} {
+	lines := strings.Split(reason, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := lines[i]
+		if strings.HasPrefix(l, ", headers:") {
+			continue // the tail of a spoofing error, split over two lines
+		}
+		for _, m := range []string{"Error", "error", "unexpected", "wanted", "Fatal", "failed", "Failed", "timed out", "not Ready", "deadline exceeded", "did not"} {
 			if strings.Contains(l, m) {
 				return firstLine(l)
 			}

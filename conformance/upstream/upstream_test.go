@@ -22,6 +22,9 @@ const goTestJSON = `{"Action":"start","Package":"knative.dev/serving/test/confor
 {"Action":"run","Test":"TestMustHaveSysctlReadOnly"}
 {"Action":"output","Test":"TestMustHaveSysctlReadOnly","Output":"    sysctl_test.go:30: Skipping: sysctls are an optional API\n"}
 {"Action":"skip","Test":"TestMustHaveSysctlReadOnly","Elapsed":0}
+{"Action":"run","Test":"TestServiceCreateWithEmptyDir"}
+{"Action":"output","Test":"TestServiceCreateWithEmptyDir","Output":"    service_test.go:895: \n"}
+{"Action":"skip","Test":"TestServiceCreateWithEmptyDir","Elapsed":0}
 {"Action":"run","Test":"TestRevisionTimeout"}
 {"Action":"output","Test":"TestRevisionTimeout","Output":"    revision_timeout_test.go:99: Service not Ready: RevisionFailed\n"}
 {"Action":"fail","Test":"TestRevisionTimeout","Elapsed":120}
@@ -32,7 +35,7 @@ const goTestJSON = `{"Action":"start","Package":"knative.dev/serving/test/confor
 func TestParseRollsUpSubtestsAndKeepsCauses(t *testing.T) {
 	var seen []string
 	rs, loose := Parse(strings.NewReader(goTestJSON), func(r Result) { seen = append(seen, r.Name) })
-	if len(rs) != 4 || len(seen) != 4 {
+	if len(rs) != 5 || len(seen) != 5 {
 		t.Fatalf("results %+v (callbacks %v)", rs, seen)
 	}
 	by := map[string]Result{}
@@ -45,6 +48,9 @@ func TestParseRollsUpSubtestsAndKeepsCauses(t *testing.T) {
 	}
 	if r := by["TestMustHaveSysctlReadOnly"]; r.Outcome != Skip || !strings.Contains(r.Reason, "optional API") {
 		t.Errorf("skip: %+v", r)
+	}
+	if r := by["TestServiceCreateWithEmptyDir"]; r.Outcome != Skip || !strings.Contains(r.Reason, "without a message at service_test.go:895") {
+		t.Errorf("a skip without a message says where: %+v", r)
 	}
 	if r := by["TestBlueGreenRoute"]; r.Outcome != Pass || r.Seconds != 21.5 || r.Reason != "" {
 		t.Errorf("pass: %+v", r)
@@ -63,7 +69,7 @@ func TestApplyDeclarations(t *testing.T) {
 		"TestGone":              {Test: "api/TestGone", Outcome: Fail, Feature: "x", Reason: "y"},
 	}
 	rs, v := Apply("api", rs, decl)
-	if v.Passed != 1 || v.Failed != 1 || v.ExpectedFailures != 1 || v.Skipped != 2 {
+	if v.Passed != 1 || v.Failed != 1 || v.ExpectedFailures != 1 || v.Skipped != 3 {
 		t.Errorf("verdict %+v", v)
 	}
 	if strings.Join(v.Undeclared, ",") != "api/TestRevisionTimeout" {
@@ -149,7 +155,7 @@ func TestReportRoundTripsAndRenders(t *testing.T) {
 	if err := yaml.Unmarshal(b, &back); err != nil {
 		t.Fatal(err)
 	}
-	if back.Kind != "ConformanceReport" || len(back.Suites[0].Tests) != 4 || back.Suites[0].Statistics.ExpectedFailures != 1 {
+	if back.Kind != "ConformanceReport" || len(back.Suites[0].Tests) != 5 || back.Suites[0].Statistics.ExpectedFailures != 1 {
 		t.Errorf("round trip: %+v", back)
 	}
 	j, _ := os.ReadFile(filepath.Join(dir, "junit.xml"))
