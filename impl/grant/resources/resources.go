@@ -58,11 +58,10 @@ func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
 
 // HomeEndpointOf is status.homeEndpoint: the Ready Home Pod's own address
 // when it has one, else the Home Service's name. fiber-router dials the Pod
-// directly, as Knative's activator does, so a new Revision serves as soon as
-// it is Ready: through the Service, the first requests waited for kube-proxy
-// to program the new endpoint (its minimum sync period is 1 s), measured at
-// 0.3-1.9 s between a Revision's Ready and its first answer. A replaced Pod
-// changes the address and so the router metadata.
+// directly, as Knative's activator does: no DNS lookup, and no wait for
+// kube-proxy to program the Home Service's new endpoint after the Pod turns
+// Ready (its minimum sync period is 1 s). A replaced Pod changes the address
+// and so the router metadata.
 func HomeEndpointOf(g *v1alpha1.CapacityGrant, home *corev1.Pod) string {
 	if home != nil && home.Status.PodIP != "" && home.DeletionTimestamp == nil && podReady(home) {
 		return net.JoinHostPort(home.Status.PodIP, strconv.Itoa(APIPort))
