@@ -73,16 +73,16 @@ test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
     go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
 
 # Suites: test/conformance/api/v1 and runtime, compiled from the pinned module,
-# each run checked against conformance/expectations/<profile>-traefik.yaml.
-# Reports: _artifacts/conformance/{stock,lampyr}/report.{yaml,md}, junit.xml,
-# lampyr/side-by-side.md. Other clusters: `go run ./conformance/cmd/knative-conformance -h`.
-# Knative Serving's own conformance suites on stock (the reference), then on Lampyr.
+# checked against conformance/expectations/<profile>-traefik.yaml. Reports:
+# _artifacts/conformance/<cluster>/report.{yaml,md}, junit.xml. Lampyr is not run
+# yet: the suites' Services carry only an image, and Lampyr needs a snapshot
+# artifact and a sealed template for each (each test would wait out the suite's
+# 10-minute poll); `go run ./conformance/cmd/knative-conformance --cluster lampyr
+# --reference _artifacts/conformance/stock/report.yaml` runs it anyway.
+# Knative Serving's own conformance suites on the stock cluster (the reference run).
 test-conformance: tools
-    {{bin}}/lampyr-clusters up stock lampyr
-    rc=0; \
-    go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock || rc=1; \
-    go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml || rc=1; \
-    exit $rc
+    {{bin}}/lampyr-clusters up stock
+    go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
