@@ -200,7 +200,7 @@ func Parse(r io.Reader, done func(Result)) ([]Result, string) {
 		case Pass, Fail, Skip:
 			res := Result{Name: top, Outcome: e.Action, Seconds: e.Elapsed, Subtests: a.subs, FailedSubtests: a.failed}
 			if e.Action != Pass {
-				res.Reason = reason(a.out.String(), e.Action)
+				res.Reason = Reason(a.out.String(), e.Action)
 			}
 			results = append(results, res)
 			if done != nil {
@@ -212,9 +212,9 @@ func Parse(r io.Reader, done func(Result)) ([]Result, string) {
 	return results, loose.String()
 }
 
-// reason keeps what a reader needs of a test's output: a skip's message,
+// Reason keeps what a reader needs of a test's output: a skip's message,
 // or the last lines of a failure, without go test's own framing lines.
-func reason(out, action string) string {
+func Reason(out, action string) string {
 	var keep []string
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		l = strings.TrimSpace(l)

@@ -31,6 +31,7 @@ import (
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/conformance/upstream"
 )
 
 // testImages are the images the suite deploys (networking test/test_images).
@@ -215,12 +216,12 @@ func parse(r io.Reader, log *progress.Log, requested string) []Result {
 		case "pass", "fail", "skip":
 			res := Result{Name: name, Outcome: e.Action, Seconds: e.Elapsed}
 			if e.Action != "pass" {
-				res.Reason = reason(outputs[name].String(), e.Action)
+				res.Reason = upstream.Reason(outputs[name].String(), e.Action)
 				if e.Action == "skip" && strings.Contains(","+requested+",", ","+name+",") {
 					res.Reason = "skipped by request (--skip): " + res.Reason
 				}
 			}
-			log.Printf("   %-4s %-30s %5.1fs %s", e.Action, name, e.Elapsed, cause(res.Reason))
+			log.Printf("   %-4s %-30s %5.1fs %s", e.Action, name, e.Elapsed, upstream.Cause(res.Reason))
 			results = append(results, res)
 		}
 	}
@@ -240,43 +241,6 @@ func isStable(name string) bool {
 	return false
 }
 
-func reason(out, action string) string {
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	var keep []string
-	for _, l := range lines {
-		l = strings.TrimSpace(l)
-		if l == "" || strings.HasPrefix(l, "=== ") || strings.HasPrefix(l, "--- ") {
-			continue
-		}
-		keep = append(keep, l)
-	}
-	if action == "fail" && len(keep) > 12 {
-		keep = keep[len(keep)-12:]
-	}
-	return strings.Join(keep, "\n")
-}
-
-// cause is the one line of a failure's output that says what went wrong:
-// the first line carrying an error marker, else the first line.
-func cause(reason string) string {
-	for _, l := range strings.Split(reason, "\n") {
-		for _, m := range []string{"Error", "error", "unexpected", "wanted", "Fatal", "failed", "timed out"} {
-			if strings.Contains(l, m) {
-				return firstLine(l)
-			}
-		}
-	}
-	return firstLine(reason)
-}
-
-func firstLine(s string) string {
-	l, _, _ := strings.Cut(s, "\n")
-	if len(l) > 160 {
-		l = l[:160] + "..."
-	}
-	return l
-}
-
 func write(dir string, rep Report) error {
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {
@@ -290,7 +254,7 @@ func write(dir string, rep Report) error {
 	fmt.Fprintf(&md, "Suite `%s` at knative.dev/networking %s, %s, %.0fs.\n\n", rep.Suite, rep.NetworkingVersion, rep.Started.UTC().Format(time.RFC3339), rep.Seconds)
 	fmt.Fprintf(&md, "**%d passed, %d failed, %d skipped**\n\n| subtest | outcome | seconds | reason |\n|---|---|---|---|\n", rep.Passed, rep.Failed, rep.Skipped)
 	for _, r := range rep.Results {
-		fmt.Fprintf(&md, "| %s | %s | %.1f | %s |\n", r.Name, r.Outcome, r.Seconds, strings.ReplaceAll(cause(r.Reason), "|", "\\|"))
+		fmt.Fprintf(&md, "| %s | %s | %.1f | %s |\n", r.Name, r.Outcome, r.Seconds, strings.ReplaceAll(upstream.Cause(r.Reason), "|", "\\|"))
 	}
 	return os.WriteFile(filepath.Join(dir, "report.md"), []byte(md.String()), 0o644)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/conformance/upstream"
 )
 
 func TestParseKeepsTheCauseOfEachFailure(t *testing.T) {
@@ -26,7 +27,7 @@ func TestParseKeepsTheCauseOfEachFailure(t *testing.T) {
 	}
 	got := map[string]string{}
 	for _, r := range rs {
-		got[r.Name] = r.Outcome + ": " + cause(r.Reason)
+		got[r.Name] = r.Outcome + ": " + upstream.Cause(r.Reason)
 	}
 	for name, want := range map[string]string{
 		"tls":    "fail: util.go:1131: Error making GET request: service doesn't contain a matching port: 443",
