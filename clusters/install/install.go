@@ -84,7 +84,7 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 		if err := knative.ResolveImages(all, images); err != nil {
 			return err
 		}
-		if err := knative.ApplySettings(all, knative.Settings{IngressClass: o.Provider.IngressClass(), Domain: o.Domain}); err != nil {
+		if err := knative.ApplySettings(all, knative.ProfileSettings(o.Profile, knative.Settings{IngressClass: o.Provider.IngressClass(), Domain: o.Domain})); err != nil {
 			return err
 		}
 		kept, excluded, err := knative.Filter(all, o.Profile)

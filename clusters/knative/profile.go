@@ -83,9 +83,25 @@ type Settings struct {
 	IngressClass string
 	// Domain replaces config-domain's example domain (empty keeps it).
 	Domain string
+	// ContainerConcurrency, when set, is config-defaults'
+	// container-concurrency: the value the webhook writes into a Revision
+	// that does not say. The lampyr profile sets "1", the only value Lampyr
+	// runs (one request per fiber): a Service that leaves it unset is then
+	// defaulted to what Lampyr runs instead of refused
+	// (UnsupportedContainerConcurrency), as Knative's own conformance suites
+	// leave it. A Service that says 0 is still refused.
+	ContainerConcurrency string
 }
 
-// ApplySettings patches config-network and config-domain.
+// ProfileSettings adds a profile's own settings to s.
+func ProfileSettings(p Profile, s Settings) Settings {
+	if p == Lampyr {
+		s.ContainerConcurrency = "1"
+	}
+	return s
+}
+
+// ApplySettings patches config-network, config-domain and config-defaults.
 func ApplySettings(objs []Object, s Settings) error {
 	patched := map[string]bool{}
 	for _, o := range objs {
@@ -107,9 +123,16 @@ func ApplySettings(objs []Object, s Settings) error {
 				}
 			}
 			patched["config-domain"] = true
+		case "config-defaults":
+			if s.ContainerConcurrency != "" {
+				if err := unstructured.SetNestedField(o.Object, s.ContainerConcurrency, "data", "container-concurrency"); err != nil {
+					return err
+				}
+			}
+			patched["config-defaults"] = true
 		}
 	}
-	for _, want := range []string{"config-network", "config-domain"} {
+	for _, want := range []string{"config-network", "config-domain", "config-defaults"} {
 		if !patched[want] {
 			return fmt.Errorf("rendered manifests have no %s/%s ConfigMap to patch", Namespace, want)
 		}

@@ -129,6 +129,20 @@ func TestApplySettings(t *testing.T) {
 	if err := ApplySettings(nil, Settings{}); err == nil {
 		t.Error("missing ConfigMaps must be an error")
 	}
+	for p, want := range map[Profile]string{Stock: "", Lampyr: "1"} {
+		objs := render(t)
+		if err := ApplySettings(objs, ProfileSettings(p, Settings{})); err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetKind() == "ConfigMap" && o.GetName() == "config-defaults" {
+				data, _, _ := unstructuredData(o)
+				if got, ok := data["container-concurrency"]; got != want || ok != (want != "") {
+					t.Errorf("%s profile: config-defaults container-concurrency %q (set %v), want %q", p, got, ok, want)
+				}
+			}
+		}
+	}
 }
 
 func unstructuredData(o Object) (map[string]string, bool, error) {
