@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,11 +36,10 @@ func TestPercentilesAndRatios(t *testing.T) {
 }
 
 func TestLoadCountsErrorsAndStops(t *testing.T) {
-	n := 0
+	var n atomic.Int64
 	s := Load(context.Background(), 2, 200*time.Millisecond, func(ctx context.Context) (int, error) {
 		time.Sleep(5 * time.Millisecond)
-		n++
-		if n%2 == 0 {
+		if n.Add(1)%2 == 0 {
 			return 503, nil
 		}
 		return 200, nil
