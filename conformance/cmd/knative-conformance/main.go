@@ -277,7 +277,7 @@ func run(ctx context.Context, args []string) (int, error) {
 	rep.Reproduce = []string{
 		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", gitVersion(root)),
 		"just cluster-up " + orName(o.cluster, "<cluster>") + "   # or bring your own cluster: third-party mode",
-		"go run ./conformance/cmd/knative-conformance " + strings.Join(args, " "),
+		"go run ./conformance/cmd/knative-conformance " + shellJoin(args),
 	}
 	for _, name := range strings.Split(o.suites, ",") {
 		s := suites[name]
@@ -287,7 +287,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		}
 		inv := upstream.Invocation{Suite: s, Dir: root, Args: suiteArgs, Env: suiteEnv, Skip: exp.Skips(name), Run: o.run,
 			Parallel: o.parallel, Timeout: o.timeout, Raw: raw, Log: log}
-		rep.Reproduce = append(rep.Reproduce, "# "+name+": "+strings.Join(suiteEnv, " ")+" "+strings.Join(inv.Command(), " "))
+		rep.Reproduce = append(rep.Reproduce, "# "+name+": "+shellJoin(suiteEnv)+" "+shellJoin(inv.Command()))
 		var results []upstream.Result
 		start := time.Now()
 		err = log.Step(fmt.Sprintf("Running %s conformance (%s) against %s", name, s.Package, orName(o.cluster, o.kubeconfig)), func() error {
@@ -385,6 +385,20 @@ func digestTemplate(pushed map[string]string) string {
 		b.WriteString("{{end}}")
 	}
 	return b.String()
+}
+
+// shellJoin quotes what a POSIX shell would split or expand, so the
+// report's Reproduce lines can be pasted.
+func shellJoin(args []string) string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if a != "" && !strings.ContainsAny(a, " \t\n'\"$`\\|&;<>(){}[]*?!#~") {
+			out[i] = a
+			continue
+		}
+		out[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(out, " ")
 }
 
 func orName(a, b string) string {

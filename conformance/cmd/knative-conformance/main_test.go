@@ -43,3 +43,11 @@ func TestFlagsNameTheFix(t *testing.T) {
 		}
 	}
 }
+
+func TestShellJoinQuotesWhatAShellWouldSplit(t *testing.T) {
+	got := shellJoin([]string{"go", "test", "-run=TestA|TestB", "-imagetemplate={{if eq .Name \"x\"}}a{{end}}", "it's"})
+	want := `go test '-run=TestA|TestB' '-imagetemplate={{if eq .Name "x"}}a{{end}}' 'it'\''s'`
+	if got != want {
+		t.Errorf("shellJoin:\n got %s\nwant %s", got, want)
+	}
+}
