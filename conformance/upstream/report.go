@@ -250,25 +250,20 @@ func SideBySide(ref, other *Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| suite | %s passed | %s passed | %s expected failures | %s undeclared failures |\n|---|---|---|---|---|\n",
 		ref.Implementation.Name, other.Implementation.Name, other.Implementation.Name, other.Implementation.Name)
+	refSuites := map[string]SuiteReport{}
+	for _, x := range ref.Suites {
+		refSuites[x.Suite.Name] = x
+	}
 	for _, s := range other.Suites {
-		var rs SuiteReport
-		for _, x := range ref.Suites {
-			if x.Suite.Name == s.Suite.Name {
-				rs = x
-			}
-		}
+		rs := refSuites[s.Suite.Name]
 		fmt.Fprintf(&b, "| %s | %d of %d | %d of %d | %d | %d |\n", s.Suite.Name, rs.Statistics.Passed, len(rs.Tests),
 			s.Statistics.Passed, len(s.Tests), s.Statistics.ExpectedFailures, s.Statistics.Failed)
 	}
 	b.WriteString("\n| suite | test | " + ref.Implementation.Name + " | " + other.Implementation.Name + " | why |\n|---|---|---|---|---|\n")
 	for _, s := range other.Suites {
 		refOut := map[string]string{}
-		for _, x := range ref.Suites {
-			if x.Suite.Name == s.Suite.Name {
-				for _, t := range x.Tests {
-					refOut[t.Name] = t.Outcome
-				}
-			}
+		for _, t := range refSuites[s.Suite.Name].Tests {
+			refOut[t.Name] = t.Outcome
 		}
 		names := map[string]Result{}
 		for _, t := range s.Tests {

@@ -425,15 +425,13 @@ func gitVersion(root string) string {
 
 // applyTestResources applies upstream's test/config/{cluster,test}-resources.yaml.
 func applyTestResources(ctx context.Context, c *e2eutil.Clients, log *progress.Log) error {
-	cmd := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", knative.ServingModule)
-	cmd.Dir = e2eutil.RepoRoot()
-	out, err := cmd.Output()
+	serving, err := gobuild.Download(ctx, knative.ServingModule, knative.ServingVersion)
 	if err != nil {
-		return fmt.Errorf("go list -m %s: %w", knative.ServingModule, err)
+		return err
 	}
 	var objs []*unstructured.Unstructured
 	for _, f := range []string{"cluster-resources.yaml", "test-resources.yaml"} {
-		b, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "test", "config", f))
+		b, err := os.ReadFile(filepath.Join(serving.Dir, "test", "config", f))
 		if err != nil {
 			return err
 		}
