@@ -324,34 +324,62 @@ func Fetch(ctx context.Context, ref string, opts ...remote.Option) (*Snapshot, e
 
 // fetchVerified pulls a single-layer artifact by digest and checks every
 // digest and media type itself rather than trusting the transport.
+// FetchConfig pulls only the manifest and config of the snapshot artifact
+// ref (digest-pinned), verified as Fetch does: enough to seal its template
+// without downloading the files.
+func FetchConfig(ctx context.Context, ref string, opts ...remote.Option) (Config, error) {
+	var c Config
+	d, err := ParseDigestRef(ref)
+	if err != nil {
+		return c, err
+	}
+	m, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, opts)
+	if err != nil {
+		return c, err
+	}
+	_ = m
+	if err := json.Unmarshal(cfg, &c); err != nil {
+		return c, fmt.Errorf("%s: config: %w", ref, err)
+	}
+	return c, c.Validate()
+}
+
 func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, opts []remote.Option) (*manifest, []byte, []byte, error) {
+	m, cfg, err := fetchManifestConfig(ctx, d, artifactType, configMT, layerMT, opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	layer, err := fetchBlob(ctx, d.Context(), m.Layers[0], opts)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return m, cfg, layer, nil
+}
+
+func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, opts []remote.Option) (*manifest, []byte, error) {
 	desc, err := remote.Get(d, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("fetching %s: %w", d, err)
+		return nil, nil, fmt.Errorf("fetching %s: %w", d, err)
 	}
 	if got := "sha256:" + sha256Hex(desc.Manifest); got != d.DigestStr() {
-		return nil, nil, nil, fmt.Errorf("%s: registry returned a manifest with digest %s; refusing it", d, got)
+		return nil, nil, fmt.Errorf("%s: registry returned a manifest with digest %s; refusing it", d, got)
 	}
 	var m manifest
 	if err := json.Unmarshal(desc.Manifest, &m); err != nil {
-		return nil, nil, nil, fmt.Errorf("%s: manifest: %w", d, err)
+		return nil, nil, fmt.Errorf("%s: manifest: %w", d, err)
 	}
 	if m.ArtifactType != artifactType || string(m.Config.MediaType) != configMT {
-		return nil, nil, nil, fmt.Errorf("%s is not a %s (artifactType %q, config media type %q); was it built by `ly build`?", d, artifactType, m.ArtifactType, m.Config.MediaType)
+		return nil, nil, fmt.Errorf("%s is not a %s (artifactType %q, config media type %q); was it built by `ly build`?", d, artifactType, m.ArtifactType, m.Config.MediaType)
 	}
 	if len(m.Layers) != 1 || string(m.Layers[0].MediaType) != layerMT {
-		return nil, nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, layerMT)
+		return nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, layerMT)
 	}
 	repo := d.Context()
 	cfg, err := fetchBlob(ctx, repo, m.Config, opts)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
-	layer, err := fetchBlob(ctx, repo, m.Layers[0], opts)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	return &m, cfg, layer, nil
+	return &m, cfg, nil
 }
 
 func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, opts []remote.Option) ([]byte, error) {

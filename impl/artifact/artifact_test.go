@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -70,6 +71,12 @@ func TestBuildIsReproducibleAndRoundTrips(t *testing.T) {
 	}
 	if snap.Config.Port != 8080 || snap.Config.HelperVersion != HelperProtocolVersion {
 		t.Fatalf("config %+v", snap.Config)
+	}
+	if c, err := FetchConfig(context.Background(), ref.String()); err != nil || !reflect.DeepEqual(c, snap.Config) {
+		t.Fatalf("FetchConfig = %+v, %v; want %+v", c, err, snap.Config)
+	}
+	if _, err := FetchConfig(context.Background(), reg+"/lampyr/hello:v1"); err == nil || !strings.Contains(err.Error(), "digest-pinned") {
+		t.Fatalf("FetchConfig of a tag: %v", err)
 	}
 	out := filepath.Join(t.TempDir(), "root")
 	if err := snap.Unpack(out); err != nil {

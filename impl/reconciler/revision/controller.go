@@ -60,6 +60,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 		mirrorSliceLister:    mirrorSliceInformer.Lister(),
 		routerSliceLister:    routerSliceInformer.Lister(),
 		artifacts:            &RegistryVerifier{},
+		sealer:               &RegistrySealer{Kube: kubeclient.Get(ctx)},
 	}
 
 	impl := revisionreconciler.NewImpl(ctx, r, func(impl *controller.Impl) controller.Options {

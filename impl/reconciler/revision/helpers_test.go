@@ -54,6 +54,7 @@ const (
 const (
 	lampyrConfigKey = "lampyr"
 	verifierKey     = "verifier"
+	sealerKey       = "sealer"
 )
 
 type revOption func(*v1.Revision)
@@ -440,6 +441,7 @@ func makeFactory() rtesting.Factory {
 			lampyr = testLampyr(config.BackendExternalName)
 		}
 		verifier, _ := row.OtherTestData[verifierKey].(ArtifactVerifier)
+		sealer, _ := row.OtherTestData[sealerKey].(TemplateSealer)
 
 		r := &Reconciler{
 			kubeclient:           kubeClient,
@@ -449,6 +451,7 @@ func makeFactory() rtesting.Factory {
 			mirrorSliceLister:    discoverylisters.NewEndpointSliceLister(slices),
 			routerSliceLister:    discoverylisters.NewEndpointSliceLister(slices),
 			artifacts:            verifier,
+			sealer:               sealer,
 		}
 		c := revisionreconciler.NewReconciler(ctx, logger, servingClient, servinglisters.NewRevisionLister(revisions), recorder, r,
 			controller.Options{ConfigStore: &testConfigStore{cfg: &config.Config{Lampyr: lampyr, Serving: testServingConfig(t)}}})

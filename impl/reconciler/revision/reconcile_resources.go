@@ -40,11 +40,60 @@ func (r *Reconciler) verifyArtifact(ctx context.Context, _ *v1.Revision, p *prog
 	}
 }
 
+// sealTemplate gives an image-mapped Revision (config-lampyr
+// image-snapshots) its fiberd template: the one its grant already records
+// for the same snapshot and policy, or a new one sealed to the fleet key and
+// pushed. Revisions deployed by `ly deploy` carry theirs in an annotation.
+func (r *Reconciler) sealTemplate(ctx context.Context, rev *v1.Revision, p *progress) error {
+	if !p.tmpl.SealByController {
+		return nil
+	}
+	req := SealRequest{
+		Namespace:  p.cfg.RouterNamespace,
+		Revision:   rev.Name,
+		Snapshot:   p.tmpl.SnapshotArtifact,
+		Execution:  p.tmpl.Execution,
+		Repository: p.cfg.TemplateRepository,
+		Mirrors:    p.cfg.RegistryMirrors,
+	}
+	if g, err := r.grants.Get(rev.Namespace, rev.Name); err == nil && metav1.IsControlledBy(g, rev) &&
+		g.Spec.Template != "" && g.Spec.SnapshotArtifact == req.Snapshot && equality.Semantic.DeepEqual(g.Spec.Execution, req.Execution) {
+		p.tmpl.FiberdTemplate = g.Spec.Template
+		return nil
+	}
+	key := r.sealed.key(rev, req)
+	if ref, ok := r.sealed.get(key); ok {
+		p.tmpl.FiberdTemplate = ref
+		return nil
+	}
+	if r.sealer == nil {
+		return errors.New("this controller has no template sealer: image-mapped Revisions cannot run")
+	}
+	ref, err := r.sealer.Seal(ctx, req)
+	var missing *ArtifactMissingError
+	switch {
+	case errors.As(err, &missing):
+		p.artifactMissing = v1.RevisionContainerMissingMessage(p.tmpl.SnapshotArtifact, missing.Detail)
+		return nil
+	case err != nil:
+		return fmt.Errorf("sealing the fiberd template of image-mapped Revision %s: %w", rev.Name, err)
+	}
+	r.sealed.put(key, ref)
+	logWrite(ctx, "Sealed", "fiberd template", ref)
+	p.tmpl.FiberdTemplate = ref
+	return nil
+}
+
 func notOwnedMessage(kind, name string) string { return v1.ResourceNotOwnedMessage(kind, name) }
 
 // reconcileGrant creates the Revision's CapacityGrant or brings its spec
 // back to what the Revision says; the grant controller owns its status.
 func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *progress) error {
+	if p.tmpl.FiberdTemplate == "" {
+		// An image-mapped snapshot the registry does not hold: nothing to
+		// seal, so no grant; the Revision says why (artifactMissing).
+		return nil
+	}
 	want := resources.MakeCapacityGrant(rev, p.tmpl, p.cfg)
 	got, err := r.grants.Get(rev.Namespace, rev.Name)
 	switch {

@@ -35,6 +35,10 @@ type Reconciler struct {
 
 	// artifacts is consulted only when config-lampyr verify-artifacts is on.
 	artifacts ArtifactVerifier
+	// sealer seals the templates of image-mapped Revisions; sealed remembers
+	// them until their grant is cached.
+	sealer TemplateSealer
+	sealed sealedTemplates
 }
 
 var (
@@ -51,7 +55,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 	defer cancel()
 	cfg := config.FromContext(ctx)
 
-	tmpl, rejection := ValidateTemplate(rev, cfg.Serving)
+	tmpl, rejection := Validate(rev, cfg)
 	if rejection != nil {
 		markRejected(&rev.Status, rejection)
 		return r.withdrawRouterMetadata(ctx, rev)
@@ -61,6 +65,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 	p := &progress{tmpl: tmpl, cfg: cfg.Lampyr}
 	for _, step := range []func(context.Context, *v1.Revision, *progress) error{
 		r.verifyArtifact,
+		r.sealTemplate,
 		r.reconcileGrant,
 		r.reconcileBackendService,
 		r.reconcileEndpointSlice,
@@ -81,6 +86,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 func (r *Reconciler) FinalizeKind(ctx context.Context, rev *v1.Revision) pkgreconciler.Event {
 	ctx, cancel := context.WithTimeout(ctx, pkgreconciler.DefaultTimeout)
 	defer cancel()
+	defer r.sealed.forget(rev)
 	for _, del := range []func(context.Context, *v1.Revision) error{
 		r.deleteRouterMetadata,
 		r.deleteEndpointSlice,

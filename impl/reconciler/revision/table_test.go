@@ -3,8 +3,11 @@ package revision
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
@@ -511,6 +514,7 @@ func TestReconcile(t *testing.T) {
 		},
 	}}
 
+	table = append(table, imageMappedRows(t)...)
 	table = append(table, rejectionRows()...)
 	table.Test(t, makeFactory())
 }
@@ -574,4 +578,114 @@ func refuseGrantCreate(action clientgotesting.Action) (bool, runtime.Object, err
 		return true, nil, invalidGrantErr
 	}
 	return false, nil, nil
+}
+
+const testSealed = "registry.example/lampyr/templates@sha256:4444444444444444444444444444444444444444444444444444444444444444"
+
+// mapping is config-lampyr with testImage mapped to testArtifact.
+func mapping() *config.Lampyr {
+	l := testLampyr(config.BackendExternalName)
+	l.ImageSnapshots = map[string]string{"sha256:" + strings.Repeat("1", 64): testArtifact}
+	l.TemplateRepository = "registry.example/lampyr/templates"
+	l.RegistryMirrors = []string{"registry.example=lampyr-registry:5000"}
+	return l
+}
+
+// fakeSealer checks it is asked for exactly want and answers ref or err.
+type fakeSealer struct {
+	want SealRequest
+	ref  string
+	err  error
+}
+
+func (f *fakeSealer) Seal(_ context.Context, req SealRequest) (string, error) {
+	if diff := cmp.Diff(f.want, req); diff != "" {
+		return "", fmt.Errorf("unexpected seal request (-want +got):\n%s", diff)
+	}
+	return f.ref, f.err
+}
+
+// imageMappedRows: Revisions without Lampyr annotations whose image digest
+// config-lampyr image-snapshots maps to a snapshot artifact.
+func imageMappedRows(t *testing.T) rtesting.TableTest {
+	plain := []revOption{withoutAnnotation(SnapshotArtifactAnnotation), withoutAnnotation(FiberdTemplateAnnotation)}
+	mapped := accepted(func(t *resources.Template) { t.FiberdTemplate = testSealed; t.SealByController = true })
+	req := SealRequest{
+		Namespace: "lampyr-system", Revision: testRevName, Snapshot: testArtifact,
+		Execution:  fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionFresh},
+		Repository: "registry.example/lampyr/templates", Mirrors: []string{"registry.example=lampyr-registry:5000"},
+	}
+	missing := v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")
+	return rtesting.TableTest{{
+		Name:          "image-mapped Revision: the controller seals its template and creates the grant with it",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{want: req, ref: testSealed}},
+		Objects:       []runtime.Object{rev(plain...)},
+		Key:           key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(mapped)),
+			service(mapped, config.BackendExternalName),
+			metadata(mapped, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(append(plain, waitingForGrant())...)),
+		},
+	}, {
+		Name: "image-mapped Revision whose grant records its template: not sealed again",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(),
+			sealerKey: &fakeSealer{err: errors.New("must not seal again")}},
+		Objects: []runtime.Object{
+			rev(append(plain, waitingForGrant())...),
+			grant(mapped, grantReady),
+			service(mapped, config.BackendExternalName),
+			metadata(mapped, "", false),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(mapped, testHome, true)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(append(plain, ready())...)),
+		},
+	}, {
+		Name: "image-mapped snapshot absent from the registry: ContainerMissing, no grant",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(),
+			sealerKey: &fakeSealer{want: req, err: &ArtifactMissingError{Ref: testArtifact, Detail: "not found in the registry"}}},
+		Objects: []runtime.Object{rev(plain...)},
+		Key:     key(),
+		WantCreates: []runtime.Object{
+			service(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), config.BackendExternalName),
+			metadata(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(append(plain, withConditions(
+				healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, missing),
+				// No grant exists: nothing could be sealed for it.
+				available(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
+				active(corev1.ConditionUnknown, v1.ReasonContainerMissing, missing),
+			), withContainerStatus("user-container", testImage))...)),
+		},
+	}, {
+		Name: "image-mapped Revision, fleet key not published yet: retried",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(),
+			sealerKey: &fakeSealer{want: req, err: errors.New("the fleet public key is not published yet")}},
+		Objects: []runtime.Object{rev(append(plain, waitingForGrant())...)},
+		Key:     key(),
+		WantErr: true,
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "sealing the fiberd template of image-mapped Revision %s: the fleet public key is not published yet", testRevName),
+		},
+	}, {
+		Name:          "annotations win over the mapping: the Revision runs what ly deploy sealed",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{err: errors.New("must not seal")}},
+		Objects:       []runtime.Object{rev()},
+		Key:           key(),
+		WantCreates: []runtime.Object{
+			unstructuredGrant(t, grant(accepted())),
+			service(accepted(), config.BackendExternalName),
+			metadata(accepted(), "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(waitingForGrant())),
+		},
+	}}
 }

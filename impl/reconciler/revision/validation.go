@@ -19,6 +19,7 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 	"lampyr.dev/serving/impl/routermeta"
 )
@@ -83,7 +84,23 @@ func (r Rejection) Message() string {
 // config-defaults before ReconcileKind); serving is that same config, used
 // to accept exactly the fields the Knative webhook fills in on its own.
 func ValidateTemplate(rev *v1.Revision, serving *apisconfig.Config) (*resources.Template, Rejection) {
-	v := &validator{serving: serving}
+	return validate(rev, serving, nil)
+}
+
+// Validate is ValidateTemplate with the installation's config-lampyr: a
+// Revision without Lampyr's annotations whose image digest is mapped in
+// image-snapshots runs from the mapped snapshot artifact, and its template
+// is left for the controller to seal (Template.SealByController).
+func Validate(rev *v1.Revision, cfg *config.Config) (*resources.Template, Rejection) {
+	var images map[string]string
+	if cfg.Lampyr != nil {
+		images = cfg.Lampyr.ImageSnapshots
+	}
+	return validate(rev, cfg.Serving, images)
+}
+
+func validate(rev *v1.Revision, serving *apisconfig.Config, images map[string]string) (*resources.Template, Rejection) {
+	v := &validator{serving: serving, images: images}
 	t := &resources.Template{}
 	v.podSpec(&rev.Spec.PodSpec, t)
 	v.revisionSpec(&rev.Spec, t)
@@ -96,7 +113,9 @@ func ValidateTemplate(rev *v1.Revision, serving *apisconfig.Config) (*resources.
 
 type validator struct {
 	serving *apisconfig.Config
-	rej     Rejection
+	// images is config-lampyr image-snapshots: image digest -> snapshot.
+	images map[string]string
+	rej    Rejection
 }
 
 func (v *validator) reject(reason, field, detail string) {
@@ -340,8 +359,16 @@ var (
 func (v *validator) annotations(anns map[string]string, t *resources.Template) {
 	field := func(k string) string { return "metadata.annotations['" + k + "']" }
 
-	t.SnapshotArtifact = v.pinnedAnnotation(anns, SnapshotArtifactAnnotation, "SnapshotArtifact", field)
-	t.FiberdTemplate = v.pinnedAnnotation(anns, FiberdTemplateAnnotation, "FiberdTemplate", field)
+	_, hasSnapshot := anns[SnapshotArtifactAnnotation]
+	_, hasTemplate := anns[FiberdTemplateAnnotation]
+	if snap, ok := v.mappedSnapshot(t.Image); ok && !hasSnapshot && !hasTemplate {
+		// An image built with its snapshot (config-lampyr image-snapshots):
+		// the controller seals this Revision's template itself.
+		t.SnapshotArtifact, t.SealByController = snap, true
+	} else {
+		t.SnapshotArtifact = v.pinnedAnnotation(anns, SnapshotArtifactAnnotation, "SnapshotArtifact", field)
+		t.FiberdTemplate = v.pinnedAnnotation(anns, FiberdTemplateAnnotation, "FiberdTemplate", field)
+	}
 
 	keys := make([]string, 0, len(anns))
 	for k := range anns {
@@ -409,11 +436,24 @@ type autoscalerDefaults struct {
 	minScale, maxScale int32
 }
 
+// mappedSnapshot looks the image's digest up in image-snapshots.
+func (v *validator) mappedSnapshot(image string) (string, bool) {
+	if image == "" || len(v.images) == 0 {
+		return "", false
+	}
+	d, err := name.NewDigest(image)
+	if err != nil {
+		return "", false
+	}
+	snap, ok := v.images[d.DigestStr()]
+	return snap, ok
+}
+
 // pinnedAnnotation requires a digest-pinned reference under key.
 func (v *validator) pinnedAnnotation(anns map[string]string, key, what string, field func(string) string) string {
 	ref, ok := anns[key]
 	if !ok || ref == "" {
-		v.reject("Missing"+what, field(key), "required: the digest-pinned reference Lampyr runs this Revision from")
+		v.reject("Missing"+what, field(key), "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots")
 		return ""
 	}
 	if _, err := name.NewDigest(ref); err != nil {

@@ -185,14 +185,14 @@ func rejectionCases() []rejectionCase {
 		detail: `the image must be pinned by digest (repository@sha256:...): "registry.example/hello:v1": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello:v1`,
 	}, {
 		name: "a missing snapshot artifact", opts: []revOption{withoutAnnotation(SnapshotArtifactAnnotation)},
-		reason: "MissingSnapshotArtifact", field: annField(SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from",
+		reason: "MissingSnapshotArtifact", field: annField(SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
 		name: "a snapshot artifact pinned by tag", opts: ann(SnapshotArtifactAnnotation, "registry.example/hello-snapshot:latest"),
 		reason: "UnsupportedSnapshotArtifact", field: annField(SnapshotArtifactAnnotation),
 		detail: `must be pinned by digest (repository@sha256:...): "registry.example/hello-snapshot:latest": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello-snapshot:latest`,
 	}, {
 		name: "a missing fiberd template", opts: []revOption{withoutAnnotation(FiberdTemplateAnnotation)},
-		reason: "MissingFiberdTemplate", field: annField(FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from",
+		reason: "MissingFiberdTemplate", field: annField(FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
 		name: "an unknown execution mode", opts: ann(ExecutionModeAnnotation, "park"),
 		reason: "UnsupportedExecutionMode", field: annField(ExecutionModeAnnotation), detail: `"park": use fresh or reuse`,
@@ -457,4 +457,42 @@ func FuzzValidate(f *testing.F) {
 		d.SetDefaults(apisconfig.ToContext(context.Background(), cfg))
 		check(d)
 	})
+}
+
+// TestValidateImageMapped: with config-lampyr image-snapshots, a Revision
+// without Lampyr annotations runs from the snapshot mapped to its image's
+// digest and the controller seals its template; annotations always win; a
+// half-annotated or unmapped Revision is refused as before.
+func TestValidateImageMapped(t *testing.T) {
+	cfg := &config.Config{Lampyr: mapping(), Serving: testServingConfig(t)}
+	plain := []revOption{withoutAnnotation(SnapshotArtifactAnnotation), withoutAnnotation(FiberdTemplateAnnotation)}
+	validate := func(r *v1.Revision) (*resources.Template, Rejection) {
+		r.SetDefaults(apisconfig.ToContext(context.Background(), cfg.Serving))
+		return Validate(r, cfg)
+	}
+
+	got, rej := validate(rev(plain...))
+	if rej != nil {
+		t.Fatalf("mapped image refused: %s", rej.Message())
+	}
+	if want := accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }); !cmp.Equal(want, got) {
+		t.Errorf("mapped template (-want +got):\n%s", cmp.Diff(want, got))
+	}
+
+	if got, rej := validate(rev()); rej != nil || got.SealByController || got.FiberdTemplate != testTemplate {
+		t.Errorf("annotated Revision: %+v %v, want the annotations' template", got, rej)
+	}
+
+	_, rej = validate(rev(withoutAnnotation(FiberdTemplateAnnotation)))
+	if rej == nil || rej.Reason() != "MissingFiberdTemplate" {
+		t.Errorf("half-annotated Revision: %v, want MissingFiberdTemplate", rej)
+	}
+
+	unmapped := append(plain, container(func(c *corev1.Container) {
+		c.Image = "registry.example/other@sha256:" + strings.Repeat("9", 64)
+	}))
+	_, rej = validate(rev(unmapped...))
+	if rej == nil || rej.Reason() != "MissingSnapshotArtifact" || !strings.Contains(rej.Message(), "image-snapshots") {
+		t.Errorf("unmapped image: %v, want MissingSnapshotArtifact naming image-snapshots", rej)
+	}
 }

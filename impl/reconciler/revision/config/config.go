@@ -8,13 +8,17 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"knative.dev/pkg/configmap"
 	apisconfig "knative.dev/serving/pkg/apis/config"
+	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -32,6 +36,22 @@ const (
 	// often cannot reach the registry the Homes pull from (Kind's
 	// localhost:5002 is not localhost inside a Pod).
 	VerifyArtifactsKey = "verify-artifacts"
+	// ImageSnapshotsKey maps runnable images, by digest, to the snapshot
+	// artifacts built from the same source (docs/contracts.md, "Image
+	// snapshots"): a Revision without Lampyr annotations whose image is
+	// mapped runs from that snapshot, and the controller seals its template.
+	ImageSnapshotsKey = "image-snapshots"
+	// TemplateRepositoryKey is where sealed fiberd templates are pushed (by
+	// `ly deploy`, and by the controller for image-mapped Revisions).
+	TemplateRepositoryKey = "template-repository"
+	// RegistryMirrorsKey: comma-separated from=to registry host pairs the
+	// controller applies to its own registry traffic; unset, it uses
+	// HomeRegistryMirrorsKey (the controller Pod sees the registry as Home
+	// Pods do).
+	RegistryMirrorsKey     = "registry-mirrors"
+	HomeRegistryMirrorsKey = "home-registry-mirrors"
+	// DefaultTemplateRepository is template-repository's default.
+	DefaultTemplateRepository = "localhost:5002/lampyr/templates"
 
 	// NamespaceEnvKey overrides the Lampyr namespace.
 	NamespaceEnvKey = "LAMPYR_NAMESPACE"
@@ -67,6 +87,14 @@ type Lampyr struct {
 	BackendStrategy       BackendStrategy
 	DefaultMemoryPerFiber resource.Quantity
 	VerifyArtifacts       bool
+	// ImageSnapshots maps an image digest (sha256:...) to a digest-pinned
+	// snapshot artifact reference.
+	ImageSnapshots map[string]string
+	// TemplateRepository receives the templates the controller seals.
+	TemplateRepository string
+	// RegistryMirrors are from=to host pairs for the controller's registry
+	// traffic (artifact checks, template pushes).
+	RegistryMirrors []string
 	// RouterNamespace and RouterService name fiber-router; the ExternalName
 	// target and the EndpointSlice mirror source are derived from them.
 	RouterNamespace string
@@ -83,6 +111,7 @@ func DefaultLampyr() *Lampyr {
 	return &Lampyr{
 		BackendStrategy:       BackendExternalName,
 		DefaultMemoryPerFiber: resource.MustParse("256Mi"),
+		TemplateRepository:    DefaultTemplateRepository,
 		RouterNamespace:       Namespace(),
 		RouterService:         RouterServiceName,
 	}
@@ -117,7 +146,61 @@ func NewLampyrFromMap(data map[string]string) (*Lampyr, error) {
 		}
 		l.VerifyArtifacts = b
 	}
+	if v, ok := data[ImageSnapshotsKey]; ok {
+		m, err := ParseImageSnapshots(v)
+		if err != nil {
+			return nil, err
+		}
+		l.ImageSnapshots = m
+	}
+	if v := strings.TrimSpace(data[TemplateRepositoryKey]); v != "" {
+		if _, err := name.NewRepository(v); err != nil {
+			return nil, fmt.Errorf("%s: %q is not a repository (e.g. %s): %w", TemplateRepositoryKey, v, DefaultTemplateRepository, err)
+		}
+		l.TemplateRepository = v
+	}
+	key := RegistryMirrorsKey
+	mirrors, ok := data[key]
+	if !ok {
+		key, mirrors = HomeRegistryMirrorsKey, data[HomeRegistryMirrorsKey]
+	}
+	for _, m := range strings.Split(mirrors, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if from, to, ok := strings.Cut(m, "="); !ok || from == "" || to == "" {
+			return nil, fmt.Errorf("%s entry %q: want from=to, e.g. localhost:5002=kind-registry:5000", key, m)
+		}
+		l.RegistryMirrors = append(l.RegistryMirrors, m)
+	}
 	return l, nil
+}
+
+// ParseImageSnapshots parses image-snapshots: a YAML map from an image
+// digest to the digest-pinned snapshot artifact built from the same source,
+//
+//	sha256:<64 hex>: localhost:5002/lampyr/snapshots/hello@sha256:<64 hex>
+//
+// Errors name the entry and the fix.
+func ParseImageSnapshots(v string) (map[string]string, error) {
+	m := map[string]string{}
+	if err := yaml.UnmarshalStrict([]byte(v), &m); err != nil {
+		return nil, fmt.Errorf("%s: want a YAML map of image digest (sha256:...) to snapshot artifact (repository@sha256:...): %w", ImageSnapshotsKey, err)
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if _, err := v1.NewHash(k); err != nil || !strings.HasPrefix(k, "sha256:") {
+			return nil, fmt.Errorf("%s: key %q: want an image digest such as sha256:<64 hex> (the part after @ in the image reference)", ImageSnapshotsKey, k)
+		}
+		if _, err := name.NewDigest(m[k]); err != nil {
+			return nil, fmt.Errorf("%s[%s]: %q: want a digest-pinned snapshot artifact reference (repository@sha256:...): %v", ImageSnapshotsKey, k, m[k], err)
+		}
+	}
+	return m, nil
 }
 
 // NewLampyrFromConfigMap is the configmap.Constructor for config-lampyr.

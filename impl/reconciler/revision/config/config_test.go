@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -34,6 +35,40 @@ func TestNewLampyrFromMap(t *testing.T) {
 			l.VerifyArtifacts = true
 			return l
 		}(),
+	}, {
+		name: "image snapshots, template repository, mirrors from the Home setting",
+		data: map[string]string{
+			ImageSnapshotsKey:      "sha256:" + hex64("a") + ": localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b") + "\n",
+			TemplateRepositoryKey:  "lampyr-registry:5000/tpl",
+			HomeRegistryMirrorsKey: "localhost:5002=lampyr-registry:5000, ",
+		},
+		want: func() *Lampyr {
+			l := DefaultLampyr()
+			l.ImageSnapshots = map[string]string{"sha256:" + hex64("a"): "localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b")}
+			l.TemplateRepository = "lampyr-registry:5000/tpl"
+			l.RegistryMirrors = []string{"localhost:5002=lampyr-registry:5000"}
+			return l
+		}(),
+	}, {
+		name: "registry-mirrors wins over home-registry-mirrors",
+		data: map[string]string{RegistryMirrorsKey: "a:1=b:2", HomeRegistryMirrorsKey: "localhost:5002=lampyr-registry:5000"},
+		want: func() *Lampyr {
+			l := DefaultLampyr()
+			l.RegistryMirrors = []string{"a:1=b:2"}
+			return l
+		}(),
+	}, {
+		name:    "image snapshot key is not a digest",
+		data:    map[string]string{ImageSnapshotsKey: "localhost:5002/hello:latest: localhost:5002/s@sha256:" + hex64("b")},
+		wantErr: true,
+	}, {
+		name:    "image snapshot value is not pinned",
+		data:    map[string]string{ImageSnapshotsKey: "sha256:" + hex64("a") + ": localhost:5002/s:latest"},
+		wantErr: true,
+	}, {
+		name:    "bad mirror",
+		data:    map[string]string{RegistryMirrorsKey: "localhost:5002"},
+		wantErr: true,
 	}, {
 		name:    "unknown strategy",
 		data:    map[string]string{BackendStrategyKey: "nodeport"},
@@ -112,5 +147,20 @@ func TestStore(t *testing.T) {
 	}
 	if got := store.Load().Lampyr.BackendStrategy; got != BackendEndpointSlice {
 		t.Errorf("after update strategy = %q, want endpointslice", got)
+	}
+}
+
+func hex64(c string) string {
+	out := ""
+	for len(out) < 64 {
+		out += c
+	}
+	return out
+}
+
+func TestParseImageSnapshotsErrorsNameTheEntry(t *testing.T) {
+	_, err := ParseImageSnapshots("sha256:" + hex64("a") + ": localhost:5002/s:latest")
+	if err == nil || !strings.Contains(err.Error(), "image-snapshots[sha256:"+hex64("a")+"]") || !strings.Contains(err.Error(), "repository@sha256") {
+		t.Fatalf("err = %v, want it to name the entry and the fix", err)
 	}
 }

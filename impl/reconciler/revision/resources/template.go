@@ -16,8 +16,13 @@ type Template struct {
 	Image string
 	// SnapshotArtifact is lampyr.dev/snapshot-artifact, digest-pinned.
 	SnapshotArtifact string
-	// FiberdTemplate is lampyr.dev/fiberd-template, digest-pinned.
+	// FiberdTemplate is lampyr.dev/fiberd-template, digest-pinned; empty
+	// when SealByController until the controller has sealed it.
 	FiberdTemplate string
+	// SealByController: the Revision carries no Lampyr annotations and its
+	// image is mapped to SnapshotArtifact in config-lampyr image-snapshots,
+	// so the controller seals and pushes its template.
+	SealByController bool
 	// Memory is the container's memory request; nil means the
 	// installation's default-memory-per-fiber.
 	Memory *resource.Quantity
