@@ -10,6 +10,7 @@
 //	ly event NAME                                   recent events of a Service and its children
 //	ly delete NAME                                  delete a Service
 //	ly cluster describe                             fleet key, template repository, registry
+//	ly image-snapshot IMAGE@DIGEST... [--register]  snapshot runnable images; map them in config-lampyr
 //	ly scaffold service NAME [--upgrade] [dir]      a new service (or a new adapter)
 package main
 
@@ -52,6 +53,8 @@ const usage = `usage: ly COMMAND [flags]
   status [NAME]   scale NAME --max N   logs NAME   audit   event NAME   delete NAME
   cluster install [--provider traefik] | cluster describe
   scaffold service NAME [--upgrade] [dir]
+  image-snapshot IMAGE@DIGEST... [--port 8080] [--protocol http1|h2c] [--repository R] [--register]
+                                           snapshot runnable images; --register maps them in config-lampyr
 common flags: --context, --kubeconfig, --namespace/-n, --output terminal|plain|json`
 
 // common are the flags every command takes.
@@ -107,6 +110,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	tail := fs.Int64("tail", 100, "logs: lines per Home")
 	provider := fs.String("provider", "traefik", "cluster install: networking provider (traefik, kourier)")
 	nodePort := fs.Int("node-port", 0, "cluster install: the gateway's NodePort (default: the cluster's recorded port, else 30080)")
+	port := fs.Int("port", 8080, "image-snapshot: the port the image's server listens on ($PORT)")
+	protocol := fs.String("protocol", "http1", "image-snapshot: http1 or h2c")
+	repository := fs.String("repository", "", "image-snapshot: where to push (default: REGISTRY/lampyr/snapshots/<image name>)")
+	register := fs.Bool("register", false, "image-snapshot: map each image digest to its snapshot in config-lampyr image-snapshots")
 	if err := parseInterspersed(fs, args); err != nil {
 		return usageError{err}
 	}
@@ -295,6 +302,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return json.NewEncoder(stdout).Encode(in)
 		}
 		fmt.Fprintf(stdout, "context:             %s\nnamespace:           %s\nregistry:            %s\ntemplate repository: %s\nbackend strategy:    %s\nfleet key id:        %s\nfleet public key:\n%s", in.Context, in.Namespace, in.Registry, in.TemplateRepository, in.BackendStrategy, in.FleetKeyID, in.FleetPublicKeyPEM)
+		return nil
+	case "image-snapshot":
+		if len(pos) == 0 {
+			return usageError{errors.New("usage: ly image-snapshot IMAGE@DIGEST... [--register]")}
+		}
+		if *port < 1 || *port > 65535 {
+			return usageError{fmt.Errorf("--port %d: want 1-65535", *port)}
+		}
+		var snaps []*ly.ImageSnapshot
+		for _, image := range pos {
+			s, err := ly.SnapshotImage(ctx, image, ly.ImageSnapshotOptions{Repository: *repository, Port: int32(*port), Protocol: *protocol})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "%s -> %s\n", s.Image, s.Snapshot)
+			if len(s.Dropped) > 0 {
+				fmt.Fprintf(stderr, "  dropped (a snapshot holds files, directories and symlinks only): %v\n", s.Dropped)
+			}
+			snaps = append(snaps, s)
+		}
+		if !*register {
+			return nil
+		}
+		cl, err := c.cluster()
+		if err != nil {
+			return err
+		}
+		if err := ly.RegisterImageSnapshots(ctx, cl, snaps); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "registered %d image(s) in %s/%s image-snapshots: Revisions of these images without lampyr.dev annotations now run from the snapshots\n", len(snaps), cl.LampyrNamespace, ly.ConfigLampyr)
 		return nil
 	case "scaffold":
 		if len(pos) < 2 || pos[0] != "service" {

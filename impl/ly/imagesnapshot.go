@@ -1,0 +1,267 @@
+package ly
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/artifact"
+)
+
+// KeyImageSnapshots is config-lampyr's image -> snapshot map (read by the
+// controller: impl/reconciler/revision/config).
+const KeyImageSnapshots = "image-snapshots"
+
+// ImageSnapshotOptions tune SnapshotImage.
+type ImageSnapshotOptions struct {
+	// Repository receives the snapshot artifact, tagged like the image;
+	// default: the image's registry, lampyr/snapshots/<image repo base>.
+	Repository string
+	// Port the image's server listens on ($PORT); default 8080.
+	Port int32
+	// Protocol is http1 (default) or h2c.
+	Protocol string
+	// Remote are go-containerregistry options for pulling and pushing.
+	Remote []remote.Option
+}
+
+// ImageSnapshot is a runnable image and the snapshot artifact made from it.
+type ImageSnapshot struct {
+	Image    string          `json:"image"`
+	Snapshot string          `json:"snapshot"`
+	Config   artifact.Config `json:"config"`
+	// Dropped lists image entries a snapshot cannot hold (device nodes,
+	// FIFOs), which the fiber sandbox would not give the handler anyway.
+	Dropped []string `json:"dropped,omitempty"`
+}
+
+// SnapshotImage makes a Lampyr snapshot artifact from a runnable image: the
+// image's flattened file system and its entrypoint, with the port and
+// protocol the server speaks. The image must be digest-pinned, so the
+// mapping it is registered under names exactly these bytes. A fiber runs
+// the entrypoint as uid 65534 with a read-only root, a private /tmp and only
+// the runtime contract's environment; an image that needs more (its own
+// ENV, a writable root, a user) does not behave the same in a fiber.
+func SnapshotImage(ctx context.Context, image string, o ImageSnapshotOptions) (*ImageSnapshot, error) {
+	ref, err := name.NewDigest(image)
+	if err != nil {
+		return nil, fmt.Errorf("image %q: pin it by digest (repository@sha256:...), so the mapping names exactly what runs: %w", image, err)
+	}
+	if o.Port == 0 {
+		o.Port = 8080
+	}
+	switch o.Protocol {
+	case "":
+		o.Protocol = "http1"
+	case "http1", "h2c":
+	default:
+		return nil, fmt.Errorf("protocol %q: want http1 or h2c", o.Protocol)
+	}
+	if o.Repository == "" {
+		o.Repository = ref.Context().RegistryStr() + "/lampyr/snapshots/" + path.Base(ref.Context().RepositoryStr())
+	}
+	repo, err := name.NewRepository(o.Repository)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot repository %q: %w", o.Repository, err)
+	}
+	opts := append([]remote.Option{remote.WithContext(ctx)}, o.Remote...)
+	img, err := remote.Image(ref, opts...)
+	if err != nil {
+		return nil, registryErr(ref.RegistryStr(), "pulling "+image, err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return nil, fmt.Errorf("%s: image config: %w", image, err)
+	}
+	stage, err := os.MkdirTemp("", "ly-image-snapshot-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(stage)
+	root := filepath.Join(stage, "root")
+	rc := mutate.Extract(img)
+	dropped, err := untarRoot(rc, root)
+	rc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("%s: unpacking its file system: %w", image, err)
+	}
+	entry := append(append([]string{}, cf.Config.Entrypoint...), cf.Config.Cmd...)
+	if len(entry) == 0 {
+		return nil, fmt.Errorf("%s has neither ENTRYPOINT nor CMD: nothing to run", image)
+	}
+	if entry[0], err = lookPath(root, entry[0], cf.Config.Env); err != nil {
+		return nil, fmt.Errorf("%s: %w", image, err)
+	}
+	cfg := artifact.Config{
+		Entrypoint:    entry,
+		Port:          o.Port,
+		Protocol:      o.Protocol,
+		Runtime:       artifact.Runtime{Name: "oci-image", Version: ref.DigestStr()},
+		HelperVersion: artifact.HelperProtocolVersion,
+	}
+	snap, err := artifact.Build(root, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: building the snapshot artifact: %w", image, err)
+	}
+	tag := strings.TrimPrefix(ref.DigestStr(), "sha256:")[:16]
+	pushed, err := artifact.Push(ctx, snap, repo.Tag(tag).String(), o.Remote...)
+	if err != nil {
+		return nil, registryErr(repo.RegistryStr(), "pushing the snapshot artifact to "+repo.String(), err)
+	}
+	raw, err := snap.RawConfigFile()
+	if err != nil {
+		return nil, err
+	}
+	var got artifact.Config
+	if err := json.Unmarshal(raw, &got); err != nil {
+		return nil, err
+	}
+	return &ImageSnapshot{Image: ref.String(), Snapshot: pushed.String(), Config: got, Dropped: dropped}, nil
+}
+
+// untarRoot writes a flattened image file system under root: directories,
+// regular files, symlinks and hard links (as copies). Entries that would
+// leave root are refused; device nodes and FIFOs are dropped and listed.
+func untarRoot(r io.Reader, root string) ([]string, error) {
+	var dropped []string
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return dropped, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		clean := path.Clean("/" + h.Name)
+		if clean == "/" {
+			continue
+		}
+		dst := filepath.Join(root, filepath.FromSlash(clean))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return nil, err
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			if err := os.MkdirAll(dst, 0o755); err != nil {
+				return nil, err
+			}
+		case tar.TypeReg:
+			f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, os.FileMode(h.Mode)&0o777|0o400)
+			if err != nil {
+				return nil, err
+			}
+			_, err = io.Copy(f, tr)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return nil, err
+			}
+		case tar.TypeSymlink:
+			os.Remove(dst)
+			if err := os.Symlink(h.Linkname, dst); err != nil {
+				return nil, err
+			}
+		case tar.TypeLink:
+			src := filepath.Join(root, filepath.FromSlash(path.Clean("/"+h.Linkname)))
+			b, err := os.ReadFile(src)
+			if err != nil {
+				return nil, fmt.Errorf("hard link %s -> %s: %w", clean, h.Linkname, err)
+			}
+			fi, err := os.Stat(src)
+			if err != nil {
+				return nil, err
+			}
+			if err := os.WriteFile(dst, b, fi.Mode().Perm()); err != nil {
+				return nil, err
+			}
+		default:
+			dropped = append(dropped, clean)
+		}
+	}
+}
+
+// lookPath resolves a relative entrypoint against the image's PATH, inside
+// root, as a container runtime would.
+func lookPath(root, cmd string, env []string) (string, error) {
+	if path.IsAbs(cmd) {
+		return cmd, nil
+	}
+	search := "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			search = v
+		}
+	}
+	for _, dir := range strings.Split(search, ":") {
+		p := path.Join("/", dir, cmd)
+		if fi, err := os.Stat(filepath.Join(root, filepath.FromSlash(p))); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("entrypoint %q is not an absolute path and is not found on the image's PATH %s", cmd, search)
+}
+
+// RegisterImageSnapshots merges image digest -> snapshot entries into
+// config-lampyr image-snapshots (existing entries for other images are
+// kept; an image already mapped is re-pointed). It uses the resourceVersion
+// it read, so concurrent registrations do not lose each other's entries.
+func RegisterImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot) error {
+	for attempt := 0; ; attempt++ {
+		cm, err := c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Get(ctx, ConfigLampyr, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("reading %s/%s (is Lampyr installed? ly cluster install): %w", c.LampyrNamespace, ConfigLampyr, err)
+		}
+		m := map[string]string{}
+		if v := cm.Data[KeyImageSnapshots]; strings.TrimSpace(v) != "" {
+			if err := yaml.Unmarshal([]byte(v), &m); err != nil {
+				return fmt.Errorf("%s/%s %s is not a YAML map; fix or remove it: %w", c.LampyrNamespace, ConfigLampyr, KeyImageSnapshots, err)
+			}
+		}
+		for _, s := range snaps {
+			d, err := name.NewDigest(s.Image)
+			if err != nil {
+				return err
+			}
+			m[d.DigestStr()] = s.Snapshot
+		}
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var b strings.Builder
+		for _, k := range keys {
+			fmt.Fprintf(&b, "%s: %s\n", k, m[k])
+		}
+		patch, _ := json.Marshal(map[string]any{
+			"metadata": map[string]any{"resourceVersion": cm.ResourceVersion},
+			"data":     map[string]string{KeyImageSnapshots: b.String()},
+		})
+		_, err = c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Patch(ctx, ConfigLampyr, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "ly"})
+		if apierrs.IsConflict(err) && attempt < 5 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("writing %s/%s %s: %w", c.LampyrNamespace, ConfigLampyr, KeyImageSnapshots, err)
+		}
+		return nil
+	}
+}
