@@ -21,12 +21,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -48,6 +50,7 @@ import (
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/ly"
 )
 
 // testImages are the knative.dev/serving/test/test_images packages the
@@ -84,7 +87,15 @@ type options struct {
 	parallel                                                                     int
 	timeout                                                                      time.Duration
 	extraArgs, run                                                               string
+	// imageSnapshots: "auto" (on for Lampyr), "true" or "false".
+	imageSnapshots string
+	// lampyrCapacity: managed Lampyr clusters get conformance-sized grants.
+	maxFibers string
 }
+
+// h2cImages are the test images that serve HTTP/2 cleartext only; their
+// snapshots say so (fiberd speaks the snapshot's protocol to a fiber).
+var h2cImages = map[string]bool{"grpc-ping": true, "hellohttp2": true}
 
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
@@ -106,8 +117,15 @@ func parseFlags(args []string) (*options, error) {
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Minute, "per-suite go test timeout")
 	fs.StringVar(&o.run, "run", "", "only the tests matching this go test -run pattern (the report is then partial)")
 	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the suites (e.g. -disable-optional-api)")
+	fs.StringVar(&o.imageSnapshots, "image-snapshots", "auto", "snapshot each test image and register it in config-lampyr image-snapshots, so the suites' image-only Services run on Lampyr (auto: when the implementation is lampyr)")
+	fs.StringVar(&o.maxFibers, "lampyr-default-max-fibers", "2", "managed Lampyr clusters: config-lampyr default-max-fibers for the run (the suites keep many Revisions alive at once; each grant reserves max-fibers x 256Mi of fiber memory)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	switch o.imageSnapshots {
+	case "auto", "true", "false":
+	default:
+		return nil, fmt.Errorf("--image-snapshots %q: want auto, true or false", o.imageSnapshots)
 	}
 	switch {
 	case o.cluster == "" && o.kubeconfig == "":
@@ -238,6 +256,21 @@ func run(ctx context.Context, args []string) (int, error) {
 	}
 	tag := strings.ReplaceAll(knative.ServingVersion, "+", "_")
 	imageTemplate := digestTemplate(pushed)
+	if o.imageSnapshots == "true" || (o.imageSnapshots == "auto" && o.implementation == "lampyr") {
+		note, err := registerSnapshots(ctx, o, pushed, log)
+		if err != nil {
+			return 1, err
+		}
+		rep.TestConfig = append(rep.TestConfig, note)
+	}
+	if o.cluster != "" && profile == "lampyr" && o.maxFibers != "" {
+		patch, _ := json.Marshal(map[string]any{"data": map[string]string{"default-max-fibers": o.maxFibers}})
+		if _, err := c.Kube.CoreV1().ConfigMaps("lampyr-system").Patch(ctx, "config-lampyr", types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
+			return 1, fmt.Errorf("setting config-lampyr default-max-fibers: %w", err)
+		}
+		rep.TestConfig = append(rep.TestConfig, "lampyr-system/config-lampyr default-max-fibers: "+o.maxFibers+" (the suites keep many Revisions alive at once; each grant reserves max-fibers x 256Mi of the installation's fiber memory)")
+		log.Printf(" ✓ config-lampyr default-max-fibers: %s for the run", o.maxFibers)
+	}
 
 	// The namespaces, ConfigMap and Secret the suites expect (upstream's
 	// test/config, read from the pinned module).
@@ -353,6 +386,41 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 1, fmt.Errorf("conformance %s: see %s", rep.Result, filepath.Join(o.out, "report.md"))
 	}
 	return 0, nil
+}
+
+// registerSnapshots makes a Lampyr snapshot artifact of each test image just
+// pushed (ly image-snapshot) and maps the image digests to them in
+// config-lampyr image-snapshots: the suites create Services that carry only
+// an image, and Lampyr runs such a Revision from its image's snapshot.
+func registerSnapshots(ctx context.Context, o *options, pushed map[string]string, log *progress.Log) (string, error) {
+	var snaps []*ly.ImageSnapshot
+	err := log.Step(fmt.Sprintf("Snapshotting %d test images for Lampyr (ly image-snapshot --register)", len(pushed)), func() error {
+		pkgs := make([]string, 0, len(pushed))
+		for p := range pushed {
+			pkgs = append(pkgs, p)
+		}
+		slices.Sort(pkgs)
+		for _, p := range pkgs {
+			proto := "http1"
+			if h2cImages[path.Base(p)] {
+				proto = "h2c"
+			}
+			s, err := ly.SnapshotImage(ctx, pushed[p], ly.ImageSnapshotOptions{Protocol: proto})
+			if err != nil {
+				return err
+			}
+			snaps = append(snaps, s)
+		}
+		cl, err := ly.Connect(o.kubeconfig, "")
+		if err != nil {
+			return err
+		}
+		return ly.RegisterImageSnapshots(ctx, cl, snaps)
+	})
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("lampyr-system/config-lampyr image-snapshots: the %d test images mapped to snapshot artifacts made from them (ly image-snapshot; port 8080, h2c for grpc-ping and hellohttp2)", len(snaps)), nil
 }
 
 // digestTemplate is the suites' -imagetemplate (a text/template over
