@@ -86,6 +86,16 @@ test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
 test-conformance: tools
     {{bin}}/lampyr-clusters up stock
     go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock
+    {{bin}}/lampyr-clusters up lampyr
+    go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml
+
+# Lampyr's own conformance suite on the lampyr cluster (or, with
+# LAMPYR_CONFORMANCE_KUBECONFIG and LAMPYR_CONFORMANCE_GATEWAY, on any
+# Lampyr installation): template subset, scaling translation, readiness
+# conditions, execution modes, restart recovery, finalization.
+test-lampyr-conformance: tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).

@@ -224,6 +224,30 @@ func lookPath(root, cmd string, env []string) (string, error) {
 // kept; an image already mapped is re-pointed). It uses the resourceVersion
 // it read, so concurrent registrations do not lose each other's entries.
 func RegisterImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot) error {
+	return editImageSnapshots(ctx, c, func(m map[string]string) error {
+		for _, s := range snaps {
+			d, err := name.NewDigest(s.Image)
+			if err != nil {
+				return err
+			}
+			m[d.DigestStr()] = s.Snapshot
+		}
+		return nil
+	})
+}
+
+// UnregisterImageSnapshots removes the entries of these image digests
+// (sha256:...) from config-lampyr image-snapshots.
+func UnregisterImageSnapshots(ctx context.Context, c *Cluster, digests []string) error {
+	return editImageSnapshots(ctx, c, func(m map[string]string) error {
+		for _, d := range digests {
+			delete(m, d)
+		}
+		return nil
+	})
+}
+
+func editImageSnapshots(ctx context.Context, c *Cluster, edit func(map[string]string) error) error {
 	for attempt := 0; ; attempt++ {
 		cm, err := c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Get(ctx, ConfigLampyr, metav1.GetOptions{})
 		if err != nil {
@@ -235,12 +259,8 @@ func RegisterImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnaps
 				return fmt.Errorf("%s/%s %s is not a YAML map; fix or remove it: %w", c.LampyrNamespace, ConfigLampyr, KeyImageSnapshots, err)
 			}
 		}
-		for _, s := range snaps {
-			d, err := name.NewDigest(s.Image)
-			if err != nil {
-				return err
-			}
-			m[d.DigestStr()] = s.Snapshot
+		if err := edit(m); err != nil {
+			return err
 		}
 		keys := make([]string, 0, len(m))
 		for k := range m {

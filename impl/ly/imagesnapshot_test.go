@@ -142,4 +142,11 @@ func TestRegisterImageSnapshotsMerges(t *testing.T) {
 	if cm.Data[KeyImageSnapshots] != want || cm.Data["backend-strategy"] != "endpointslice" {
 		t.Errorf("config-lampyr = %v, want image-snapshots %q and other keys kept", cm.Data, want)
 	}
+	if err := UnregisterImageSnapshots(context.Background(), c, []string{a}); err != nil {
+		t.Fatal(err)
+	}
+	cm, _ = kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), ConfigLampyr, metav1.GetOptions{})
+	if want := b + ": r/snap@" + a + "\n"; cm.Data[KeyImageSnapshots] != want {
+		t.Errorf("after unregistering %s: %q, want %q", a, cm.Data[KeyImageSnapshots], want)
+	}
 }
