@@ -75,14 +75,13 @@ bench-portability: tools
 test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
     go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
 
-# Suites: test/conformance/api/v1 and runtime, compiled from the pinned module,
-# checked against conformance/expectations/<profile>-traefik.yaml. Reports:
-# _artifacts/conformance/<cluster>/report.{yaml,md}, junit.xml. Lampyr is not run
-# yet: the suites' Services carry only an image, and Lampyr needs a snapshot
-# artifact and a sealed template for each (each test would wait out the suite's
-# 10-minute poll); `go run ./conformance/cmd/knative-conformance --cluster lampyr
-# --reference _artifacts/conformance/stock/report.yaml` runs it anyway.
-# Knative Serving's own conformance suites on the stock cluster (the reference run).
+# Knative Serving's own conformance suites (test/conformance/api/v1 and
+# runtime, compiled from the pinned module) on the stock cluster (the
+# reference) and on Lampyr, each checked against
+# conformance/expectations/<profile>-traefik.yaml. Lampyr runs the suites'
+# image-only Services from snapshots of their test images (ly image-snapshot,
+# config-lampyr image-snapshots). Reports: _artifacts/conformance/<cluster>/
+# report.{yaml,md}, junit.xml; lampyr/side-by-side.md compares the two.
 test-conformance: tools
     {{bin}}/lampyr-clusters up stock
     go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock

@@ -55,6 +55,7 @@ const (
 	lampyrConfigKey = "lampyr"
 	verifierKey     = "verifier"
 	sealerKey       = "sealer"
+	proberKey       = "prober"
 )
 
 type revOption func(*v1.Revision)
@@ -442,6 +443,7 @@ func makeFactory() rtesting.Factory {
 		}
 		verifier, _ := row.OtherTestData[verifierKey].(ArtifactVerifier)
 		sealer, _ := row.OtherTestData[sealerKey].(TemplateSealer)
+		prober, _ := row.OtherTestData[proberKey].(BackendProber)
 
 		r := &Reconciler{
 			kubeclient:           kubeClient,
@@ -452,6 +454,7 @@ func makeFactory() rtesting.Factory {
 			routerSliceLister:    discoverylisters.NewEndpointSliceLister(slices),
 			artifacts:            verifier,
 			sealer:               sealer,
+			prober:               prober,
 		}
 		c := revisionreconciler.NewReconciler(ctx, logger, servingClient, servinglisters.NewRevisionLister(revisions), recorder, r,
 			controller.Options{ConfigStore: &testConfigStore{cfg: &config.Config{Lampyr: lampyr, Serving: testServingConfig(t)}}})

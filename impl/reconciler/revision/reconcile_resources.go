@@ -143,7 +143,8 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 	got, err := r.serviceLister.Services(rev.Namespace).Get(want.Name)
 	switch {
 	case apierrs.IsNotFound(err):
-		if _, err := r.kubeclient.CoreV1().Services(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+		created, err := r.kubeclient.CoreV1().Services(rev.Namespace).Create(ctx, want, metav1.CreateOptions{})
+		if err != nil {
 			if apierrs.IsAlreadyExists(err) {
 				p.notOwned = append(p.notOwned, notOwnedMessage("Service", want.Name))
 				return nil
@@ -152,6 +153,7 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 		}
 		logWrite(ctx, "Created", "Service", want.Name)
 		p.serviceReady = true
+		p.recordBackend(created)
 		return nil
 	case err != nil:
 		return fmt.Errorf("reading Service %s: %w", want.Name, err)
@@ -161,6 +163,7 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 	}
 	if serviceMatches(got, want) {
 		p.serviceReady = true
+		p.recordBackend(got)
 		return nil
 	}
 	updated := got.DeepCopy()
@@ -177,12 +180,22 @@ func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revisi
 	updated.Spec.ExternalName = want.Spec.ExternalName
 	updated.Spec.Ports = want.Spec.Ports
 	updated.Spec.Selector = nil
-	if _, err := r.kubeclient.CoreV1().Services(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+	saved, err := r.kubeclient.CoreV1().Services(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{})
+	if err != nil {
 		return fmt.Errorf("updating Service %s: %w", want.Name, err)
 	}
 	logWrite(ctx, "Updated", "Service", want.Name)
 	p.serviceReady = true
+	p.recordBackend(saved)
 	return nil
+}
+
+// recordBackend keeps the Service's address for probeBackend.
+func (p *progress) recordBackend(s *corev1.Service) {
+	if s == nil || len(s.Spec.Ports) == 0 {
+		return
+	}
+	p.clusterIP, p.servicePort = s.Spec.ClusterIP, s.Spec.Ports[0].Port
 }
 
 func serviceMatches(got, want *corev1.Service) bool {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"knative.dev/pkg/controller"
 	pkgreconciler "knative.dev/pkg/reconciler"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 	revisionreconciler "knative.dev/serving/pkg/client/injection/reconciler/serving/v1/revision"
@@ -39,6 +40,10 @@ type Reconciler struct {
 	// them until their grant is cached.
 	sealer TemplateSealer
 	sealed sealedTemplates
+	// prober checks a new backend Service's cluster IP answers before the
+	// Revision is routable (endpointslice strategy); nil: not checked.
+	prober    BackendProber
+	reachable reachableBackends
 }
 
 var (
@@ -69,6 +74,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 		r.reconcileGrant,
 		r.reconcileBackendService,
 		r.reconcileEndpointSlice,
+		r.probeBackend,
 		r.publishRouterMetadata,
 	} {
 		if err := step(ctx, rev, p); err != nil {
@@ -76,6 +82,9 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 		}
 	}
 	p.markConditions(&rev.Status)
+	if p.requeueAfter > 0 {
+		return controller.NewRequeueAfter(p.requeueAfter)
+	}
 	return nil
 }
 
@@ -87,6 +96,7 @@ func (r *Reconciler) FinalizeKind(ctx context.Context, rev *v1.Revision) pkgreco
 	ctx, cancel := context.WithTimeout(ctx, pkgreconciler.DefaultTimeout)
 	defer cancel()
 	defer r.sealed.forget(rev)
+	defer r.reachable.forget(rev)
 	for _, del := range []func(context.Context, *v1.Revision) error{
 		r.deleteRouterMetadata,
 		r.deleteEndpointSlice,

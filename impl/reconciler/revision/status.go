@@ -2,6 +2,7 @@ package revision
 
 import (
 	"strings"
+	"time"
 
 	"knative.dev/pkg/apis"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -59,6 +60,13 @@ type progress struct {
 	grantSpecWritten bool
 	serviceReady     bool
 	sliceReady       bool
+	// clusterIP and servicePort of the backend Service, as last read.
+	clusterIP   string
+	servicePort int32
+	// backendUnreachable is the backend address that did not accept a
+	// connection yet (BackendProber); requeueAfter asks to look again.
+	backendUnreachable string
+	requeueAfter       time.Duration
 	// routerReady: everything but the metadata is ready (its ready flag).
 	routerReady bool
 	// published: the metadata ConfigMap matches what we want.
@@ -88,7 +96,7 @@ func (p *progress) homeEndpoint() string {
 // its mirrored EndpointSlice.
 func (p *progress) backendReady() bool {
 	if p.cfg.BackendStrategy == config.BackendEndpointSlice {
-		return p.serviceReady && p.sliceReady
+		return p.serviceReady && p.sliceReady && p.backendUnreachable == ""
 	}
 	return p.serviceReady
 }

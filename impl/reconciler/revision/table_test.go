@@ -514,6 +514,7 @@ func TestReconcile(t *testing.T) {
 		},
 	}}
 
+	table = append(table, probeRows()...)
 	table = append(table, imageMappedRows(t)...)
 	table = append(table, rejectionRows()...)
 	table.Test(t, makeFactory())
@@ -686,6 +687,58 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(waitingForGrant())),
+		},
+	}}
+}
+
+// fakeProber answers from a set of reachable addresses.
+type fakeProber map[string]bool
+
+func (f fakeProber) Reachable(_ context.Context, addr string) bool { return f[addr] }
+
+// probeRows: in the endpointslice strategy a Revision is routable only once
+// its backend Service's cluster IP accepts connections.
+func probeRows() rtesting.TableTest {
+	tmpl := accepted()
+	with := func(p BackendProber) map[string]interface{} {
+		return map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice), proberKey: p}
+	}
+	objects := func(r *v1.Revision, meta *corev1.ConfigMap) []runtime.Object {
+		return []runtime.Object{
+			r,
+			grant(tmpl, grantReady),
+			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
+			mirror(tmpl, "10.244.0.11"),
+			meta,
+		}
+	}
+	return rtesting.TableTest{{
+		Name:          "endpointslice strategy: cluster IP not programmed yet, not routable, looked at again",
+		OtherTestData: with(fakeProber{}),
+		Objects:       objects(rev(waitingForGrant()), metadata(tmpl, "", false)),
+		Key:           key(),
+		WantErr:       true, // the requeue-after "error", which emits no event
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionTrue, "", ""),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForBackend),
+				active(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForBackend),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name:          "endpointslice strategy: cluster IP answers, Ready",
+		OtherTestData: with(fakeProber{"10.96.0.42:80": true}),
+		Objects:       objects(rev(waitingForGrant()), metadata(tmpl, "", false)),
+		Key:           key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, true)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
 		},
 	}}
 }
