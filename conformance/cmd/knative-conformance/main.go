@@ -89,8 +89,9 @@ type options struct {
 	extraArgs, run                                                               string
 	// imageSnapshots: "auto" (on for Lampyr), "true" or "false".
 	imageSnapshots string
-	// lampyrCapacity: managed Lampyr clusters get conformance-sized grants.
-	maxFibers string
+	// lampyrConfig: config-lampyr settings for the run on a managed Lampyr
+	// cluster (key=value,...).
+	lampyrConfig string
 }
 
 // h2cImages are the test images that serve HTTP/2 cleartext only; their
@@ -118,7 +119,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.run, "run", "", "only the tests matching this go test -run pattern (the report is then partial)")
 	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the suites (e.g. -disable-optional-api)")
 	fs.StringVar(&o.imageSnapshots, "image-snapshots", "auto", "snapshot each test image and register it in config-lampyr image-snapshots, so the suites' image-only Services run on Lampyr (auto: when the implementation is lampyr)")
-	fs.StringVar(&o.maxFibers, "lampyr-default-max-fibers", "2", "managed Lampyr clusters: config-lampyr default-max-fibers for the run (the suites keep many Revisions alive at once; each grant reserves max-fibers x 256Mi of fiber memory)")
+	fs.StringVar(&o.lampyrConfig, "lampyr-config", "default-memory-per-fiber=64Mi,fiber-memory-capacity=16Gi", "managed Lampyr clusters: config-lampyr settings for the run, key=value,... (the suites keep many Revisions alive at once, and send 200 concurrent requests to one; the test images need far less than the default 256Mi per fiber)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -263,13 +264,21 @@ func run(ctx context.Context, args []string) (int, error) {
 		}
 		rep.TestConfig = append(rep.TestConfig, note)
 	}
-	if o.cluster != "" && profile == "lampyr" && o.maxFibers != "" {
-		patch, _ := json.Marshal(map[string]any{"data": map[string]string{"default-max-fibers": o.maxFibers}})
-		if _, err := c.Kube.CoreV1().ConfigMaps("lampyr-system").Patch(ctx, "config-lampyr", types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
-			return 1, fmt.Errorf("setting config-lampyr default-max-fibers: %w", err)
+	if o.cluster != "" && profile == "lampyr" && o.lampyrConfig != "" {
+		data := map[string]string{}
+		for _, kv := range strings.Split(o.lampyrConfig, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || k == "" {
+				return 2, fmt.Errorf("--lampyr-config %q: want key=value,... (e.g. default-memory-per-fiber=64Mi)", kv)
+			}
+			data[k] = v
 		}
-		rep.TestConfig = append(rep.TestConfig, "lampyr-system/config-lampyr default-max-fibers: "+o.maxFibers+" (the suites keep many Revisions alive at once; each grant reserves max-fibers x 256Mi of the installation's fiber memory)")
-		log.Printf(" ✓ config-lampyr default-max-fibers: %s for the run", o.maxFibers)
+		patch, _ := json.Marshal(map[string]any{"data": data})
+		if _, err := c.Kube.CoreV1().ConfigMaps("lampyr-system").Patch(ctx, "config-lampyr", types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
+			return 1, fmt.Errorf("setting config-lampyr %s: %w", o.lampyrConfig, err)
+		}
+		rep.TestConfig = append(rep.TestConfig, "lampyr-system/config-lampyr "+o.lampyrConfig+" (the suites keep many Revisions alive at once and send 200 concurrent requests to one; the test images need far less than 256Mi per fiber)")
+		log.Printf(" ✓ config-lampyr %s for the run", o.lampyrConfig)
 	}
 
 	// The namespaces, ConfigMap and Secret the suites expect (upstream's
