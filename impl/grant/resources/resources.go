@@ -220,12 +220,22 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 	for _, m := range cfg.HomeRegistryMirrors {
 		args = append(args, "--registry-mirror="+m)
 	}
-	probe := func(path string) *corev1.Probe {
-		return &corev1.Probe{
-			ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: path, Port: intstr.FromInt32(APIPort)}},
-			PeriodSeconds:    2,
-			FailureThreshold: 3,
-		}
+	// Both probes allow fiberd 5 s to answer: on a busy node (hundreds of
+	// fiber starts a second, two cores) the kubelet's 1 s default failed
+	// the liveness probe of healthy Homes, and a restarted fiberd loses
+	// every fiber it ran. Readiness is checked every 2 s (it gates
+	// routing); liveness only every 10 s, and after 30 s of failures.
+	readiness := &corev1.Probe{
+		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(APIPort)}},
+		PeriodSeconds:    2,
+		TimeoutSeconds:   5,
+		FailureThreshold: 3,
+	}
+	liveness := &corev1.Probe{
+		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(APIPort)}},
+		PeriodSeconds:    10,
+		TimeoutSeconds:   5,
+		FailureThreshold: 3,
 	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
@@ -251,8 +261,8 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},
 					Limits:   corev1.ResourceList{corev1.ResourceMemory: *mem},
 				},
-				ReadinessProbe: probe("/readyz"),
-				LivenessProbe:  probe("/healthz"),
+				ReadinessProbe: readiness,
+				LivenessProbe:  liveness,
 				VolumeMounts:   mounts,
 			}},
 			Volumes: volumes,
