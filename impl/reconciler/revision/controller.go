@@ -2,7 +2,6 @@ package revision
 
 import (
 	"context"
-	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -62,7 +61,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 		routerSliceLister:    routerSliceInformer.Lister(),
 		artifacts:            &RegistryVerifier{},
 		sealer:               &RegistrySealer{Kube: kubeclient.Get(ctx)},
-		prober:               TCPProber{Timeout: 300 * time.Millisecond},
+		prober:               HTTPProber{},
 	}
 
 	impl := revisionreconciler.NewImpl(ctx, r, func(impl *controller.Impl) controller.Options {

@@ -2,38 +2,65 @@ package revision
 
 import (
 	"context"
+	"io"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
+
+	"knative.dev/networking/pkg/http/header"
 
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
 
-// BackendProber tells whether a backend Service's cluster IP answers yet.
-// A new Service's cluster IP carries no traffic until kube-proxy (or its
-// replacement) has programmed it; a gateway that dials it earlier gets a
-// refused or timed-out connection (502). Stock Knative never meets this:
-// its Revision is Ready only after its Pods are, which takes longer than
-// the programming; a Lampyr Revision can be Ready in a second.
+// BackendProber tells whether a backend Service's cluster IP leads to
+// fiber-router yet. A new Service's cluster IP carries no traffic until
+// kube-proxy (or its replacement) has programmed it; a gateway that dials it
+// earlier gets a refused or timed-out connection (502), or worse: where the
+// node routes unknown addresses onward, some other server answers (seen on
+// the CI machines: every unprogrammed cluster IP answered "404, Server:
+// keryx", and Traefik kept that keep-alive connection for the Revision).
+// Stock Knative never meets this: its Revision is Ready only after its Pods
+// are, which takes longer than the programming; a Lampyr Revision can be
+// Ready in a second.
 type BackendProber interface {
 	Reachable(ctx context.Context, addr string) bool
 }
 
-// TCPProber opens (and closes) a TCP connection to the address.
-type TCPProber struct{ Timeout time.Duration }
+// HTTPProber sends fiber-router a Knative network probe (K-Network-Probe:
+// probe) through the address and accepts only fiber-router's own answer:
+// 200 with the probe's K-Network-Hash echoed. A bare TCP connect is not
+// enough (see BackendProber).
+type HTTPProber struct {
+	Client *http.Client
+}
+
+// probeHash marks the controller's probes; fiber-router echoes it.
+const probeHash = "lampyr-controller-backend-probe"
 
 // Reachable implements BackendProber.
-func (t TCPProber) Reachable(ctx context.Context, addr string) bool {
-	d := net.Dialer{Timeout: t.Timeout}
-	conn, err := d.DialContext(ctx, "tcp", addr)
+func (h HTTPProber) Reachable(ctx context.Context, addr string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
 	if err != nil {
 		return false
 	}
-	conn.Close()
-	return true
+	req.Header.Set(header.ProbeKey, header.ProbeValue)
+	req.Header.Set(header.HashKey, probeHash)
+	req.Header.Set(header.UserAgentKey, header.IngressReadinessUserAgent)
+	c := h.Client
+	if c == nil {
+		c = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	return resp.StatusCode == http.StatusOK && resp.Header.Get(header.HashKey) == probeHash
 }
 
 // backendProbeInterval is how soon a Revision whose backend is not
@@ -59,7 +86,7 @@ func (b *reachableBackends) forget(rev *v1.Revision) {
 }
 
 // probeBackend checks, in the endpointslice strategy, that the backend
-// Service's cluster IP accepts connections (it leads to fiber-router)
+// Service's cluster IP leads to fiber-router
 // before the Revision is routable; until then it is looked at again every
 // backendProbeInterval.
 func (r *Reconciler) probeBackend(ctx context.Context, rev *v1.Revision, p *progress) error {
