@@ -58,14 +58,15 @@ func NewController(ctx context.Context, o Options) *Controller {
 	cmInformer := sys.Core().V1().ConfigMaps()
 
 	r := &Reconciler{
-		kube:     o.Kube,
-		grants:   &dynamicGrants{client: o.Dynamic, lister: grantInformer.Lister()},
-		pods:     homes.Core().V1().Pods().Lister(),
-		services: homes.Core().V1().Services().Lister(),
-		secrets:  homes.Core().V1().Secrets().Lister(),
-		keys:     o.Keys,
-		now:      time.Now,
-		pending:  map[string]int64{},
+		kube:      o.Kube,
+		grants:    &dynamicGrants{client: o.Dynamic, lister: grantInformer.Lister()},
+		pods:      homes.Core().V1().Pods().Lister(),
+		services:  homes.Core().V1().Services().Lister(),
+		secrets:   homes.Core().V1().Secrets().Lister(),
+		keys:      o.Keys,
+		diagnoser: HTTPHomeDiagnoser{},
+		now:       time.Now,
+		pending:   map[string]int64{},
 	}
 	r.config = func() (*config.Config, error) {
 		cm, err := cmInformer.Lister().ConfigMaps(o.SystemNamespace).Get(config.ConfigMapName)

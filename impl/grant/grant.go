@@ -48,8 +48,10 @@ type Reconciler struct {
 	services corev1listers.ServiceLister
 	secrets  corev1listers.SecretLister
 	keys     *Keys
-	config   func() (*config.Config, error)
-	now      func() time.Time
+	// diagnoser asks a running, not-ready Home's fiberd why (nil: not asked).
+	diagnoser HomeDiagnoser
+	config    func() (*config.Config, error)
+	now       func() time.Time
 
 	// admission is serialised, and grants admitted here but not yet visible
 	// in the informer cache are remembered, so two grants reconciled back to
@@ -134,6 +136,9 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 		return 0, err
 	}
 	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, home)
+	if again := r.diagnoseHome(ctx, g, home); again > 0 && (renewIn == 0 || again < renewIn) {
+		return again, nil
+	}
 	return renewIn, nil
 }
 

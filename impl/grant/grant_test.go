@@ -3,6 +3,11 @@ package grant
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -23,6 +28,7 @@ import (
 	"knative.dev/pkg/controller"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -473,5 +479,117 @@ func TestAdmissionDoesNotDoubleBook(t *testing.T) {
 	}
 	if len(admittedNames) != 1 || admittedNames[0] != "a" {
 		t.Fatalf("admitted %v of two 1Gi grants in 1Gi capacity, want only a", admittedNames)
+	}
+}
+
+// fakeDiagnoser answers as fiberd's /readyz would, and counts the calls.
+type fakeDiagnoser struct {
+	msg   string
+	ok    bool
+	calls int
+}
+
+func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (string, string, bool) {
+	f.calls++
+	return "NotReady", f.msg, f.ok
+}
+
+// TestHomeDiagnosis: a running, not-ready Home says why through its grant:
+// a load failure fiberd reports is HomeReady False with fiberd's reason, a
+// slow start stays Unknown with fiberd's words, and a ready Home is not asked.
+func TestHomeDiagnosis(t *testing.T) {
+	running := func(p *corev1.Pod) {
+		p.Status.Phase = corev1.PodRunning
+		p.Status.PodIP = "10.244.0.7"
+		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+	}
+	for _, tc := range []struct {
+		name      string
+		pod       func(*corev1.Pod)
+		diag      *fakeDiagnoser
+		want      cond
+		wantInMsg string
+		wantCalls int
+	}{{
+		name:      "template sealed for another Revision",
+		pod:       running,
+		diag:      &fakeDiagnoser{msg: `TemplateMismatch: template was sealed for Revision "x-00001" but the grant is for "hello-00001"`, ok: true},
+		want:      cond{corev1.ConditionFalse, "TemplateMismatch"},
+		wantInMsg: `sealed for Revision "x-00001"`,
+		wantCalls: 1,
+	}, {
+		name:      "still warming",
+		pod:       running,
+		diag:      &fakeDiagnoser{msg: "warm pool not filled yet", ok: true},
+		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		wantInMsg: "warm pool not filled yet",
+		wantCalls: 1,
+	}, {
+		name:      "fiberd does not answer: the Pod's own view stays",
+		pod:       running,
+		diag:      &fakeDiagnoser{},
+		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		wantCalls: 1,
+	}, {
+		name:      "ready Home: not asked",
+		pod:       ready,
+		diag:      &fakeDiagnoser{msg: "TemplateMismatch: never", ok: true},
+		want:      cond{corev1.ConditionTrue, ""},
+		wantCalls: 0,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := grant("hello-00001", admitted)
+			h := newHarness(t, g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, tc.pod))
+			h.r.diagnoser = tc.diag
+			err := h.r.Reconcile(context.Background(), "default/hello-00001")
+			if ok, _ := controller.IsRequeueKey(err); !ok && err != nil {
+				t.Fatal(err)
+			}
+			st := h.status(t)
+			if st == nil {
+				t.Fatal("no status written")
+			}
+			c := st.Status.GetCondition(v1alpha1.GrantConditionHomeReady)
+			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason {
+				t.Fatalf("HomeReady = %+v, want %+v", c, tc.want)
+			}
+			if !strings.Contains(c.Message, tc.wantInMsg) {
+				t.Errorf("message %q, want it to contain %q", c.Message, tc.wantInMsg)
+			}
+			if tc.diag.calls != tc.wantCalls {
+				t.Errorf("fiberd asked %d times, want %d", tc.diag.calls, tc.wantCalls)
+			}
+		})
+	}
+}
+
+// TestHTTPHomeDiagnoser reads fiberd's /readyz error body.
+func TestHTTPHomeDiagnoser(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/readyz" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(fiberdclient.Error{Reason: "NotReady", Message: "TemplateMismatch: no"})
+	}))
+	defer srv.Close()
+	// The diagnoser dials the Pod IP on fiberd's port; lead it here.
+	target := strings.TrimPrefix(srv.URL, "http://")
+	d := HTTPHomeDiagnoser{Client: &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr != "10.244.0.7:9090" {
+				return nil, fmt.Errorf("dialled %s, want the Pod IP on fiberd's port", addr)
+			}
+			return (&net.Dialer{}).DialContext(ctx, network, target)
+		},
+	}}}
+	reason, msg, ok := d.Diagnose(context.Background(), &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}})
+	if !ok || reason != "NotReady" || msg != "TemplateMismatch: no" {
+		t.Fatalf("Diagnose = %q %q %v", reason, msg, ok)
+	}
+	if _, _, ok := d.Diagnose(context.Background(), &corev1.Pod{}); ok {
+		t.Error("a Pod without an IP was diagnosed")
 	}
 }

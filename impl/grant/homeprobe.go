@@ -1,0 +1,102 @@
+package grant
+
+import (
+	"context"
+	"encoding/json"
+
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/grant/resources"
+)
+
+// HomeDiagnoser asks a running, not-ready Home's fiberd why it is not ready
+// (its /readyz answer), so the grant, and through it the Revision, can say
+// so instead of a generic "not ready yet".
+type HomeDiagnoser interface {
+	// Diagnose returns fiberd's reason and message; ok is false when fiberd
+	// could not be asked.
+	Diagnose(ctx context.Context, pod *corev1.Pod) (reason, message string, ok bool)
+}
+
+// HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP.
+type HTTPHomeDiagnoser struct{ Client *http.Client }
+
+// Diagnose implements HomeDiagnoser.
+func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (string, string, bool) {
+	if pod.Status.PodIP == "" {
+		return "", "", false
+	}
+	c := h.Client
+	if c == nil {
+		c = &http.Client{Timeout: time.Second}
+	}
+	u := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + "/readyz"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return "", "", false
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", "", false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
+	if resp.StatusCode == http.StatusOK {
+		return "", "", false
+	}
+	var e client.Error
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		return "", "", false
+	}
+	return e.Reason, e.Message, true
+}
+
+// loadFailures are fiberd's reasons for not loading a Revision
+// (impl/fiberd/server LoadError); fiberd puts them first in its message.
+// They do not heal by waiting: the grant or its template must change.
+var loadFailures = []string{"TemplateUnavailable", "TemplateUnsealable", "TemplateMismatch", "SnapshotUnavailable", "InvalidGrant"}
+
+// homeDiagnosisInterval is how often a running, not-ready Home is asked.
+const homeDiagnosisInterval = 3 * time.Second
+
+// diagnoseHome refines HomeReady for a Home Pod that runs but is not ready:
+// a load failure fiberd reports makes HomeReady False with fiberd's reason;
+// anything else is kept Unknown with fiberd's message. It returns when to
+// look again.
+func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant, pod *corev1.Pod) time.Duration {
+	if r.diagnoser == nil || pod == nil || pod.Status.Phase != corev1.PodRunning || podReady(pod) {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, msg, ok := r.diagnoser.Diagnose(ctx, pod)
+	if !ok {
+		return homeDiagnosisInterval
+	}
+	for _, reason := range loadFailures {
+		if strings.HasPrefix(msg, reason+": ") {
+			g.Status.MarkHomeFailed(reason, "fiberd in Home Pod %s cannot run this Revision: %s", pod.Name, msg)
+			return homeDiagnosisInterval
+		}
+	}
+	g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s is running; fiberd is not ready: %s", pod.Name, msg)
+	return homeDiagnosisInterval
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
