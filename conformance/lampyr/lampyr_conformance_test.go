@@ -306,17 +306,19 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 			const n, sleep = 4, 2 * time.Second
 			var wg sync.WaitGroup
 			codes := make([]int, n)
+			errs := make([]error, n)
 			start := time.Now()
 			for i := range n {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					codes[i], _, _, _ = timedGet(ctx, "capped", fmt.Sprintf("/sleep?ms=%d", sleep.Milliseconds()))
+					codes[i], _, _, errs[i] = timedGet(ctx, "capped", fmt.Sprintf("/sleep?ms=%d", sleep.Milliseconds()))
 				}()
 			}
 			wg.Wait()
 			took := time.Since(start)
-			fmt.Fprintf(GinkgoWriter, "4 concurrent 2 s requests, max-scale 2: %v, statuses %v\n", took, codes)
+			fmt.Fprintf(GinkgoWriter, "4 concurrent 2 s requests, max-scale 2: %v, statuses %v, errors %v\n", took, codes, errs)
+			Expect(errs).To(HaveEach(BeNil()))
 			Expect(codes).To(HaveEach(200))
 			Expect(took).To(BeNumerically(">=", 2*sleep), "4 requests finished in %v: more than 2 ran at once", took)
 		})
