@@ -425,8 +425,9 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 				s, r, m, err := condition(ctx, "homeless-00001", "ContainerHealthy")
 				reason, msg = r, m
 				return s + "/" + r, err
-			}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Equal("False/HomeNotReady"))
+			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal("False/TemplateMismatch"), "fiberd's own reason, through the grant")
 			fmt.Fprintf(GinkgoWriter, "homeless: ContainerHealthy=False %s: %s\n", reason, msg)
+			Expect(msg).To(ContainSubstring(`sealed for Revision "someone-else-00001"`))
 			Consistently(func() (string, error) {
 				s, _, _, err := condition(ctx, "homeless-00001", "Ready")
 				return s, err
