@@ -82,11 +82,13 @@ test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
 # image-only Services from snapshots of their test images (ly image-snapshot,
 # config-lampyr image-snapshots). Reports: _artifacts/conformance/<cluster>/
 # report.{yaml,md}, junit.xml; lampyr/side-by-side.md compares the two.
+# Then Lampyr's own conformance suite (test-lampyr-conformance).
 test-conformance: tools
     {{bin}}/lampyr-clusters up stock
     go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock
     {{bin}}/lampyr-clusters up lampyr
     go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml
+    just test-lampyr-conformance
 
 # Lampyr's own conformance suite on the lampyr cluster (or, with
 # LAMPYR_CONFORMANCE_KUBECONFIG and LAMPYR_CONFORMANCE_GATEWAY, on any
