@@ -121,6 +121,12 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 	if !r.admit(g, cfg) {
 		return 0, nil
 	}
+	// An admitted grant always names where its Home is reached (its
+	// Service until the Pod is Ready), even when a later step fails in this
+	// reconcile: the status written on that error must not blank it.
+	if g.Status.HomeEndpoint == "" {
+		g.Status.HomeEndpoint = resources.HomeEndpoint(g)
+	}
 	renewIn, err := r.reconcileSecret(ctx, g, cfg)
 	if errors.Is(err, errHomeNameTaken) {
 		return 0, nil

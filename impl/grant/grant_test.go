@@ -593,3 +593,24 @@ func TestHTTPHomeDiagnoser(t *testing.T) {
 		t.Error("a Pod without an IP was diagnosed")
 	}
 }
+
+// TestHomeEndpointSurvivesAFailedStep: the status written when a later step
+// fails still names the Home Service (CI once saw it blanked when the
+// Service create raced the informer cache).
+func TestHomeEndpointSurvivesAFailedStep(t *testing.T) {
+	g := grant("hello-00001")
+	h := newHarness(t, g)
+	h.kube.PrependReactor("create", "services", func(clientgotesting.Action) (bool, runtime.Object, error) {
+		return true, nil, fmt.Errorf("services %q already exists", "hello-00001-home")
+	})
+	if err := h.r.Reconcile(context.Background(), "default/hello-00001"); err == nil {
+		t.Fatal("want the Service create error")
+	}
+	st := h.status(t)
+	if st == nil || !st.Status.IsAdmitted() {
+		t.Fatalf("status %+v, want admitted", st)
+	}
+	if st.Status.HomeEndpoint != resources.HomeEndpoint(g) {
+		t.Errorf("homeEndpoint %q, want %q", st.Status.HomeEndpoint, resources.HomeEndpoint(g))
+	}
+}
