@@ -135,6 +135,11 @@ var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 func service(ctx context.Context, svc string, pre func(p *ly.Project), post func(tspec, ann map[string]any)) *unstructured.Unstructured {
 	p := *project
 	p.Name = svc
+	// Small grants: the suite keeps a dozen Services at once, and each
+	// reserves max-scale x memory of the installation's fiber capacity
+	// (8Gi by default); the fixture's own 10 x 128Mi would exhaust it.
+	two := int32(2)
+	p.MaxScale = &two
 	if pre != nil {
 		pre(&p)
 	}
@@ -417,6 +422,8 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 			// Sealed for another Revision: fiberd refuses it (TemplateMismatch).
 			p := *project
 			p.Name = "homeless"
+			two := int32(2)
+			p.MaxScale = &two
 			tmpl, err := ly.SealTemplate(ctx, inst, "someone-else-00001", snap, built.Config, p.Policy())
 			Expect(err).NotTo(HaveOccurred())
 			apply(ctx, ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true}))
