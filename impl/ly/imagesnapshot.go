@@ -153,6 +153,11 @@ func untarRoot(r io.Reader, root string) ([]string, error) {
 		if clean == "/" {
 			continue
 		}
+		// An image may hold a symlink to anywhere ("etc -> /etc"); an entry
+		// below it must not be written through it onto this machine.
+		if err := noSymlinkParents(root, clean); err != nil {
+			return nil, err
+		}
 		dst := filepath.Join(root, filepath.FromSlash(clean))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return nil, err
@@ -180,7 +185,14 @@ func untarRoot(r io.Reader, root string) ([]string, error) {
 				return nil, err
 			}
 		case tar.TypeLink:
-			src := filepath.Join(root, filepath.FromSlash(path.Clean("/"+h.Linkname)))
+			target := path.Clean("/" + h.Linkname)
+			if err := noSymlinkParents(root, target); err != nil {
+				return nil, err
+			}
+			src := filepath.Join(root, filepath.FromSlash(target))
+			if fi, err := os.Lstat(src); err != nil || !fi.Mode().IsRegular() {
+				return nil, fmt.Errorf("hard link %s -> %s: the target is not a regular file in the image", clean, h.Linkname)
+			}
 			b, err := os.ReadFile(src)
 			if err != nil {
 				return nil, fmt.Errorf("hard link %s -> %s: %w", clean, h.Linkname, err)
@@ -196,6 +208,30 @@ func untarRoot(r io.Reader, root string) ([]string, error) {
 			dropped = append(dropped, clean)
 		}
 	}
+}
+
+// noSymlinkParents refuses an entry whose parent directories, inside root,
+// include a symlink.
+func noSymlinkParents(root, clean string) error {
+	dir := root
+	parts := strings.Split(strings.Trim(path.Dir(clean), "/"), "/")
+	for _, p := range parts {
+		if p == "" {
+			continue
+		}
+		dir = filepath.Join(dir, p)
+		fi, err := os.Lstat(dir)
+		if os.IsNotExist(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			return fmt.Errorf("image entry %s lies below the symlink %s: refusing to write through it", clean, strings.TrimPrefix(dir, root))
+		}
+	}
+	return nil
 }
 
 // lookPath resolves a relative entrypoint against the image's PATH, inside
