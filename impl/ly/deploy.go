@@ -73,20 +73,7 @@ func NextRevisionName(ctx context.Context, c *Cluster, ns, service string) (stri
 // installation's fleet key and pushes it to the template repository tagged
 // with the Revision's name; it returns the digest reference.
 func SealTemplate(ctx context.Context, in *Installation, revision string, snapshot name.Digest, cfg artifact.Config, policy seal.ExecutionPolicy, opts ...remote.Option) (name.Digest, error) {
-	t := seal.Template{
-		APIVersion:     seal.TemplateAPIVersion,
-		Revision:       revision,
-		SnapshotDigest: snapshot.DigestStr(),
-		Execution:      policy,
-		Helper: seal.HelperFacts{
-			Port:           cfg.Port,
-			Protocol:       cfg.Protocol,
-			Runtime:        cfg.Runtime.Name,
-			AdapterVersion: cfg.AdapterVersion,
-			HelperVersion:  cfg.HelperVersion,
-		},
-	}
-	sealed, err := seal.Seal(in.fleet, t)
+	sealed, err := seal.Seal(in.fleet, seal.NewTemplate(revision, snapshot.DigestStr(), policy, cfg))
 	if err != nil {
 		return name.Digest{}, err
 	}

@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"lampyr.dev/serving/impl/artifact"
 )
 
 // TemplateAPIVersion is the version of the Template JSON inside a seal.
@@ -71,6 +73,25 @@ type HelperFacts struct {
 	Runtime        string `json:"runtime,omitempty"`
 	AdapterVersion string `json:"adapterVersion,omitempty"`
 	HelperVersion  string `json:"helperVersion,omitempty"`
+}
+
+// NewTemplate is the template of revision for a snapshot artifact (its
+// manifest digest and config) under policy: what `ly deploy` seals, and the
+// controller for image-mapped Revisions.
+func NewTemplate(revision, snapshotDigest string, policy ExecutionPolicy, cfg artifact.Config) Template {
+	return Template{
+		APIVersion:     TemplateAPIVersion,
+		Revision:       revision,
+		SnapshotDigest: snapshotDigest,
+		Execution:      policy,
+		Helper: HelperFacts{
+			Port:           cfg.Port,
+			Protocol:       cfg.Protocol,
+			Runtime:        cfg.Runtime.Name,
+			AdapterVersion: cfg.AdapterVersion,
+			HelperVersion:  cfg.HelperVersion,
+		},
+	}
 }
 
 // Validate checks the template's own consistency; every error names the

@@ -81,7 +81,7 @@ func (s *RegistrySealer) Seal(ctx context.Context, req SealRequest) (string, err
 		return "", fmt.Errorf("ConfigMap %s/%s %s: %w", req.Namespace, fleetKeyConfigMap, fleetPublicKeyKey, err)
 	}
 	snap, _ := artifact.ParseDigestRef(req.Snapshot)
-	sealed, err := seal.Seal(fleet, TemplateFor(req, snap.DigestStr(), cfg))
+	sealed, err := seal.Seal(fleet, seal.NewTemplate(req.Revision, snap.DigestStr(), policyOf(req.Execution), cfg))
 	if err != nil {
 		return "", err
 	}
@@ -92,27 +92,15 @@ func (s *RegistrySealer) Seal(ctx context.Context, req SealRequest) (string, err
 	return ref.String(), nil
 }
 
-// TemplateFor is the template `ly deploy` would seal for the same snapshot
-// and policy (impl/ly.SealTemplate).
-func TemplateFor(req SealRequest, snapshotDigest string, cfg artifact.Config) seal.Template {
-	policy := seal.ExecutionPolicy{Mode: string(req.Execution.Mode)}
-	if req.Execution.Mode == fiberdv1alpha1.ExecutionReuse {
-		policy.IdleTimeoutSeconds = req.Execution.IdleTimeoutSeconds
-		policy.IdleAction = string(req.Execution.IdleAction)
+// policyOf is the grant's execution policy as a sealed template states it
+// (the idle fields only in reuse mode, as impl/ly.Project.Policy writes them).
+func policyOf(e fiberdv1alpha1.ExecutionPolicy) seal.ExecutionPolicy {
+	p := seal.ExecutionPolicy{Mode: string(e.Mode)}
+	if e.Mode == fiberdv1alpha1.ExecutionReuse {
+		p.IdleTimeoutSeconds = e.IdleTimeoutSeconds
+		p.IdleAction = string(e.IdleAction)
 	}
-	return seal.Template{
-		APIVersion:     seal.TemplateAPIVersion,
-		Revision:       req.Revision,
-		SnapshotDigest: snapshotDigest,
-		Execution:      policy,
-		Helper: seal.HelperFacts{
-			Port:           cfg.Port,
-			Protocol:       cfg.Protocol,
-			Runtime:        cfg.Runtime.Name,
-			AdapterVersion: cfg.AdapterVersion,
-			HelperVersion:  cfg.HelperVersion,
-		},
-	}
+	return p
 }
 
 // sealedTemplates remembers templates sealed by this process until the
