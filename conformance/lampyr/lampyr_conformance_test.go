@@ -20,7 +20,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,7 +30,6 @@ import (
 	"github.com/gorilla/websocket"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -548,49 +546,5 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 	})
 })
 
-// leftovers lists what Knative or Lampyr made for a Revision in the suite's
-// namespace: Revisions, grants, backend Services, EndpointSlices, router
-// metadata, Home Pods and Secrets.
-func leftovers(ctx context.Context) []string {
-	var out []string
-	add := func(kind, n string) { out = append(out, kind+"/"+n) }
-	if l, err := c.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Revision", i.GetName())
-		}
-	}
-	if l, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("CapacityGrant", i.GetName())
-		}
-	}
-	if l, err := c.Kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Service", i.Name)
-		}
-	}
-	if l, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("EndpointSlice", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: routermeta.LabelKey}); err == nil {
-		for _, i := range l.Items {
-			add("ConfigMap", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Pod", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			if i.Type != corev1.SecretTypeServiceAccountToken {
-				add("Secret", i.Name)
-			}
-		}
-	}
-	sort.Strings(out)
-	return out
-}
+// leftovers lists what Knative or Lampyr left in the suite's namespace.
+func leftovers(ctx context.Context) []string { return e2eutil.Leftovers(ctx, c, ns) }

@@ -11,7 +11,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -317,51 +316,5 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 	})
 })
 
-// leftovers lists every object in the test namespace that Lampyr or
-// Knative made for a Revision: Revisions, grants, backend Services,
-// EndpointSlices, router metadata, Home Pods and Secrets.
-func leftovers(ctx context.Context) []string {
-	var out []string
-	add := func(kind string, names ...string) {
-		for _, n := range names {
-			out = append(out, kind+"/"+n)
-		}
-	}
-	if l, err := c.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Revision", i.GetName())
-		}
-	}
-	if l, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("CapacityGrant", i.GetName())
-		}
-	}
-	if l, err := c.Kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Service", i.Name)
-		}
-	}
-	if l, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("EndpointSlice", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: routermeta.LabelKey}); err == nil {
-		for _, i := range l.Items {
-			add("ConfigMap", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Pod", i.Name)
-		}
-	}
-	if l, err := c.Kube.CoreV1().Secrets(ns).List(ctx, metav1.ListOptions{}); err == nil {
-		for _, i := range l.Items {
-			add("Secret", i.Name)
-		}
-	}
-	sort.Strings(out)
-	return out
-}
+// leftovers lists what Knative or Lampyr left in the suite's namespace.
+func leftovers(ctx context.Context) []string { return e2eutil.Leftovers(ctx, c, ns) }
