@@ -71,13 +71,15 @@ bench-portability: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json
 
-# Knative's KIngress conformance suite against a cluster's networking layer (default: stock/traefik).
-test-ingress-conformance CLUSTER="stock" PROVIDER="traefik":
-    go run ./conformance/cmd/ingress-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --out {{artifacts}}/ingress-conformance-{{CLUSTER}}
+# Only Knative networking's KIngress suite against a cluster's networking
+# layer (default: stock/traefik); test-conformance runs it with the others.
+test-ingress-conformance CLUSTER="stock" PROVIDER="traefik": tools
+    {{bin}}/lampyr-clusters up {{CLUSTER}}
+    go run ./conformance/cmd/knative-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --suites ingress --out {{artifacts}}/conformance/{{CLUSTER}}-ingress
 
-# Knative Serving's own conformance suites (test/conformance/api/v1 and
-# runtime, compiled from the pinned module) on the stock cluster (the
-# reference) and on Lampyr, each checked against
+# Knative's own conformance suites (Serving's test/conformance/api/v1 and
+# runtime, networking's test/conformance/ingress, compiled from the pinned
+# modules) on the stock cluster (the reference) and on Lampyr, each checked against
 # conformance/expectations/<profile>-traefik.yaml. Lampyr runs the suites'
 # image-only Services from snapshots of their test images (ly image-snapshot,
 # config-lampyr image-snapshots). Reports: _artifacts/conformance/<cluster>/

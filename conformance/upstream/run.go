@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -30,6 +31,49 @@ type Suite struct {
 	Version string `json:"version"`
 	// Tags are the build tags the package's files need.
 	Tags string `json:"tags,omitempty"`
+	// Root, when set, is the one Go test that runs the whole suite as its
+	// subtests (networking's TestIngressConformance): the suite's tests are
+	// then Root's subtests, named as the suite names them in Tests
+	// ("basics", "dispatch/path"), and Root's own outcome is not a result.
+	Root  string   `json:"root,omitempty"`
+	Tests []string `json:"tests,omitempty"`
+}
+
+// name maps a `go test -json` test name to the suite's test it belongs to,
+// and tells whether it is that test itself (not one of its subtests). ok is
+// false for names outside the suite (a rooted suite's Root itself).
+func (s Suite) name(goName string) (test string, self, ok bool) {
+	if s.Root == "" {
+		top, _, nested := strings.Cut(goName, "/")
+		return top, !nested, true
+	}
+	rest, ok := strings.CutPrefix(goName, s.Root+"/")
+	if !ok {
+		return "", false, false
+	}
+	best := ""
+	for _, t := range s.Tests {
+		if (rest == t || strings.HasPrefix(rest, t+"/")) && len(t) > len(best) {
+			best = t
+		}
+	}
+	if best == "" {
+		// a test the list does not know (a newer suite): its first element
+		best, _, _ = strings.Cut(rest, "/")
+	}
+	return best, rest == best, true
+}
+
+// pattern is a go test -run/-skip pattern selecting exactly test.
+func (s Suite) pattern(test string) string {
+	parts := strings.Split(test, "/")
+	if s.Root != "" {
+		parts = append([]string{s.Root}, parts...)
+	}
+	for i, p := range parts {
+		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
+	}
+	return strings.Join(parts, "/")
 }
 
 // Outcomes of a test. A declared expectation turns fail into
@@ -100,7 +144,7 @@ func (inv Invocation) Command() []string {
 		names := append([]string(nil), inv.Skip...)
 		sort.Strings(names)
 		for i, n := range names {
-			names[i] = "^" + n + "$"
+			names[i] = inv.Suite.pattern(n)
 		}
 		args = append(args, "-skip="+strings.Join(names, "|"))
 	}
@@ -131,7 +175,7 @@ func Run(ctx context.Context, inv Invocation) ([]Result, error) {
 	if inv.Raw != nil {
 		r = io.TeeReader(stdout, inv.Raw)
 	}
-	results, buildOut := Parse(r, func(res Result) {
+	results, buildOut := inv.Suite.Parse(r, func(res Result) {
 		if inv.Log != nil {
 			inv.Log.Printf("   %-4s %-52s %6.1fs %s", res.Outcome, res.Name, res.Seconds, Cause(res.Reason))
 		}
@@ -148,11 +192,16 @@ type event struct {
 	Elapsed              float64
 }
 
-// Parse reads `go test -json` and returns the top-level tests in name
-// order, each with its subtests rolled up, and the output that belonged
-// to no test (build errors, a panic's trace). done is called as each
-// top-level test ends.
+// Parse reads `go test -json` of a suite without a Root.
 func Parse(r io.Reader, done func(Result)) ([]Result, string) {
+	return Suite{}.Parse(r, done)
+}
+
+// Parse reads `go test -json` and returns the suite's tests in name
+// order (top-level tests, or Root's subtests), each with its own subtests
+// rolled up, and the output that belonged to no test (build errors, a
+// panic's trace). done is called as each test ends.
+func (s Suite) Parse(r io.Reader, done func(Result)) ([]Result, string) {
 	type acc struct {
 		out    strings.Builder
 		subs   int
@@ -175,7 +224,12 @@ func Parse(r io.Reader, done func(Result)) ([]Result, string) {
 			}
 			continue
 		}
-		top, sub, nested := strings.Cut(e.Test, "/")
+		top, self, ok := s.name(e.Test)
+		if !ok {
+			continue
+		}
+		nested := !self
+		_, sub, _ := strings.Cut(strings.TrimPrefix(e.Test, s.Root+"/"), top+"/")
 		a := tests[top]
 		if a == nil {
 			a = &acc{}

@@ -167,3 +167,62 @@ func TestReportRoundTripsAndRenders(t *testing.T) {
 		t.Errorf("side by side:\n%s", side)
 	}
 }
+
+// A rooted suite (networking's ingress conformance) runs every test as a
+// subtest of one Go test, some with "/" in their names: go test's -skip
+// must select exactly the declared ones, and the results are the suite's
+// tests, not the root. Runs real go test on a suite of that shape.
+func TestRootedSuiteSkipsAndParsesSubtestsByName(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles and runs a small test package")
+	}
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("go.mod", "module example.com/rooted\n\ngo 1.22\n")
+	write("rooted_test.go", `package rooted
+
+import "testing"
+
+func TestRoot(t *testing.T) {
+	for _, name := range []string{"basics", "basics/http2", "dispatch/path", "dispatch/rule", "update"} {
+		t.Run(name, func(t *testing.T) {
+			t.Run("inner", func(t *testing.T) {
+				if name == "dispatch/rule" {
+					t.Error("Error: rule not applied")
+				}
+			})
+		})
+	}
+}
+`)
+	s := Suite{Name: "ingress", Package: "./", Root: "TestRoot", Tests: []string{"basics", "basics/http2", "dispatch/path", "dispatch/rule", "update"}}
+	var raw strings.Builder
+	rs, err := Run(t.Context(), Invocation{Suite: s, Dir: dir, Skip: []string{"basics/http2", "update"}, Raw: &raw, Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Result{}
+	for _, r := range rs {
+		got[r.Name] = r
+	}
+	if len(rs) != 3 {
+		t.Fatalf("want basics, dispatch/path and dispatch/rule (the two skipped are not run), got %+v\n%s", rs, raw.String())
+	}
+	if r := got["basics"]; r.Outcome != Pass || r.Subtests != 1 {
+		t.Errorf("basics: %+v", r)
+	}
+	if r := got["dispatch/rule"]; r.Outcome != Fail || len(r.FailedSubtests) != 1 || r.FailedSubtests[0] != "inner" || Cause(r.Reason) != "rooted_test.go:10: Error: rule not applied" {
+		t.Errorf("dispatch/rule: %+v (cause %q)", r, Cause(r.Reason))
+	}
+	if _, ok := got["TestRoot"]; ok {
+		t.Error("the root is not one of the suite's tests")
+	}
+	_, v := Apply("ingress", rs, map[string]Declared{"dispatch/rule": {Outcome: Fail, Feature: "f", Reason: "r"}, "update": {Outcome: Skip, Feature: "f", Reason: "r"}})
+	if !v.OK() || v.ExpectedFailures != 1 || v.Skipped != 1 || v.Passed != 2 {
+		t.Errorf("verdict %+v", v)
+	}
+}

@@ -1,6 +1,7 @@
-// Command knative-conformance runs Knative Serving's own conformance suites
-// (knative.dev/serving/test/conformance/api/v1 and .../runtime, compiled with
-// -tags=e2e from the version this repository pins) against a cluster, checks
+// Command knative-conformance runs Knative's own conformance suites
+// (knative.dev/serving/test/conformance/api/v1 and .../runtime, and
+// knative.dev/networking/test/conformance/ingress, compiled with -tags=e2e
+// from the versions this repository pins) against a cluster, checks
 // every result against the implementation's declared expectations, and
 // writes a ConformanceReport (report.yaml), JUnit and a Markdown summary.
 //
@@ -15,8 +16,10 @@
 //	    --registry registry.example.com/knative-test --implementation my-knative --version 1.2.3 \
 //	    --expectations my-expectations.yaml --out report/
 //
-// The suite's test images are built from knative.dev/serving/test/test_images
-// and pushed to --registry, which the cluster must be able to pull from.
+// The suites' test images are built from knative.dev/serving/test/test_images
+// and knative.dev/networking/test/test_images and pushed to --registry
+// (networking's under .../networking/), which the cluster must be able to
+// pull from.
 package main
 
 import (
@@ -62,10 +65,26 @@ var testImages = []string{
 	"readiness", "runtime", "singlethreaded", "slowstart", "timeout", "volumes", "wsserver",
 }
 
+// networkingTestImages are the knative.dev/networking/test/test_images
+// packages the ingress suite deploys (as plain Pods and Services).
+var networkingTestImages = []string{"grpc-ping", "httpproxy", "retry", "runtime", "timeout", "wsserver"}
+
+// networkingModule's version is the one serving pins (go.mod): the ingress
+// suite and its test images come from it.
+const networkingModule = "knative.dev/networking"
+
 // suites are the upstream conformance packages, by short name.
 var suites = map[string]upstream.Suite{
 	"api":     {Name: "api", Package: knative.ServingModule + "/test/conformance/api/v1", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
 	"runtime": {Name: "runtime", Package: knative.ServingModule + "/test/conformance/runtime", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
+	// Knative's KIngress conformance (the networking layer both profiles
+	// install): one Go test running the stable tests as subtests, named
+	// as in its run.go.
+	"ingress": {Name: "ingress", Package: networkingModule + "/test/conformance/ingress", Module: networkingModule, Tags: "e2e",
+		Root: "TestIngressConformance", Tests: []string{"basics", "basics/http2", "dispatch/path", "dispatch/path_and_percentage",
+			"dispatch/percentage", "dispatch/rule", "grpc", "grpc/split", "headers/post-split", "headers/pre-split", "headers/probe",
+			"hosts/multiple", "ingressclass", "retry", "timeout", "tls", "update", "visibility", "visibility/path", "visibility/split",
+			"websocket", "websocket/split"}},
 }
 
 func main() {
@@ -112,12 +131,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.version, "version", "", "its version (default: Knative Serving's pinned version, or this checkout's for Lampyr)")
 	fs.StringVar(&o.expectations, "expectations", "", "declared expectations (default: conformance/expectations/<profile>-<provider>.yaml)")
 	fs.StringVar(&o.out, "out", "", "report directory (default: $LAMPYR_ARTIFACTS/conformance/<cluster>)")
-	fs.StringVar(&o.suites, "suites", "api,runtime", "comma-separated suites: api, runtime")
+	fs.StringVar(&o.suites, "suites", "api,runtime,ingress", "comma-separated suites: api, runtime (Knative Serving's), ingress (Knative networking's KIngress suite)")
 	fs.StringVar(&o.reference, "reference", "", "a reference report.yaml (stock) to compare with, written as side-by-side.md")
 	fs.IntVar(&o.parallel, "parallel", 4, "parallel tests within a suite (go test -parallel)")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Minute, "per-suite go test timeout")
-	fs.StringVar(&o.run, "run", "", "only the tests matching this go test -run pattern (the report is then partial)")
-	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the suites (e.g. -disable-optional-api)")
+	fs.StringVar(&o.run, "run", "", "only the tests matching this go test -run pattern (the report is then partial; the ingress suite's tests are TestIngressConformance/<name>)")
+	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the api and runtime suites (e.g. -disable-optional-api)")
 	fs.StringVar(&o.imageSnapshots, "image-snapshots", "auto", "snapshot each test image and register it in config-lampyr image-snapshots, so the suites' image-only Services run on Lampyr (auto: when the implementation is lampyr)")
 	fs.StringVar(&o.lampyrConfig, "lampyr-config", "default-memory-per-fiber=64Mi,fiber-memory-capacity=16Gi", "managed Lampyr clusters: config-lampyr settings for the run, key=value,... (the suites keep many Revisions alive at once, and send 200 concurrent requests to one; the test images need far less than the default 256Mi per fiber)")
 	if err := fs.Parse(args); err != nil {
@@ -138,7 +157,7 @@ func parseFlags(args []string) (*options, error) {
 	}
 	for _, s := range strings.Split(o.suites, ",") {
 		if _, ok := suites[s]; !ok {
-			return nil, fmt.Errorf("--suites: unknown suite %q (known: api, runtime)", s)
+			return nil, fmt.Errorf("--suites: unknown suite %q (known: api, runtime, ingress)", s)
 		}
 	}
 	return o, nil
@@ -244,20 +263,50 @@ func run(ctx context.Context, args []string) (int, error) {
 		}
 	}
 	prefix := strings.TrimPrefix(strings.TrimPrefix(repo, pub.Registry), "/")
-	spec := gobuild.Spec{Name: "knative-serving-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
-	var imgs []publish.Image
-	for _, n := range testImages {
-		pkg := knative.ServingModule + "/test/test_images/" + n
-		spec.Packages = append(spec.Packages, pkg)
-		imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/" + filepath.Base(n)})
+	want := map[string]bool{}
+	for _, n := range strings.Split(o.suites, ",") {
+		want[n] = true
 	}
-	pushed, err := pub.Publish(ctx, spec, imgs)
-	if err != nil {
-		return 1, err
+	// Knative Serving's test images, for the api and runtime suites.
+	pushed := map[string]string{}
+	if want["api"] || want["runtime"] {
+		spec := gobuild.Spec{Name: "knative-serving-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+		var imgs []publish.Image
+		for _, n := range testImages {
+			pkg := knative.ServingModule + "/test/test_images/" + n
+			spec.Packages = append(spec.Packages, pkg)
+			imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/" + filepath.Base(n)})
+		}
+		if pushed, err = pub.Publish(ctx, spec, imgs); err != nil {
+			return 1, err
+		}
 	}
 	tag := strings.ReplaceAll(knative.ServingVersion, "+", "_")
 	imageTemplate := digestTemplate(pushed)
-	if o.imageSnapshots == "true" || (o.imageSnapshots == "auto" && o.implementation == "lampyr") {
+	// knative.dev/networking's test images, for the ingress suite, from the
+	// version this repository pins.
+	netVersion, netRepo, netTemplate := "", repo+"/networking", ""
+	if want["ingress"] {
+		if netVersion, err = moduleVersion(root, networkingModule); err != nil {
+			return 1, err
+		}
+		spec := gobuild.Spec{Name: "knative-networking-test-images", Module: networkingModule, Version: netVersion, LDFlags: "-s -w"}
+		var imgs []publish.Image
+		for _, n := range networkingTestImages {
+			pkg := networkingModule + "/test/test_images/" + n
+			spec.Packages = append(spec.Packages, pkg)
+			imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/networking/" + n})
+		}
+		netPushed, err := pub.Publish(ctx, spec, imgs)
+		if err != nil {
+			return 1, err
+		}
+		netTemplate = digestTemplate(netPushed)
+		s := suites["ingress"]
+		s.Version = netVersion
+		suites["ingress"] = s
+	}
+	if len(pushed) > 0 && (o.imageSnapshots == "true" || (o.imageSnapshots == "auto" && o.implementation == "lampyr")) {
 		note, err := registerSnapshots(ctx, o, pushed, log)
 		if err != nil {
 			return 1, err
@@ -302,7 +351,9 @@ func run(ctx context.Context, args []string) (int, error) {
 		log.Printf(" • upstream's test installation sets config-deployment progress-deadline: 120s; with the 600s default TestContainerExitingMsg times out")
 	}
 
-	suiteArgs := []string{
+	// Each suite's flags: serving's suites and networking's define
+	// different sets, and a test binary refuses a flag it does not define.
+	servingArgs := []string{
 		"-kubeconfig=" + o.kubeconfig,
 		"-dockerrepo=" + repo,
 		"-tag=" + tag,
@@ -313,8 +364,16 @@ func run(ctx context.Context, args []string) (int, error) {
 		"-disable-logstream",
 	}
 	if o.extraArgs != "" {
-		suiteArgs = append(suiteArgs, strings.Fields(o.extraArgs)...)
+		servingArgs = append(servingArgs, strings.Fields(o.extraArgs)...)
 	}
+	suiteArgs := map[string][]string{"api": servingArgs, "runtime": servingArgs, "ingress": {
+		"-kubeconfig=" + o.kubeconfig,
+		"-dockerrepo=" + netRepo,
+		"-tag=" + strings.ReplaceAll(netVersion, "+", "_"),
+		"-imagetemplate=" + netTemplate,
+		"-ingressendpoint=" + o.ingressEndpoint,
+		"-ingressClass=" + o.ingressClass,
+	}}
 	suiteEnv := []string{"GATEWAY_OVERRIDE=" + gwName, "GATEWAY_NAMESPACE_OVERRIDE=" + gwNS}
 	rep.Reproduce = []string{
 		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", gitVersion(root)),
@@ -327,7 +386,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		if err != nil {
 			return 1, err
 		}
-		inv := upstream.Invocation{Suite: s, Dir: root, Args: suiteArgs, Env: suiteEnv, Skip: exp.Skips(name), Run: o.run,
+		inv := upstream.Invocation{Suite: s, Dir: root, Args: suiteArgs[name], Env: suiteEnv, Skip: exp.Skips(name), Run: o.run,
 			Parallel: o.parallel, Timeout: o.timeout, Raw: raw, Log: log}
 		rep.Reproduce = append(rep.Reproduce, "# "+name+": "+shellJoin(suiteEnv)+" "+shellJoin(inv.Command()))
 		var results []upstream.Result
@@ -488,6 +547,17 @@ func orName(a, b string) string {
 func mkdir(d string) string {
 	_ = os.MkdirAll(d, 0o755)
 	return d
+}
+
+// moduleVersion is the version of a module the repository's go.mod selects.
+func moduleVersion(root, module string) (string, error) {
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Version}}", module)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go list -m %s: %w", module, err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 func gitVersion(root string) string {

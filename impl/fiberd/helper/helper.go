@@ -3,17 +3,17 @@
 // Package helper is lampyr-helper, the PID 1 of every fiber of the process
 // backend (docs/contracts.md §5). fiberd starts it in fresh mount, PID,
 // network, IPC and UTS namespaces, already inside the fiber's memory cgroup,
-// with three inherited descriptors:
+// with two inherited descriptors:
 //
 //	fd 3  the Spec as JSON, closed by fiberd once the cgroup is set up
-//	fd 4  a listening Unix socket fiberd dials to reach the handler
-//	fd 5  the status pipe: the helper writes "ready\n" or "error: ...\n"
+//	fd 4  the status pipe: the helper writes "ready\n" or "error: ...\n"
 //
 // The helper turns the unpacked snapshot into the fiber's read-only root
 // (pivot_root, private /tmp, minimal /dev, its own /proc), brings up the
 // loopback interface, starts the handler as an unprivileged user with the
 // Knative runtime contract environment, waits for it to listen on
-// 127.0.0.1:$PORT, then bridges every connection on fd 4 to that port. It
+// 127.0.0.1:$PORT, then reports ready; fiberd dials that port from inside
+// the fiber's network namespace, so requests never pass through the helper. It
 // reaps orphans like any PID 1 and exits when the handler exits, which ends
 // the fiber: the kernel kills whatever is left in its PID namespace.
 package helper
@@ -61,11 +61,13 @@ type Spec struct {
 	ReadinessPath string `json:"readinessPath,omitempty"`
 }
 
-// Descriptor numbers of the helper protocol.
+// Descriptor numbers of the helper protocol. fiberd reaches the handler
+// itself, dialling 127.0.0.1:Port from inside the fiber's network namespace
+// (see the process backend's Dial): no bytes of a request pass through the
+// helper.
 const (
-	SpecFD     = 3
-	ListenerFD = 4
-	StatusFD   = 5
+	SpecFD   = 3
+	StatusFD = 4
 )
 
 // ReadyLine is the status line of a ready fiber.
@@ -152,11 +154,6 @@ func Main() int {
 		}
 	}
 
-	ln, err := net.FileListener(os.NewFile(ListenerFD, "listener"))
-	if err != nil {
-		return fail(fmt.Errorf("listener on fd %d: %w", ListenerFD, err))
-	}
-	go bridge(ln, addr)
 	io.WriteString(status, ReadyLine)
 	status.Close()
 	return <-exited
@@ -216,35 +213,6 @@ func reap(sigs chan os.Signal, handler int, exited chan<- int) {
 	}
 }
 
-func bridge(ln net.Listener, addr string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			defer c.Close()
-			u, err := net.Dial("tcp", addr)
-			if err != nil {
-				return
-			}
-			defer u.Close()
-			done := make(chan struct{}, 2)
-			go func() { io.Copy(u, c); closeWrite(u); done <- struct{}{} }()
-			go func() { io.Copy(c, u); closeWrite(c); done <- struct{}{} }()
-			<-done
-			<-done
-		}()
-	}
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
-}
-
-// setupRoot makes spec.RootFS the read-only root of this mount namespace.
 func setupRoot(spec *Spec) error {
 	// Nothing done here may propagate back to the host's mount table.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {

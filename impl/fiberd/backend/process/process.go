@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"lampyr.dev/serving/impl/fiberd/backend"
@@ -36,9 +38,7 @@ import (
 type Config struct {
 	// HelperPath is the lampyr-helper binary.
 	HelperPath string
-	// StateDir holds one directory per fiber (its root mount point and the
-	// Unix socket fiberd dials). Keep it short: socket paths are limited to
-	// 107 bytes.
+	// StateDir holds one directory per fiber (its root mount point).
 	StateDir string
 	// CgroupParent is the cgroup v1 memory directory under which each fiber
 	// gets its own cgroup, e.g. /sys/fs/cgroup/memory/lampyr-fiberd.
@@ -61,6 +61,9 @@ type Config struct {
 // Backend is the process backend.
 type Backend struct {
 	cfg Config
+	// hostNS is fiberd's own network namespace, restored on the thread
+	// that dialled into a fiber's.
+	hostNS netns.NsHandle
 	// cleanups tracks background removal of destroyed fibers' cgroups and
 	// directories, so Close can wait for them.
 	cleanups sync.WaitGroup
@@ -107,8 +110,12 @@ func New(cfg Config) (*Backend, error) {
 			return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w", cfg.PidsParent, err)
 		}
 	}
+	host, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("process backend: opening fiberd's own network namespace: %w", err)
+	}
 	removeLeftovers(cfg)
-	return &Backend{cfg: cfg}, nil
+	return &Backend{cfg: cfg, hostNS: host}, nil
 }
 
 // removeLeftovers clears what fibers of a previous fiberd in the same Home
@@ -151,6 +158,7 @@ func Supported() error {
 // cgroup directories if they are empty. Destroy every fiber first.
 func (b *Backend) Close() error {
 	b.cleanups.Wait()
+	b.hostNS.Close()
 	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent} {
 		if d != "" {
 			os.Remove(d)
@@ -163,10 +171,16 @@ func (b *Backend) Close() error {
 func (b *Backend) Name() string { return "process" }
 
 type fiber struct {
-	b      *Backend
-	id     string
-	dir    string
-	sock   string
+	b   *Backend
+	id  string
+	dir string
+	// ns is the fiber's network namespace, addr its handler's address in
+	// it. nsMu is held for reading while a dial uses ns, and for writing to
+	// close it: a closed descriptor's number may be reused by another
+	// fiber's handle, and a dial must never enter that.
+	nsMu   sync.RWMutex
+	ns     netns.NsHandle
+	addr   string
 	cgroup string
 	pids   string
 	cmd    *exec.Cmd
@@ -189,7 +203,7 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 	if b.cfg.PidsParent != "" {
 		f.pids = filepath.Join(b.cfg.PidsParent, id)
 	}
-	f.sock = filepath.Join(f.dir, "s")
+	f.ns = netns.None()
 	if err := f.start(ctx, &b.cfg, spec); err != nil {
 		f.cleanup()
 		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
@@ -201,20 +215,6 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o700); err != nil {
 		return err
 	}
-	if len(f.sock) > 107 {
-		return fmt.Errorf("socket path %s is longer than 107 bytes; use a shorter state dir", f.sock)
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: f.sock, Net: "unix"})
-	if err != nil {
-		return err
-	}
-	ln.SetUnlinkOnClose(false)
-	lnFile, err := ln.File()
-	ln.Close()
-	if err != nil {
-		return err
-	}
-	defer lnFile.Close()
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return err
@@ -229,12 +229,12 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	defer statusW.Close()
 
 	cmd := exec.Command(cfg.HelperPath)
-	// The helper bridges one request at a time; one P keeps its start-up and
-	// thread count (which the pids limit counts) small.
+	// The helper only supervises; one P keeps its start-up and thread count
+	// (which the pids limit counts) small.
 	cmd.Env = []string{"GOMAXPROCS=1"}
 	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{specR, lnFile, statusW} // fds 3, 4, 5
+	cmd.ExtraFiles = []*os.File{specR, statusW} // fds 3, 4
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
 		// If fiberd dies its fibers die with it: no orphaned sandboxes
@@ -255,6 +255,16 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 		f.mu.Unlock()
 		close(f.done)
 	}()
+	// The handle keeps only the namespace object (no process) until the
+	// fiber's cleanup closes it.
+	ns, err := netns.GetFromPid(cmd.Process.Pid)
+	if err != nil {
+		return fmt.Errorf("opening the fiber's network namespace: %w", err)
+	}
+	f.nsMu.Lock()
+	f.ns = ns
+	f.nsMu.Unlock()
+	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	// The helper waits for its spec before starting the handler, so joining
 	// the memory cgroup here, before sending the spec, puts every process of
 	// the fiber under the limit.
@@ -369,9 +379,48 @@ func (f *fiber) Err() error {
 	}
 }
 
+// Dial connects to the handler's port from inside the fiber's network
+// namespace: the socket is created on an OS thread switched into that
+// namespace and belongs to it for its life, so fiberd talks to the handler
+// directly (no bridge process) while the fiber still has no route out. The
+// thread is switched back before it runs anything else; if that fails it
+// is left locked, and the runtime ends it with the goroutine.
 func (f *fiber) Dial(ctx context.Context) (net.Conn, error) {
-	var d net.Dialer
-	return d.DialContext(ctx, "unix", f.sock)
+	if err := f.Err(); err != nil {
+		return nil, err
+	}
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		f.nsMu.RLock()
+		defer f.nsMu.RUnlock()
+		if !f.ns.IsOpen() {
+			ch <- result{err: fmt.Errorf("fiber %s has ended", f.id)}
+			return
+		}
+		runtime.LockOSThread()
+		if err := netns.Set(f.ns); err != nil {
+			runtime.UnlockOSThread()
+			ch <- result{err: fmt.Errorf("entering fiber %s's network namespace: %w", f.id, err)}
+			return
+		}
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", f.addr)
+		if rerr := netns.Set(f.b.hostNS); rerr != nil {
+			if c != nil {
+				c.Close()
+			}
+			ch <- result{err: fmt.Errorf("leaving fiber %s's network namespace: %w", f.id, rerr)}
+			return // the thread stays locked and dies with this goroutine
+		}
+		runtime.UnlockOSThread()
+		ch <- result{c, err}
+	}()
+	r := <-ch
+	return r.c, r.err
 }
 
 // Destroy implements backend.Fiber.
@@ -426,6 +475,12 @@ func (f *fiber) cleanup() error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
+	f.nsMu.Lock()
+	if f.ns.IsOpen() {
+		f.ns.Close()
+		f.ns = netns.None()
+	}
+	f.nsMu.Unlock()
 	if err := os.RemoveAll(f.dir); err != nil {
 		errs = append(errs, err)
 	}

@@ -3,11 +3,20 @@ package process_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
@@ -88,5 +97,154 @@ func TestStartFailsClearly(t *testing.T) {
 		t.Fatal("fiber that never listens reported ready")
 	} else {
 		t.Log(err)
+	}
+}
+
+// BenchmarkStartParallel is the backend's fiber throughput: concurrent
+// start+destroy cycles (as the warm pool refills), with the CPU each fiber
+// costs this process and its children (fiberd, helper, handler; the
+// kernel's deferred namespace and cgroup teardown is not included).
+//
+//	go test ./impl/fiberd/backend/process -run '^$' -bench StartParallel -benchtime 200x
+func BenchmarkStartParallel(b *testing.B) {
+	be, spec := newBackend(b)
+	var n atomic.Int64
+	before := cpuTime()
+	b.SetParallelism(2) // x GOMAXPROCS starters
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			f, err := be.Start(context.Background(), fmt.Sprintf("p%d", n.Add(1)), spec)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			f.Destroy()
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	be.Close()
+	cpu := cpuTime() - before
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "fibers/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/1000, "cpu-ms/fiber")
+}
+
+// cpuTime is user+system time of this process and its waited-for children.
+func cpuTime() time.Duration {
+	var self, kids unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &self)
+	unix.Getrusage(unix.RUSAGE_CHILDREN, &kids)
+	tv := func(t unix.Timeval) time.Duration { return time.Duration(t.Nano()) }
+	return tv(self.Utime) + tv(self.Stime) + tv(kids.Utime) + tv(kids.Stime)
+}
+
+// BenchmarkPlainProcessFloor is the floor under any process-per-fiber
+// backend on this machine: the same handler binary started with a plain
+// fork+exec (no namespaces, cgroups, helper or mounts), waited for until it
+// listens, sent one request, and killed, with the same concurrency as
+// BenchmarkStartParallel. Fresh fibers cannot start faster than this
+// without restoring a pre-initialized process image (fiberd's Hyperlight
+// snapshots), which this backend cannot do.
+func BenchmarkPlainProcessFloor(b *testing.B) {
+	handler := fiberdtest.Build(b, fiberdtest.TestHandlerPackage)
+	var port atomic.Int32
+	port.Store(20000)
+	before := cpuTime()
+	b.SetParallelism(2)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		for pb.Next() {
+			p := strconv.Itoa(int(port.Add(1)))
+			cmd := exec.Command(handler)
+			cmd.Env = []string{"PORT=" + p, "GOMAXPROCS=1"}
+			if err := cmd.Start(); err != nil {
+				b.Error(err)
+				return
+			}
+			for {
+				resp, err := cl.Get("http://127.0.0.1:" + p + "/")
+				if err == nil {
+					resp.Body.Close()
+					break
+				}
+				time.Sleep(500 * time.Microsecond)
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	cpu := cpuTime() - before
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "fibers/s")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/1000, "cpu-ms/fiber")
+}
+
+// fiberd dials handlers from threads it switches into fibers' network
+// namespaces: every such thread must come back, or fiberd's own
+// connections (to the API's clients, the registry) would start failing at
+// random. Interleaves fiber dials with dials of a listener only the host
+// namespace has, and checks the fiber dial reaches the fiber's handler.
+func TestDialEntersTheFiberAndComesBack(t *testing.T) {
+	be, spec := newBackend(t)
+	f, err := be.Start(context.Background(), "dial1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Destroy()
+	host, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host.Close()
+	go func() {
+		for {
+			c, err := host.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for i := 0; i < 200; i++ {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			c, err := f.Dial(context.Background())
+			if err != nil {
+				errs <- fmt.Errorf("fiber dial: %w", err)
+				return
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: fiber\r\nConnection: close\r\n\r\n")
+			b, _ := io.ReadAll(c)
+			if !strings.Contains(string(b), `"hostname":"fiber-dial1"`) {
+				errs <- fmt.Errorf("fiber dial reached something else: %.200q", b)
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", host.Addr().String())
+			if err != nil {
+				errs <- fmt.Errorf("host dial after fiber dials (a thread left in a fiber's namespace?): %w", err)
+				return
+			}
+			c.Close()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	f.Destroy()
+	if _, err := f.Dial(context.Background()); err == nil {
+		t.Error("dialled a destroyed fiber")
 	}
 }
