@@ -84,13 +84,21 @@ test-ingress-conformance CLUSTER="stock" PROVIDER="traefik": tools
 # image-only Services from snapshots of their test images (ly image-snapshot,
 # config-lampyr image-snapshots). Reports: _artifacts/conformance/<cluster>/
 # report.{yaml,md}, junit.xml; lampyr/side-by-side.md compares the two.
-# Then Lampyr's own conformance suite (test-lampyr-conformance).
+# Every part runs even when an earlier one fails (a stock failure must not
+# hide Lampyr's results); the recipe fails at the end, naming the parts.
+# Stock and Lampyr upstream suites side by side, then Lampyr's own suite.
 test-conformance: tools
-    {{bin}}/lampyr-clusters up stock
-    go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock
-    {{bin}}/lampyr-clusters up lampyr
-    go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml
-    just test-lampyr-conformance
+    #!/usr/bin/env bash
+    set -uo pipefail
+    failed=()
+    start=$SECONDS
+    {{bin}}/lampyr-clusters up stock || exit 1
+    go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock || failed+=("stock upstream suites")
+    {{bin}}/lampyr-clusters up lampyr || exit 1
+    go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml || failed+=("lampyr upstream suites")
+    just test-lampyr-conformance || failed+=("Lampyr's own suite")
+    echo "test-conformance: $((SECONDS - start))s; reports in {{artifacts}}/conformance/{stock,lampyr}/ and {{artifacts}}/lampyr-conformance*"
+    if [ ${#failed[@]} -gt 0 ]; then printf 'failed: %s\n' "${failed[@]}"; exit 1; fi
 
 # Lampyr's own conformance suite on the lampyr cluster (or, with
 # LAMPYR_CONFORMANCE_KUBECONFIG and LAMPYR_CONFORMANCE_GATEWAY, on any

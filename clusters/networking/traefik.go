@@ -90,8 +90,12 @@ func TraefikArgs() []any {
 		// Route answered Traefik's "404 page not found" (Knative's own
 		// conformance suites probe right after Ready and failed on it).
 		// Apply quickly, and report Ready only after the apply has had time.
+		// 500ms was not always enough on a loaded two-core node: a fresh
+		// stock run of Knative's suites, with benchmarks running beside it,
+		// saw 404s right after Ready in four tests (2026-11-30); 1s halves
+		// that exposure for one more second of apply -> Ready on both profiles.
 		"--providers.providersThrottleDuration=100ms",
-		"--providers.knative.throttleDuration=500ms",
+		"--providers.knative.throttleDuration=1s",
 	}
 }
 
