@@ -22,6 +22,9 @@ import (
 // BenchmarkRouter measures requests/s and latency for the same handler:
 //
 //	direct       client -> handler process on loopback (no sandbox, no router)
+//	direct-procs client -> one handler process per worker, each serving one
+//	             request at a time as a fiber does (the floor for
+//	             containerConcurrency 1, before any proxy hop)
 //	fiberd       client -> fiberd -> a fiber leased once (no router)
 //	router-reuse client -> fiber-router -> fiberd -> a reused fiber
 //	router-fresh client -> fiber-router -> acquire, proxy, release per request
@@ -45,6 +48,20 @@ func BenchmarkRouter(b *testing.B) {
 			return doDiscard(hc, req)
 		})
 		base.report(b, latencies{})
+	})
+	b.Run("direct-procs", func(b *testing.B) {
+		addrs := make(chan string, conc)
+		for i := 0; i < conc; i++ {
+			addrs <- startBareHandler(b)
+		}
+		hc := benchClient()
+		l := run(b, conc, func() error {
+			addr := <-addrs
+			defer func() { addrs <- addr }()
+			req, _ := http.NewRequest(http.MethodGet, "http://"+addr+"/", nil)
+			return doDiscard(hc, req)
+		})
+		l.report(b, base)
 	})
 	b.Run("fiberd", func(b *testing.B) {
 		fd := fiberdtest.StartInstance(b, fiberdtest.Options{Mode: "reuse", HandlerPackage: handlerPackage, Logf: func(string, ...any) {}})
