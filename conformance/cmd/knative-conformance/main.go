@@ -270,14 +270,7 @@ func run(ctx context.Context, args []string) (int, error) {
 	// Knative Serving's test images, for the api and runtime suites.
 	pushed := map[string]string{}
 	if want["api"] || want["runtime"] {
-		spec := gobuild.Spec{Name: "knative-serving-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
-		var imgs []publish.Image
-		for _, n := range testImages {
-			pkg := knative.ServingModule + "/test/test_images/" + n
-			spec.Packages = append(spec.Packages, pkg)
-			imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/" + filepath.Base(n)})
-		}
-		if pushed, err = pub.Publish(ctx, spec, imgs); err != nil {
+		if pushed, err = publishTestImages(ctx, pub, knative.ServingModule, knative.ServingVersion, testImages, prefix); err != nil {
 			return 1, err
 		}
 	}
@@ -290,14 +283,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		if netVersion, err = moduleVersion(root, networkingModule); err != nil {
 			return 1, err
 		}
-		spec := gobuild.Spec{Name: "knative-networking-test-images", Module: networkingModule, Version: netVersion, LDFlags: "-s -w"}
-		var imgs []publish.Image
-		for _, n := range networkingTestImages {
-			pkg := networkingModule + "/test/test_images/" + n
-			spec.Packages = append(spec.Packages, pkg)
-			imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/networking/" + n})
-		}
-		netPushed, err := pub.Publish(ctx, spec, imgs)
+		netPushed, err := publishTestImages(ctx, pub, networkingModule, netVersion, networkingTestImages, prefix+"/networking")
 		if err != nil {
 			return 1, err
 		}
@@ -547,6 +533,20 @@ func orName(a, b string) string {
 func mkdir(d string) string {
 	_ = os.MkdirAll(d, 0o755)
 	return d
+}
+
+// publishTestImages builds a Knative module's test/test_images packages at
+// version and pushes each to <prefix>/<last path element>, returning the
+// pushed digests by package.
+func publishTestImages(ctx context.Context, pub *publish.Publisher, module, version string, names []string, prefix string) (map[string]string, error) {
+	spec := gobuild.Spec{Name: "knative-" + path.Base(module) + "-test-images", Module: module, Version: version, LDFlags: "-s -w"}
+	var imgs []publish.Image
+	for _, n := range names {
+		pkg := module + "/test/test_images/" + n
+		spec.Packages = append(spec.Packages, pkg)
+		imgs = append(imgs, publish.Image{Package: pkg, Repo: prefix + "/" + path.Base(n)})
+	}
+	return pub.Publish(ctx, spec, imgs)
 }
 
 // moduleVersion is the version of a module the repository's go.mod selects.

@@ -454,3 +454,25 @@ func (g *guardedLog) close() {
 	g.closed = true
 	g.mu.Unlock()
 }
+
+// HostListener listens on a loopback port of the test's own network
+// namespace, accepting and closing every connection, and returns its
+// address: a port a fiber must not reach, and fiberd itself must.
+func HostListener(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}

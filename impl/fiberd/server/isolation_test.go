@@ -3,7 +3,6 @@ package server_test
 import (
 	"context"
 	"encoding/json"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -88,24 +87,11 @@ func TestIsolationProcesses(t *testing.T) {
 
 func TestIsolationNetwork(t *testing.T) {
 	inst, id := leaseReuse(t, fiberdtest.Options{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	host := fiberdtest.HostListener(t)
 	if resp, body := get(t, inst.Client, id, "/dial?addr=127.0.0.1:8080"); resp.StatusCode != 200 {
 		t.Fatalf("control: the fiber cannot reach its own port: %d %s", resp.StatusCode, body)
 	}
-	for _, addr := range []string{ln.Addr().String(), inst.Endpoint, inst.Registry} {
+	for _, addr := range []string{host, inst.Endpoint, inst.Registry} {
 		resp, body := get(t, inst.Client, id, "/dial?addr="+addr)
 		if resp.StatusCode == 200 {
 			t.Errorf("fiber reached host loopback %s: %s", addr, body)

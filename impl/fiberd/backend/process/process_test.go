@@ -196,20 +196,7 @@ func TestDialEntersTheFiberAndComesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Destroy()
-	host, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host.Close()
-	go func() {
-		for {
-			c, err := host.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
+	host := fiberdtest.HostListener(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 400)
 	for i := 0; i < 200; i++ {
@@ -230,7 +217,7 @@ func TestDialEntersTheFiberAndComesBack(t *testing.T) {
 		}()
 		go func() {
 			defer wg.Done()
-			c, err := net.Dial("tcp", host.Addr().String())
+			c, err := net.Dial("tcp", host)
 			if err != nil {
 				errs <- fmt.Errorf("host dial after fiber dials (a thread left in a fiber's namespace?): %w", err)
 				return
