@@ -5,12 +5,14 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -42,7 +44,17 @@ const (
 	StateAcquired = "acquired" // leased to fiber-router, idle between requests
 	StateBusy     = "busy"     // serving a request
 	StateSpent    = "spent"    // fresh fiber that has served its one request
+	StateTunneled = "tunneled" // reuse fiber with an open tunnel (TunnelPath)
 )
+
+// TunnelProtocol is the Upgrade token of POST /v1/fibers/{id}/tunnel: after
+// "101 Switching Protocols" the connection carries bytes to and from the
+// fiber's port unchanged, so a reuse-mode fiber's requests cost fiberd a copy
+// instead of an HTTP parse and a second proxy (docs/contracts.md §4).
+const TunnelProtocol = "lampyr-fiber-tunnel"
+
+// TunnelPath is the tunnel endpoint of fiber id.
+func TunnelPath(id string) string { return FibersPath + "/" + url.PathEscape(id) + "/tunnel" }
 
 // Fiber is one fiber as the API reports it.
 type Fiber struct {
@@ -51,7 +63,9 @@ type Fiber struct {
 	StartedAt time.Time `json:"startedAt"`
 	// AgeSeconds is how long the fiber has been alive.
 	AgeSeconds float64 `json:"ageSeconds,omitempty"`
-	// Requests is how many requests the fiber has served (at most 1 in fresh mode).
+	// Requests is how many proxied requests and tunnels the fiber has
+	// served (at most 1 in fresh mode). Requests carried by a tunnel are not
+	// counted one by one: fiberd copies their bytes without parsing them.
 	Requests int64 `json:"requests,omitempty"`
 }
 
@@ -106,6 +120,7 @@ const (
 	ReasonFiberSpent       = "FiberSpent"
 	ReasonUnauthorized     = "Unauthorized"
 	ReasonFiberFailed      = "FiberFailed"
+	ReasonTunnelRefused    = "TunnelRefused"
 )
 
 // IsMaxFibers reports whether err is the 429 answer at the grant's maxFibers.
@@ -114,6 +129,13 @@ func IsMaxFibers(err error) bool { return hasStatus(err, http.StatusTooManyReque
 // IsUnavailable reports whether err is the 503 answer (no valid grant, or
 // template/pool not ready).
 func IsUnavailable(err error) bool { return hasStatus(err, http.StatusServiceUnavailable) }
+
+// IsFiberBusy reports whether err is the 409 FiberBusy answer (the fiber
+// serves another request or tunnel).
+func IsFiberBusy(err error) bool {
+	var e *Error
+	return errors.As(err, &e) && e.Reason == ReasonFiberBusy
+}
 
 // IsNotFound reports whether err says the fiber does not exist (any more).
 func IsNotFound(err error) bool { return hasStatus(err, http.StatusNotFound) }
@@ -129,6 +151,9 @@ type Client struct {
 	token string
 	// HTTP is the client used for API calls and proxied requests.
 	HTTP *http.Client
+	// Dialer opens tunnel connections (Tunnel); nil means a 5s-timeout
+	// dialer with TCP keep-alive.
+	Dialer *net.Dialer
 }
 
 // New returns a client for the fiberd at endpoint ("host:port" as in a
@@ -224,6 +249,101 @@ func (c *Client) Do(req *http.Request, id string) (*http.Response, error) {
 	return c.HTTP.Do(c.NewFiberRequest(req, id))
 }
 
+// Tunnel opens a byte tunnel to leased reuse-mode fiber id: fiberd answers
+// "101 Switching Protocols" and from then on copies bytes between the
+// returned connection and the handler's port. The caller speaks the
+// handler's protocol over it (an http.Transport's DialContext, say), one
+// request at a time: while the tunnel is open the fiber is busy for every
+// other caller. Closing the connection ends the tunnel; fiberd ends it when
+// the fiber ends, or after max(idleTimeoutSeconds, maxRequestSeconds)
+// without a byte in either direction.
+//
+// Refusals are *Error values as for the other calls: 404 UnknownFiber,
+// 409 FiberBusy (another request or tunnel holds the fiber; retrying is
+// safe), 409 TunnelRefused (fresh mode), 401, 503.
+func (c *Client) Tunnel(ctx context.Context, id string) (net.Conn, error) {
+	d := c.Dialer
+	if d == nil {
+		d = &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	}
+	path := TunnelPath(id)
+	conn, err := d.DialContext(ctx, "tcp", c.base.Host)
+	if err != nil {
+		return nil, fmt.Errorf("fiberd POST %s: %w", path, err)
+	}
+	// The handshake is bounded by ctx; the tunnel itself is not.
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (net.Conn, error) {
+		stop()
+		conn.Close()
+		if ctx.Err() != nil {
+			err = ctx.Err()
+		}
+		return nil, err
+	}
+	req, err := http.NewRequest(http.MethodPost, c.base.ResolveReference(&url.URL{Path: path}).String(), nil)
+	if err != nil {
+		return fail(err)
+	}
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", TunnelProtocol)
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	if err := req.Write(conn); err != nil {
+		return fail(fmt.Errorf("fiberd POST %s: %w", path, err))
+	}
+	br := bufio.NewReaderSize(conn, 4<<10)
+	resp, err := http.ReadResponse(br, req)
+	if err != nil {
+		return fail(fmt.Errorf("fiberd POST %s: reading answer: %w", path, err))
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		return fail(apiError(resp, body))
+	}
+	if !stop() {
+		// ctx ended as the answer came: the deadline may already be set.
+		conn.Close()
+		return nil, ctx.Err()
+	}
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	if br.Buffered() > 0 {
+		// fiberd sends nothing after the 101 until the caller writes, but a
+		// reader that read ahead must not lose bytes.
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+func apiError(resp *http.Response, body []byte) *Error {
+	e := &Error{Status: resp.StatusCode}
+	if json.Unmarshal(body, e) != nil || e.Reason == "" {
+		e.Reason = http.StatusText(resp.StatusCode)
+		e.Message = string(bytes.TrimSpace(body))
+	}
+	if s := resp.Header.Get("Retry-After"); s != "" {
+		if n, err := strconv.Atoi(s); err == nil {
+			e.RetryAfter = time.Duration(n) * time.Second
+		}
+	}
+	return e
+}
+
 func (c *Client) call(ctx context.Context, method, path string, want int, out any) error {
 	u := c.base.ResolveReference(&url.URL{Path: path})
 	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
@@ -243,17 +363,7 @@ func (c *Client) call(ctx context.Context, method, path string, want int, out an
 		return fmt.Errorf("fiberd %s %s: reading answer: %w", method, path, err)
 	}
 	if resp.StatusCode != want {
-		e := &Error{Status: resp.StatusCode}
-		if json.Unmarshal(body, e) != nil || e.Reason == "" {
-			e.Reason = http.StatusText(resp.StatusCode)
-			e.Message = string(bytes.TrimSpace(body))
-		}
-		if s := resp.Header.Get("Retry-After"); s != "" {
-			if n, err := strconv.Atoi(s); err == nil {
-				e.RetryAfter = time.Duration(n) * time.Second
-			}
-		}
-		return e
+		return apiError(resp, body)
 	}
 	if out != nil {
 		if err := json.Unmarshal(body, out); err != nil {

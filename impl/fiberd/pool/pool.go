@@ -34,6 +34,9 @@ var (
 	ErrSpent     = errors.New("fiber already served its request (fresh mode: one request per fiber); acquire a new one")
 	ErrClosed    = errors.New("pool closed")
 	ErrNotLeased = errors.New("fiber is in the warm pool, not leased; acquire it first")
+	// ErrTunnelFresh: a tunnel cannot count requests, and a fresh fiber
+	// must serve exactly one.
+	ErrTunnelFresh = errors.New("tunnels are for execution mode reuse; a fresh fiber serves one proxied request")
 )
 
 // Config is one Revision's pool policy.
@@ -76,6 +79,7 @@ type Fiber struct {
 	lastUsed time.Time
 	requests int64
 	ending   bool
+	tunneled bool // busy with an open tunnel rather than one request
 
 	tOnce     sync.Once
 	transport *http.Transport
@@ -389,6 +393,21 @@ const BusyWait = 100 * time.Millisecond
 // the request; in fresh mode the fiber is then spent. A fiber busy with
 // another request is waited for up to BusyWait (or ctx) before ErrBusy.
 func (p *Pool) Begin(ctx context.Context, id string) (*Fiber, func(), error) {
+	return p.begin(ctx, id, false)
+}
+
+// BeginTunnel marks a leased reuse-mode fiber busy for a tunnel: it stays
+// busy (List reports it tunneled) until the returned func is called, so no
+// other request or tunnel reaches it meanwhile. Fresh-mode fibers refuse
+// with ErrTunnelFresh.
+func (p *Pool) BeginTunnel(ctx context.Context, id string) (*Fiber, func(), error) {
+	if p.cfg.Mode != ModeReuse {
+		return nil, nil, ErrTunnelFresh
+	}
+	return p.begin(ctx, id, true)
+}
+
+func (p *Pool) begin(ctx context.Context, id string, tunnel bool) (*Fiber, func(), error) {
 	deadline := time.NewTimer(BusyWait)
 	defer deadline.Stop()
 	for {
@@ -405,13 +424,13 @@ func (p *Pool) Begin(ctx context.Context, id string) (*Fiber, func(), error) {
 			}
 			p.mu.Lock()
 		}
-		f2, end, err := p.beginLocked(id)
+		f2, end, err := p.beginLocked(id, tunnel)
 		p.mu.Unlock()
 		return f2, end, err
 	}
 }
 
-func (p *Pool) beginLocked(id string) (*Fiber, func(), error) {
+func (p *Pool) beginLocked(id string, tunnel bool) (*Fiber, func(), error) {
 	f, ok := p.fibers[id]
 	if !ok || f.ending {
 		return nil, nil, ErrUnknown
@@ -425,11 +444,13 @@ func (p *Pool) beginLocked(id string) (*Fiber, func(), error) {
 		return nil, nil, ErrSpent
 	}
 	f.state = "busy"
+	f.tunneled = tunnel
 	f.requests++
 	return f, func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		f.lastUsed = time.Now()
+		f.tunneled = false
 		if f.state != "busy" {
 			return
 		}
@@ -448,7 +469,11 @@ func (p *Pool) List() []Snapshot {
 	defer p.mu.Unlock()
 	out := make([]Snapshot, 0, len(p.fibers))
 	for _, f := range p.fibers {
-		out = append(out, Snapshot{ID: f.ID(), State: f.state, StartedAt: f.StartedAt, Requests: f.requests})
+		st := f.state
+		if f.tunneled {
+			st = "tunneled"
+		}
+		out = append(out, Snapshot{ID: f.ID(), State: st, StartedAt: f.StartedAt, Requests: f.requests})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].StartedAt.Before(out[j].StartedAt) })
 	return out

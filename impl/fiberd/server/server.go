@@ -138,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("POST "+client.FibersPath, s.auth(http.HandlerFunc(s.acquire)))
 	s.mux.Handle("GET "+client.FibersPath, s.auth(http.HandlerFunc(s.list)))
 	s.mux.Handle("DELETE "+client.FibersPath+"/{id}", s.auth(http.HandlerFunc(s.release)))
+	s.mux.Handle("POST "+client.FibersPath+"/{id}/tunnel", s.auth(http.HandlerFunc(s.tunnel)))
 	s.mux.Handle("GET "+client.GrantPath, s.auth(http.HandlerFunc(s.grantInfo)))
 	go s.grantLoop()
 	return s, nil
@@ -588,18 +589,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	f, end, err := l.pool.Begin(r.Context(), id)
-	switch {
-	case errors.Is(err, pool.ErrUnknown):
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
-		return
-	case errors.Is(err, pool.ErrBusy):
-		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, err.Error())
-		return
-	case errors.Is(err, pool.ErrSpent):
-		writeErr(w, http.StatusConflict, client.ReasonFiberSpent, err.Error())
-		return
-	case err != nil:
-		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+	if err != nil {
+		writeBeginErr(w, err)
 		return
 	}
 	defer end()
@@ -658,6 +649,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		},
 		Transport:     tr,
 		FlushInterval: -1,
+		BufferPool:    copyBuffers{},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				writeErr(w, http.StatusGatewayTimeout, "RequestTimeout", fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
@@ -673,6 +665,21 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 	rp.ServeHTTP(w, r.WithContext(ctx))
 }
 
+func writeBeginErr(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, pool.ErrUnknown):
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
+	case errors.Is(err, pool.ErrBusy):
+		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, err.Error())
+	case errors.Is(err, pool.ErrSpent):
+		writeErr(w, http.StatusConflict, client.ReasonFiberSpent, err.Error())
+	case errors.Is(err, pool.ErrTunnelFresh):
+		writeErr(w, http.StatusConflict, client.ReasonTunnelRefused, err.Error())
+	default:
+		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+	}
+}
+
 // forwardedHeaders are passed from the router to the fiber unchanged.
 var forwardedHeaders = []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
@@ -686,6 +693,8 @@ type metrics struct {
 	ended       *prometheus.CounterVec
 	refused     prometheus.Counter
 	requests    prometheus.Counter
+	tunnels     prometheus.Counter
+	tunnelsOpen prometheus.Gauge
 	grantValid  prometheus.Gauge
 	grantExpiry prometheus.Gauge
 }
@@ -699,10 +708,12 @@ func newMetrics() *metrics {
 		ended:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fibers_ended_total", Help: "Fibers ended by reason."}, []string{"reason"}),
 		refused:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_acquire_refused_total", Help: "Acquisitions refused at maxFibers."}),
 		requests:    prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_proxied_requests_total", Help: "Requests proxied into fibers."}),
+		tunnels:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_tunnels_total", Help: "Tunnels opened to reuse-mode fibers (their requests are not counted one by one)."}),
+		tunnelsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_tunnels_open", Help: "Tunnels open now."}),
 		grantValid:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
 		grantExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),
 	}
-	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.grantValid, m.grantExpiry)
+	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.tunnels, m.tunnelsOpen, m.grantValid, m.grantExpiry)
 	return m
 }
 

@@ -1,0 +1,159 @@
+package server
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"lampyr.dev/serving/impl/fiberd/client"
+)
+
+// tunnel serves POST /v1/fibers/{id}/tunnel (docs/contracts.md §4): after
+// "101 Switching Protocols" the router's connection is joined to the
+// fiber's port and fiberd copies bytes both ways without parsing them.
+//
+// What fiberd still enforces on a tunneled fiber: who (the router token),
+// exclusivity (the fiber is busy for every other request and tunnel while
+// the tunnel is open), the fiber's life (the tunnel ends when the fiber
+// does) and a silence bound (max of idleTimeoutSeconds and
+// maxRequestSeconds without a byte either way ends it, so a router that
+// holds a tunnel and sends nothing cannot keep a fiber from idle release).
+// What it leaves to the router, which parses the requests anyway: one
+// request at a time on the connection (HTTP/1.1 without pipelining) and
+// each request's timeoutSeconds. Fresh-mode fibers refuse tunnels: fiberd
+// could not see their one request end.
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
+	if !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", client.TunnelProtocol) {
+		writeErr(w, http.StatusBadRequest, client.ReasonTunnelRefused, "a tunnel is requested with Connection: Upgrade and Upgrade: "+client.TunnelProtocol)
+		return
+	}
+	l, g, status, reason, msg := s.current()
+	if l == nil {
+		writeErr(w, status, reason, msg)
+		return
+	}
+	id := r.PathValue("id")
+	f, end, err := l.pool.BeginTunnel(r.Context(), id)
+	if err != nil {
+		writeBeginErr(w, err)
+		return
+	}
+	defer end()
+	fc, err := f.Dial(r.Context())
+	if err != nil {
+		if ferr := f.Err(); ferr != nil {
+			err = fmt.Errorf("%w (%v)", err, ferr)
+		}
+		writeErr(w, http.StatusBadGateway, client.ReasonFiberFailed, "fiber "+id+": "+err.Error())
+		return
+	}
+	defer fc.Close()
+	rc, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		writeErr(w, http.StatusBadRequest, client.ReasonTunnelRefused, "tunnels need an HTTP/1.1 connection: "+err.Error())
+		return
+	}
+	defer rc.Close()
+	// The server's read and write deadlines (ReadHeaderTimeout) must not
+	// cut the tunnel.
+	rc.SetDeadline(time.Time{})
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n")
+	if err := brw.Flush(); err != nil {
+		return
+	}
+	silence := time.Duration(max(g.Execution.IdleTimeoutSeconds, g.MaxRequestSeconds)) * time.Second
+	s.metrics.tunnels.Inc()
+	s.metrics.tunnelsOpen.Inc()
+	defer s.metrics.tunnelsOpen.Dec()
+	why := splice(rc, brw.Reader, fc, f.Done(), silence)
+	if why != "" {
+		s.cfg.Logf("tunnel to fiber %s closed: %s", id, why)
+	}
+}
+
+// splice copies router <-> fiber until either side closes, the fiber ends
+// or nothing moved for silence (0: no bound). It returns why it ended when
+// fiberd ended it, "" when a side closed.
+func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration) string {
+	var last atomic.Int64
+	last.Store(time.Now().UnixNano())
+	done := make(chan struct{}, 2)
+	pump := func(dst net.Conn, src interface{ Read([]byte) (int, error) }) {
+		defer func() { done <- struct{}{} }()
+		bp := tunnelBuffers.Get().(*[]byte)
+		defer tunnelBuffers.Put(bp)
+		buf := *bp
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				last.Store(time.Now().UnixNano())
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}
+	go pump(fiber, routerR)
+	go pump(router, fiber)
+	closeBoth := func() { router.Close(); fiber.Close() }
+	var tick <-chan time.Time
+	var timer *time.Timer
+	if silence > 0 {
+		timer = time.NewTimer(silence)
+		defer timer.Stop()
+		tick = timer.C
+	}
+	for {
+		select {
+		case <-done:
+			// One side closed: the other has nothing more to say.
+			closeBoth()
+			<-done
+			return ""
+		case <-fiberDone:
+			closeBoth()
+			<-done
+			<-done
+			return "the fiber ended"
+		case <-tick:
+			idle := time.Since(time.Unix(0, last.Load()))
+			if idle < silence {
+				timer.Reset(silence - idle)
+				continue
+			}
+			closeBoth()
+			<-done
+			<-done
+			return fmt.Sprintf("nothing sent either way for %s (max of idleTimeoutSeconds and maxRequestSeconds)", silence)
+		}
+	}
+}
+
+var tunnelBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyBuffers recycles the proxy path's 32 KiB copy buffers.
+type copyBuffers struct{}
+
+func (copyBuffers) Get() []byte  { return *(tunnelBuffers.Get().(*[]byte)) }
+func (copyBuffers) Put(b []byte) { tunnelBuffers.Put(&b) }
+
+// headerHasToken reports whether a comma-separated header contains token
+// (case-insensitive).
+func headerHasToken(h http.Header, name, token string) bool {
+	for _, v := range h.Values(name) {
+		for _, t := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
