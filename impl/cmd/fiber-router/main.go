@@ -60,6 +60,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.proxy.QueueTimeout, "queue-timeout", def.QueueTimeout, "how long a request waits for a fiber at max-scale before 503 + Retry-After")
 	fs.IntVar(&o.proxy.MaxQueue, "max-queue", def.MaxQueue, "most requests waiting per Revision; more get 503 at once")
 	fs.IntVar(&o.proxy.DefaultMaxFibers, "default-max-fibers", 0, "per-replica fiber cap for Revisions whose maxFibers is 0; 0 leaves it to fiberd")
+	fs.BoolVar(&o.proxy.FiberTunnels, "fiber-tunnels", def.FiberTunnels, "carry reuse-mode requests over one byte tunnel per fiber through its Home (fiberd's tunnel call) instead of fiberd's per-request proxy; Homes without the call are detected and use the proxy")
 	fs.DurationVar(&o.drainDelay, "drain-delay", 5*time.Second, "after SIGTERM, keep serving this long with readiness failing so endpoints drop the pod")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 30*time.Second, "after the drain delay, how long in-flight requests may finish before they are cut")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")

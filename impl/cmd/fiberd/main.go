@@ -39,6 +39,7 @@ func main() {
 		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
 		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
+		kernelSplice = flag.Bool("kernel-splice", true, "join each reuse-mode tunnel's sockets in the kernel (BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN) so tunneled bytes never pass through fiberd; falls back to copying, with a log line, where refused")
 		cgroupParent = flag.String("cgroup-parent", "", "cgroup v1 memory directory for fibers (default: a child of fiberd's own memory cgroup, so the Home's limit covers its fibers)")
 		mirrors      multi
 	)
@@ -46,12 +47,12 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, mirrors); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, mirrors []string) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -107,6 +108,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 		Backend:         be,
 		WarmFibers:      warm,
 		RegistryOptions: m.RemoteOptions(),
+		KernelSplice:    kernelSplice,
 	})
 	if err != nil {
 		return err

@@ -47,7 +47,7 @@ func TestFiberdFromFiles(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("fleet-key", fleet), write("token", []byte("file-token\n")),
-			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, nil)
+			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil)
 	}()
 	c, _ := client.New(addr, "file-token")
 	deadline := time.Now().Add(30 * time.Second)

@@ -72,6 +72,9 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// NoWait returns before fiberd is ready.
 	NoWait bool
+	// UserSpaceTunnels makes fiberd copy tunneled bytes itself instead of
+	// joining the sockets in the kernel.
+	UserSpaceTunnels bool
 	// PidsMax caps each fiber's tasks (threads included) when the pids
 	// controller is present; default 1024.
 	PidsMax int
@@ -308,6 +311,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		WarmFibers:        warm,
 		GrantPollInterval: 200 * time.Millisecond,
 		Logf:              opts.Logf,
+		KernelSplice:      !opts.UserSpaceTunnels,
 	})
 	if err != nil {
 		t.Fatal(err)

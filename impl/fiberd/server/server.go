@@ -35,6 +35,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/pool"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/fiberd/sockmap"
 )
 
 // Config configures fiberd.
@@ -62,6 +63,11 @@ type Config struct {
 	Logf           func(format string, args ...any)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// KernelSplice joins each tunnel's two sockets in the kernel (a BPF
+	// sockmap, package sockmap) so tunneled bytes never pass through fiberd.
+	// Where the kernel or privileges refuse it, tunnels copy in user space
+	// and the reason is logged once.
+	KernelSplice bool
 }
 
 // Server is a running fiberd.
@@ -84,6 +90,9 @@ type Server struct {
 	loopDone  chan struct{}
 	httpSrv   *http.Server
 	listeners []net.Listener
+
+	spliceOnce sync.Once
+	splicer    *sockmap.Splicer
 }
 
 type loaded struct {
@@ -182,6 +191,10 @@ func (s *Server) Close() error {
 	}
 	if l != nil {
 		l.pool.Close()
+	}
+	s.spliceOnce.Do(func() {}) // no splicer from here on
+	if s.splicer != nil {
+		s.splicer.Close()
 	}
 	return nil
 }
@@ -693,7 +706,7 @@ type metrics struct {
 	ended       *prometheus.CounterVec
 	refused     prometheus.Counter
 	requests    prometheus.Counter
-	tunnels     prometheus.Counter
+	tunnels     *prometheus.CounterVec
 	tunnelsOpen prometheus.Gauge
 	grantValid  prometheus.Gauge
 	grantExpiry prometheus.Gauge
@@ -708,7 +721,7 @@ func newMetrics() *metrics {
 		ended:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fibers_ended_total", Help: "Fibers ended by reason."}, []string{"reason"}),
 		refused:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_acquire_refused_total", Help: "Acquisitions refused at maxFibers."}),
 		requests:    prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_proxied_requests_total", Help: "Requests proxied into fibers."}),
-		tunnels:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_tunnels_total", Help: "Tunnels opened to reuse-mode fibers (their requests are not counted one by one)."}),
+		tunnels:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_tunnels_total", Help: "Tunnels opened to reuse-mode fibers (their requests are not counted one by one), by how bytes are carried: kernel (sockmap) or user (copied by fiberd)."}, []string{"splice"}),
 		tunnelsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_tunnels_open", Help: "Tunnels open now."}),
 		grantValid:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
 		grantExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/sockmap"
 )
 
 // tunnel serves POST /v1/fibers/{id}/tunnel (docs/contracts.md §4): after
@@ -62,24 +63,76 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	// The server's read and write deadlines (ReadHeaderTimeout) must not
 	// cut the tunnel.
 	rc.SetDeadline(time.Time{})
+	// Join the sockets in the kernel before the 101: the router sends its
+	// first request only after reading it, so every byte of the tunnel is
+	// redirected, none left in a queue the kernel no longer reads for us.
+	var pair *sockmap.Pair
+	path := "user"
+	if sp := s.kernelSplicer(); sp != nil && brw.Reader.Buffered() == 0 {
+		rt, ok1 := rc.(*net.TCPConn)
+		ft, ok2 := fc.(*net.TCPConn)
+		if ok1 && ok2 {
+			if pair, err = sp.Join(rt, ft); err != nil {
+				s.cfg.Logf("tunnel to fiber %s copies in user space: %v", id, err)
+				pair = nil
+			} else {
+				path = "kernel"
+				defer pair.Close()
+			}
+		}
+	}
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n")
 	if err := brw.Flush(); err != nil {
 		return
 	}
 	silence := time.Duration(max(g.Execution.IdleTimeoutSeconds, g.MaxRequestSeconds)) * time.Second
-	s.metrics.tunnels.Inc()
+	s.metrics.tunnels.WithLabelValues(path).Inc()
 	s.metrics.tunnelsOpen.Inc()
 	defer s.metrics.tunnelsOpen.Dec()
-	why := splice(rc, brw.Reader, fc, f.Done(), silence)
+	var kernelIdle func() time.Duration
+	if pair != nil {
+		kernelIdle = func() time.Duration {
+			d, err := pair.Idle()
+			if err != nil {
+				return 0 // cannot tell: count it as active
+			}
+			return d
+		}
+	}
+	why := splice(rc, brw.Reader, fc, f.Done(), silence, kernelIdle)
 	if why != "" {
 		s.cfg.Logf("tunnel to fiber %s closed: %s", id, why)
 	}
 }
 
-// splice copies router <-> fiber until either side closes, the fiber ends
-// or nothing moved for silence (0: no bound). It returns why it ended when
-// fiberd ended it, "" when a side closed.
-func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration) string {
+// kernelSplicer loads the sockmap splicer on first use; nil when off or
+// refused.
+func (s *Server) kernelSplicer() *sockmap.Splicer {
+	s.spliceOnce.Do(func() {
+		if !s.cfg.KernelSplice {
+			return
+		}
+		sp, err := sockmap.New(maxSplicedTunnels)
+		if err != nil {
+			s.cfg.Logf("tunnels copy bytes in user space: kernel splicing unavailable: %v", err)
+			return
+		}
+		s.splicer = sp
+	})
+	return s.splicer
+}
+
+// maxSplicedTunnels bounds tunnels joined in the kernel at once; more are
+// copied in user space.
+const maxSplicedTunnels = 4096
+
+// splice carries router <-> fiber until either side closes, the fiber ends
+// or nothing moved for silence (0: no bound). Bytes that reach fiberd are
+// copied; with kernelIdle set the sockets are joined in the kernel, reads
+// here only see the ends, and kernelIdle says how long since the kernel
+// last moved a byte. It returns why it ended when fiberd ended it, "" when
+// a side closed.
+func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration) string {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
 	done := make(chan struct{}, 2)
@@ -125,6 +178,9 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 			return "the fiber ended"
 		case <-tick:
 			idle := time.Since(time.Unix(0, last.Load()))
+			if kernelIdle != nil {
+				idle = min(idle, kernelIdle())
+			}
 			if idle < silence {
 				timer.Reset(silence - idle)
 				continue

@@ -6,12 +6,14 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/sockmap"
 )
 
 // tunnelClient sends HTTP/1.1 requests over one already-open tunnel.
@@ -57,8 +59,62 @@ func fiberState(t *testing.T, c *client.Client, id string) string {
 	return "gone"
 }
 
+// bothSplices runs test with tunnels joined in the kernel (sockmap) and
+// with tunnels copied by fiberd, and checks each took the path it names.
+func bothSplices(t *testing.T, opts fiberdtest.Options, test func(t *testing.T, inst *fiberdtest.Instance)) {
+	for _, path := range []string{"kernel", "user"} {
+		t.Run(path, func(t *testing.T) {
+			if path == "kernel" {
+				sp, err := sockmap.New(1)
+				if err != nil {
+					t.Skipf("kernel splicing is unavailable on this machine (fiberd falls back to copying, tested by the user subtest): %v", err)
+				}
+				sp.Close()
+			}
+			o := opts
+			o.UserSpaceTunnels = path == "user"
+			inst := fiberdtest.StartInstance(t, o)
+			test(t, inst)
+			if n := tunnelsOpened(t, inst, path); n == 0 {
+				t.Fatalf("no tunnel took the %s path (fiberd_tunnels_total{splice=%q} = 0)", path, path)
+			}
+			other := map[string]string{"kernel": "user", "user": "kernel"}[path]
+			if n := tunnelsOpened(t, inst, other); n != 0 {
+				t.Fatalf("%v tunnels took the %s path, want all on %s", n, other, path)
+			}
+		})
+	}
+}
+
+// tunnelsOpened reads fiberd_tunnels_total{splice=path} from /metrics.
+func tunnelsOpened(t *testing.T, inst *fiberdtest.Instance, path string) float64 {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+inst.Endpoint+client.MetricsPath, nil)
+	req.Header.Set("Authorization", "Bearer "+inst.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	prefix := `fiberd_tunnels_total{splice="` + path + `"} `
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
 func TestTunnelCarriesRequestsAndHoldsTheFiber(t *testing.T) {
-	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 30 * time.Second})
+	bothSplices(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 30 * time.Second}, testTunnelCarriesRequests)
+}
+
+func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
 	c := inst.Client
 	ctx := context.Background()
 	f, err := c.Acquire(ctx)
@@ -119,7 +175,10 @@ func TestTunnelCarriesRequestsAndHoldsTheFiber(t *testing.T) {
 
 func TestTunnelEndsWithTheFiberAndOnSilence(t *testing.T) {
 	// silence bound = max(idleTimeoutSeconds 2, maxRequestSeconds 1) = 2s
-	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 2 * time.Second, MaxRequestSeconds: 1})
+	bothSplices(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 2 * time.Second, MaxRequestSeconds: 1}, testTunnelEnds)
+}
+
+func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 	c := inst.Client
 	ctx := context.Background()
 
@@ -143,6 +202,25 @@ func TestTunnelEndsWithTheFiberAndOnSilence(t *testing.T) {
 	if s := fiberState(t, c, f.ID); s != "gone" {
 		t.Fatalf("released fiber is %s", s)
 	}
+
+	// A tunnel in use outlives the silence bound: fiberd sees its traffic
+	// even when the kernel carries every byte.
+	a, err := c.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err = c.Tunnel(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := tunnelClient(conn)
+	for i := int64(1); i <= 8; i++ {
+		if h := tunnelGet(t, hc, "/"); h.Served != i {
+			t.Fatalf("request %d through a busy tunnel reached the handler's request %d", i, h.Served)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	hc.CloseIdleConnections()
 
 	// A tunnel nobody uses is closed after the silence bound, and the
 	// fiber is then released as idle like any other.
