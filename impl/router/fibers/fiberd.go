@@ -3,8 +3,10 @@ package fibers
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +26,15 @@ type FiberdClient struct {
 	mu      sync.Mutex
 	tok     string
 	clients map[string]*client.Client
+
+	// Tunnels (reuse mode): the Home of every fiber this client leased, so
+	// a tunnel dial finds it from the request's host alone, and the Homes
+	// that turned out to have no tunnel endpoint (an older fiberd).
+	tmu        sync.Mutex
+	leased     map[string]string
+	noTunnel   map[string]bool
+	tunnelOnce sync.Once
+	tunnelRT   *http.Transport
 }
 
 // NewFiberdClient returns a Client for every Home, authenticating with token.
@@ -36,7 +47,10 @@ func NewFiberdClient(token func() string) *FiberdClient {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &FiberdClient{token: token, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, clients: map[string]*client.Client{}}
+	return &FiberdClient{
+		token: token, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, clients: map[string]*client.Client{},
+		leased: map[string]string{}, noTunnel: map[string]bool{},
+	}
 }
 
 func (c *FiberdClient) home(home string) (*client.Client, error) {
@@ -86,11 +100,19 @@ func (c *FiberdClient) Acquire(ctx context.Context, home string) (Fiber, error) 
 		}
 		return Fiber{}, err
 	}
+	c.tmu.Lock()
+	c.leased[f.ID] = home
+	c.tmu.Unlock()
 	return Fiber{ID: f.ID, Home: home, StartedAt: f.StartedAt}, nil
 }
 
 // Release implements Client.
 func (c *FiberdClient) Release(ctx context.Context, f Fiber) error {
+	// No new tunnel to it from here on; an open one ends when fiberd kills
+	// the fiber.
+	c.tmu.Lock()
+	delete(c.leased, f.ID)
+	c.tmu.Unlock()
 	cl, err := c.home(f.Home)
 	if err != nil {
 		return err
@@ -106,4 +128,102 @@ func (c *FiberdClient) PrepareProxy(out *http.Request, f Fiber) {
 	// and the router token travels in its own header so the client's
 	// Authorization reaches the handler.
 	client.SetFiberHeaders(out.Header, f.ID, c.token())
+}
+
+// Holds reports whether fiber id was leased through c and not released.
+func (c *FiberdClient) Holds(id string) bool {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	_, ok := c.leased[id]
+	return ok
+}
+
+// TunnelFiberID returns the fiber id of a request prepared by PrepareTunnel.
+func TunnelFiberID(req *http.Request) (string, bool) {
+	return strings.CutSuffix(req.URL.Hostname(), tunnelHostSuffix)
+}
+
+// tunnelHostSuffix ends the URL host of a request prepared by PrepareTunnel:
+// "<fiber id>.fiber.lampyr". The tunnel transport keys its connections by
+// host, so each fiber has its own, and dials by looking the id up.
+const tunnelHostSuffix = ".fiber.lampyr"
+
+// PrepareTunnel implements Tunnels.
+func (c *FiberdClient) PrepareTunnel(out *http.Request, f Fiber) {
+	out.URL.Scheme = "http"
+	out.URL.Host = f.ID + tunnelHostSuffix
+	// No fiber headers: nobody between the router and the handler reads them.
+}
+
+// TunnelTransport implements Tunnels: one connection per fiber (a fiber
+// serves one request at a time, so a second connection could only wait),
+// opened with fiberd's tunnel call, kept between requests.
+func (c *FiberdClient) TunnelTransport() http.RoundTripper {
+	c.tunnelOnce.Do(func() {
+		c.tunnelRT = &http.Transport{
+			Proxy:               nil,
+			DialContext:         c.dialTunnel,
+			MaxConnsPerHost:     1,
+			MaxIdleConnsPerHost: 1,
+			MaxIdleConns:        4096,
+			// The router releases an idle fiber (and with it the tunnel)
+			// before this; it only bounds a connection nobody released.
+			IdleConnTimeout:    90 * time.Second,
+			DisableCompression: true,
+		}
+	})
+	return c.tunnelRT
+}
+
+// tunnelBusyBudget is how long a tunnel dial retries fiberd's FiberBusy: the
+// previous connection to the fiber (after a WebSocket, say) is still being
+// torn down.
+const tunnelBusyBudget = 2 * time.Second
+
+func (c *FiberdClient) dialTunnel(ctx context.Context, _, addr string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	id, ok := strings.CutSuffix(host, tunnelHostSuffix)
+	c.tmu.Lock()
+	home, leased := c.leased[id]
+	no := c.noTunnel[home]
+	c.tmu.Unlock()
+	switch {
+	case !ok || !leased:
+		return nil, fmt.Errorf("tunnel to %q: not a fiber this router holds", host)
+	case no:
+		return nil, &NoTunnelError{Home: home}
+	}
+	cl, err := c.home(home)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(tunnelBusyBudget)
+	wait := time.Millisecond
+	for {
+		conn, err := cl.Tunnel(ctx, id)
+		var fe *client.Error
+		switch {
+		case err == nil:
+			return conn, nil
+		case errors.As(err, &fe) && (fe.Status == http.StatusMethodNotAllowed || fe.Status == http.StatusNotFound && fe.Reason != client.ReasonUnknownFiber):
+			// The mux answered, not the tunnel handler: this fiberd
+			// predates tunnels. Use the proxy path for its fibers.
+			c.tmu.Lock()
+			c.noTunnel[home] = true
+			c.tmu.Unlock()
+			return nil, &NoTunnelError{Home: home, Cause: err}
+		case client.IsFiberBusy(err) && time.Now().Add(wait).Before(deadline):
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			wait = min(2*wait, 50*time.Millisecond)
+		default:
+			return nil, err
+		}
+	}
 }

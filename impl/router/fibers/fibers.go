@@ -41,6 +41,35 @@ type Client interface {
 	PrepareProxy(out *http.Request, f Fiber)
 }
 
+// Tunnels is implemented by a Client that can carry a reuse-mode fiber's
+// requests over a byte tunnel through its Home (fiberd's
+// POST /v1/fibers/{id}/tunnel) instead of having fiberd parse and proxy each
+// one. The router still enforces one request at a time per fiber and each
+// request's timeout; fiberd holds the fiber for the tunnel's life.
+type Tunnels interface {
+	// PrepareTunnel turns out, an outbound copy of a client request whose
+	// URL path and query are already set, into a request for f's tunnel.
+	PrepareTunnel(out *http.Request, f Fiber)
+	// TunnelTransport carries requests prepared by PrepareTunnel. A Home
+	// without tunnel support fails the request with a *NoTunnelError before
+	// anything is sent, so the caller can use the proxy path instead.
+	TunnelTransport() http.RoundTripper
+}
+
+// NoTunnelError says a Home has no tunnel endpoint (a fiberd older than the
+// router); its fibers are reached through the proxy path.
+type NoTunnelError struct {
+	Home  string
+	Cause error
+}
+
+func (e *NoTunnelError) Error() string {
+	if e.Cause == nil {
+		return fmt.Sprintf("fiberd %s has no tunnel endpoint", e.Home)
+	}
+	return fmt.Sprintf("fiberd %s has no tunnel endpoint: %v", e.Home, e.Cause)
+}
+
 // CapacityError is fiberd's 429: the grant's maxFibers are all live.
 type CapacityError struct {
 	Home       string

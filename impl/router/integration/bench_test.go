@@ -81,7 +81,7 @@ func BenchmarkRouter(b *testing.B) {
 			req, _ := http.NewRequest(http.MethodGet, "http://"+fd.Endpoint+"/", nil)
 			client.SetFiberHeaders(req.Header, id, fd.Token)
 			return doDiscard(hc, req)
-		})
+		}, poolSettled(b, fd))
 		l.report(b, base)
 	})
 	for _, mode := range []string{"reuse", "fresh"} {
@@ -93,7 +93,7 @@ func BenchmarkRouter(b *testing.B) {
 				req.Header.Set(proxy.RevisionHeader, e.meta.Revision)
 				req.Header.Set(proxy.NamespaceHeader, e.meta.Namespace)
 				return doDiscard(hc, req)
-			})
+			}, poolSettled(b, e.fd))
 			l.report(b, base)
 			b.StopTimer()
 			e.assertNoLeasedFibersIfFresh(mode)
@@ -136,14 +136,27 @@ func (l latencies) report(b *testing.B, base latencies) {
 }
 
 // run issues b.N requests from conc workers and records each latency.
-func run(b *testing.B, conc int, do func() error) latencies {
+// settle, if given, runs after the warm-up requests, before timing starts.
+func run(b *testing.B, conc int, do func() error, settle ...func()) latencies {
 	b.Helper()
 	// Warm connections (and, for fresh mode, fiberd's pool) outside the
 	// measurement.
+	var wg0 sync.WaitGroup
 	for i := 0; i < conc; i++ {
-		if err := do(); err != nil {
-			b.Fatal(err)
-		}
+		wg0.Add(1)
+		go func() {
+			defer wg0.Done()
+			if err := do(); err != nil {
+				b.Error(err)
+			}
+		}()
+	}
+	wg0.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
+	for _, f := range settle {
+		f()
 	}
 	var next atomic.Int64
 	samples := make([]time.Duration, b.N)
@@ -176,6 +189,25 @@ func run(b *testing.B, conc int, do func() error) latencies {
 		b.Fatal(err)
 	}
 	return latencies{samples: samples, elapsed: elapsed}
+}
+
+// poolSettled waits until fiberd starts no fibers: the warm-up's leases
+// make it refill its warm pool, process starts that would otherwise land in
+// the first seconds of the measurement.
+func poolSettled(b *testing.B, fd *fiberdtest.Instance) func() {
+	return func() {
+		quiet := 0
+		for deadline := time.Now().Add(60 * time.Second); quiet < 5; time.Sleep(50 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				b.Fatal("fiberd's pool kept starting fibers for 60s")
+			}
+			if _, _, starting := fd.Server.Pool().Counts(); starting == 0 {
+				quiet++
+			} else {
+				quiet = 0
+			}
+		}
+	}
 }
 
 func benchClient() *http.Client {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -270,7 +271,7 @@ func hasHeader(h map[string][]string, name string) bool {
 }
 
 func fiberdOpts(mode string) fiberdtest.Options {
-	o := fiberdtest.Options{Mode: mode}
+	o := fiberdtest.Options{Mode: mode, UserSpaceTunnels: os.Getenv("LAMPYR_USER_SPACE_TUNNELS") != ""}
 	if mode == "reuse" {
 		o.IdleTimeout = 30 * time.Second
 	}
@@ -325,4 +326,30 @@ func (h *homeClients) Release(ctx context.Context, f fibers.Fiber) error {
 
 func (h *homeClients) PrepareProxy(out *http.Request, f fibers.Fiber) {
 	h.get(f.Home).PrepareProxy(out, f)
+}
+
+// homeClients carries tunnels too, so reuse-mode tests take the path a
+// cluster's router takes.
+func (h *homeClients) PrepareTunnel(out *http.Request, f fibers.Fiber) {
+	h.get(f.Home).(fibers.Tunnels).PrepareTunnel(out, f)
+}
+
+func (h *homeClients) TunnelTransport() http.RoundTripper { return homeTunnels{h} }
+
+type homeTunnels struct{ h *homeClients }
+
+func (t homeTunnels) RoundTrip(req *http.Request) (*http.Response, error) {
+	id, _ := fibers.TunnelFiberID(req)
+	t.h.mu.Lock()
+	var rt http.RoundTripper
+	for _, c := range t.h.byHome {
+		if fc := c.(*fibers.FiberdClient); fc.Holds(id) {
+			rt = fc.TunnelTransport()
+		}
+	}
+	t.h.mu.Unlock()
+	if rt == nil {
+		return nil, fmt.Errorf("no test Home holds fiber %q", id)
+	}
+	return rt.RoundTrip(req)
 }

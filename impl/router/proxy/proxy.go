@@ -41,12 +41,17 @@ type Config struct {
 	// DefaultMaxFibers applies when a Revision's maxFibers is 0; 0 leaves
 	// the cap to fiberd.
 	DefaultMaxFibers int
+	// FiberTunnels carries reuse-mode requests over a byte tunnel per fiber
+	// (fiberd's tunnel call) instead of through fiberd's HTTP proxy, when
+	// the client supports it. Homes without the call fall back by
+	// themselves.
+	FiberTunnels bool
 }
 
 // DefaultConfig matches Knative's defaults where one exists
 // (revision-timeout-seconds 300).
 func DefaultConfig() Config {
-	return Config{DefaultTimeout: 300 * time.Second, QueueTimeout: 10 * time.Second, MaxQueue: 1000}
+	return Config{DefaultTimeout: 300 * time.Second, QueueTimeout: 10 * time.Second, MaxQueue: 1000, FiberTunnels: true}
 }
 
 // Router is the http.Handler behind ports 80 and 81. It is also the
@@ -59,6 +64,9 @@ type Router struct {
 
 	http1 *httputil.ReverseProxy
 	h2c   *httputil.ReverseProxy
+	// tunnel serves reuse-mode HTTP/1.1 requests and upgrades over a
+	// tunnel per fiber; nil when tunnels are off or unsupported.
+	tunnel *httputil.ReverseProxy
 
 	mu     sync.RWMutex
 	routes map[revision.Key]*route
@@ -93,9 +101,35 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 		routes:   map[revision.Key]*route{},
 		hardStop: ctx, stopAll: cancel,
 	}
-	r.http1 = r.newReverseProxy(busyRetry{newHTTP1Transport()})
-	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()})
+	h1 := busyRetry{newHTTP1Transport()}
+	r.http1 = r.newReverseProxy(h1, client.PrepareProxy)
+	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()}, client.PrepareProxy)
+	if tc, ok := client.(fibers.Tunnels); ok && cfg.FiberTunnels {
+		r.tunnel = r.newReverseProxy(tunnelTransport{tunnels: tc, client: client, fallback: h1}, tc.PrepareTunnel)
+	}
 	return r
+}
+
+// tunnelTransport sends a request over its fiber's tunnel; when the Home
+// turns out to have no tunnel call (an older fiberd during an upgrade) it
+// sends it through the proxy path instead. Nothing was sent then, so the
+// request is whole.
+type tunnelTransport struct {
+	tunnels  fibers.Tunnels
+	client   fibers.Client
+	fallback http.RoundTripper
+}
+
+func (t tunnelTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.tunnels.TunnelTransport().RoundTrip(req)
+	var nt *fibers.NoTunnelError
+	if err == nil || !errors.As(err, &nt) {
+		return resp, err
+	}
+	lease := req.Context().Value(leaseKey{}).(*pool.Lease)
+	out := req.Clone(req.Context())
+	t.client.PrepareProxy(out, lease.Fiber)
+	return t.fallback.RoundTrip(out)
 }
 
 func newHTTP1Transport() *http.Transport {
@@ -121,12 +155,12 @@ func newH2CTransport() *http.Transport {
 
 type leaseKey struct{}
 
-func (r *Router) newReverseProxy(t http.RoundTripper) *httputil.ReverseProxy {
+func (r *Router) newReverseProxy(t http.RoundTripper, prepare func(*http.Request, fibers.Fiber)) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Transport: t,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			lease := pr.In.Context().Value(leaseKey{}).(*pool.Lease)
-			r.client.PrepareProxy(pr.Out, lease.Fiber)
+			prepare(pr.Out, lease.Fiber)
 			pr.Out.Host = pr.In.Host // the handler sees the Host the client used
 			setForwarded(pr)
 		},
@@ -308,8 +342,11 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	defer func() { lease.Done(clean) }()
 
 	rp := r.http1
-	if rt.meta.Protocol == routermeta.ProtocolH2C && !isUpgrade(req) {
+	switch {
+	case rt.meta.Protocol == routermeta.ProtocolH2C && !isUpgrade(req):
 		rp = r.h2c
+	case r.tunnel != nil && rt.meta.Mode == "reuse":
+		rp = r.tunnel
 	}
 	outCtx := context.WithValue(ctx, leaseKey{}, lease)
 	pe := &proxyErr{client: req.Context()}
