@@ -30,11 +30,10 @@ type FiberdClient struct {
 	// Tunnels (reuse mode): the Home of every fiber this client leased, so
 	// a tunnel dial finds it from the request's host alone, and the Homes
 	// that turned out to have no tunnel endpoint (an older fiberd).
-	tmu        sync.Mutex
-	leased     map[string]string
-	noTunnel   map[string]bool
-	tunnelOnce sync.Once
-	tunnelRT   *http.Transport
+	tmu      sync.Mutex
+	leased   map[string]string
+	noTunnel map[string]bool
+	tunnelRT *tunnelTransport
 }
 
 // NewFiberdClient returns a Client for every Home, authenticating with token.
@@ -47,10 +46,12 @@ func NewFiberdClient(token func() string) *FiberdClient {
 		MaxIdleConnsPerHost: 256,
 		IdleConnTimeout:     90 * time.Second,
 	}
-	return &FiberdClient{
+	c := &FiberdClient{
 		token: token, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, clients: map[string]*client.Client{},
 		leased: map[string]string{}, noTunnel: map[string]bool{},
 	}
+	c.tunnelRT = newTunnelTransport(c.dialTunnel)
+	return c
 }
 
 func (c *FiberdClient) home(home string) (*client.Client, error) {
@@ -113,6 +114,7 @@ func (c *FiberdClient) Release(ctx context.Context, f Fiber) error {
 	c.tmu.Lock()
 	delete(c.leased, f.ID)
 	c.tmu.Unlock()
+	c.tunnelRT.drop(f.ID)
 	cl, err := c.home(f.Home)
 	if err != nil {
 		return err
@@ -155,23 +157,8 @@ func (c *FiberdClient) PrepareTunnel(out *http.Request, f Fiber) {
 	// No fiber headers: nobody between the router and the handler reads them.
 }
 
-// TunnelTransport implements Tunnels: one connection per fiber (a fiber
-// serves one request at a time, so a second connection could only wait),
-// opened with fiberd's tunnel call, kept between requests.
+// TunnelTransport implements Tunnels (tunnel.go).
 func (c *FiberdClient) TunnelTransport() http.RoundTripper {
-	c.tunnelOnce.Do(func() {
-		c.tunnelRT = &http.Transport{
-			Proxy:               nil,
-			DialContext:         c.dialTunnel,
-			MaxConnsPerHost:     1,
-			MaxIdleConnsPerHost: 1,
-			MaxIdleConns:        4096,
-			// The router releases an idle fiber (and with it the tunnel)
-			// before this; it only bounds a connection nobody released.
-			IdleConnTimeout:    90 * time.Second,
-			DisableCompression: true,
-		}
-	})
 	return c.tunnelRT
 }
 
@@ -180,19 +167,14 @@ func (c *FiberdClient) TunnelTransport() http.RoundTripper {
 // torn down.
 const tunnelBusyBudget = 2 * time.Second
 
-func (c *FiberdClient) dialTunnel(ctx context.Context, _, addr string) (net.Conn, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	id, ok := strings.CutSuffix(host, tunnelHostSuffix)
+func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, error) {
 	c.tmu.Lock()
 	home, leased := c.leased[id]
 	no := c.noTunnel[home]
 	c.tmu.Unlock()
 	switch {
-	case !ok || !leased:
-		return nil, fmt.Errorf("tunnel to %q: not a fiber this router holds", host)
+	case !leased:
+		return nil, fmt.Errorf("tunnel to fiber %q: not a fiber this router holds", id)
 	case no:
 		return nil, &NoTunnelError{Home: home}
 	}
