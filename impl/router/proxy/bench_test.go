@@ -28,7 +28,7 @@ import (
 //
 //	handler      client -> handler (httptest server)
 //	fiberd       client -> fake fiberd -> handler, fiber leased once
-//	router-reuse client -> router -> fake fiberd -> handler
+//	router-reuse client -> router -> tunnel through fake fiberd -> handler
 //	router-fresh client -> router -> acquire + proxy + release per request
 //
 // router_p50_ms / router_p99_ms are the router cases minus "fiberd": the
@@ -96,6 +96,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		b.Run("router-"+mode, func(b *testing.B) {
 			fd := fakefiberd.Start("tok", hello)
 			defer fd.Close()
+			fd.Tunnels.Store(true) // reuse goes through a tunnel per fiber
 			rt := proxy.New(proxy.DefaultConfig(), fibers.NewFiberdClient(func() string { return "tok" }), metrics.New(), nil)
 			revision.NewTable(rt).Upsert(routermeta.Metadata{
 				Revision: "bench-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(),

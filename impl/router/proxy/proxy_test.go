@@ -11,6 +11,7 @@ import (
 
 	"knative.dev/networking/pkg/http/header"
 
+	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
@@ -286,5 +287,44 @@ func TestDrainCutsWhatOutlivesIt(t *testing.T) {
 	}
 	if f.fd.Live() != 0 {
 		t.Fatalf("%d fibers left after drain", f.fd.Live())
+	}
+}
+
+// Reuse mode goes through a tunnel per fiber: what reaches the handler has
+// the forwarding headers and the client's Authorization, and no fiberd
+// headers at all (nobody between router and handler reads them). A fiberd
+// without the tunnel call is served through its proxy.
+func TestReuseTunnelAndFallback(t *testing.T) {
+	for _, tunnels := range []bool{true, false} {
+		t.Run(map[bool]string{true: "tunnel", false: "older-fiberd"}[tunnels], func(t *testing.T) {
+			f := newFixture(t, http.HandlerFunc(ok), func(m *routermeta.Metadata) { m.Mode = "reuse"; m.IdleTimeoutSeconds = 30 })
+			f.fd.Tunnels.Store(tunnels)
+			for i := 0; i < 3; i++ {
+				resp, body := f.get(t, "/", map[string]string{"X-Forwarded-For": "203.0.113.7", "Authorization": "Bearer user"})
+				if resp.StatusCode != 200 || body != "ok" {
+					t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+				}
+			}
+			h := f.fd.LastProxied()
+			if h.Get("Authorization") != "Bearer user" || h.Get("X-Forwarded-For") != "203.0.113.7, 127.0.0.1" || h.Get("Forwarded") == "" {
+				t.Errorf("headers at the handler: %v", h)
+			}
+			for _, k := range []string{proxy.RevisionHeader, proxy.NamespaceHeader} {
+				if v := h.Values(k); len(v) != 0 {
+					t.Errorf("%s reached the handler: %v", k, v)
+				}
+			}
+			fiberHeaders := h.Get(client.FiberHeader) != "" || h.Get(client.ProxyAuthHeader) != ""
+			if tunnels {
+				if fiberHeaders {
+					t.Errorf("fiberd headers sent through a tunnel: %v", h)
+				}
+				if n := f.fd.TunnelsOpened(); n != 1 {
+					t.Errorf("%d tunnels for three requests to one reused fiber, want 1", n)
+				}
+			} else if !fiberHeaders || f.fd.TunnelsOpened() != 0 {
+				t.Errorf("fallback did not use fiberd's proxy: headers %v", h)
+			}
+		})
 	}
 }

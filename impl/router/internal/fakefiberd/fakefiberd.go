@@ -9,6 +9,7 @@ package fakefiberd
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -30,6 +31,9 @@ type Server struct {
 	MaxFibers atomic.Int64
 	// Unavailable makes acquire answer 503 NoValidGrant.
 	Unavailable atomic.Bool
+	// Tunnels serves fiberd's tunnel call (off: answers 404 as a fiberd
+	// that predates it does).
+	Tunnels atomic.Bool
 
 	mu     sync.Mutex
 	fibers map[string]*fiber
@@ -39,6 +43,7 @@ type Server struct {
 	lastProxied http.Header
 	acquired    atomic.Int64
 	released    atomic.Int64
+	tunnels     atomic.Int64
 }
 
 type fiber struct {
@@ -104,6 +109,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		s.released.Add(1)
 		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/tunnel") && s.Tunnels.Load():
+		s.tunnel(w, r, strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, client.FibersPath+"/"), "/tunnel"))
 	case r.Method == http.MethodGet && r.URL.Path == client.FibersPath:
 		s.mu.Lock()
 		l := client.FiberList{Fibers: []client.Fiber{}}
@@ -152,6 +159,77 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 	r.Header.Del(client.ProxyAuthHeader)
 	s.Handler.ServeHTTP(w, r)
 }
+
+// tunnel serves the handler over the hijacked connection, one request at a
+// time, holding the fiber busy until the connection closes.
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, id string) {
+	s.mu.Lock()
+	f, ok := s.fibers[id]
+	switch {
+	case !ok:
+		s.mu.Unlock()
+		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
+		return
+	case f.busy:
+		s.mu.Unlock()
+		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, id)
+		return
+	}
+	f.busy = true
+	s.mu.Unlock()
+	free := func() {
+		s.mu.Lock()
+		f.busy = false
+		s.mu.Unlock()
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		free()
+		return
+	}
+	s.tunnels.Add(1)
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n")
+	brw.Flush()
+	l := &oneConn{c: conn, done: make(chan struct{})}
+	var endOnce sync.Once
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s.mu.Lock()
+			s.lastProxied = r.Header.Clone()
+			s.mu.Unlock()
+			s.Handler.ServeHTTP(w, r)
+		}),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				endOnce.Do(func() { free(); close(l.done) })
+			}
+		},
+	}
+	go srv.Serve(l)
+}
+
+// oneConn is a listener that yields one connection.
+type oneConn struct {
+	c    net.Conn
+	once sync.Once
+	done chan struct{}
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	var c net.Conn
+	l.once.Do(func() { c = l.c })
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConn) Close() error   { return nil }
+func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// TunnelsOpened is how many tunnels were opened.
+func (s *Server) TunnelsOpened() int64 { return s.tunnels.Load() }
 
 // LastProxied returns the headers of the last proxied request as they
 // reached fiberd.
