@@ -222,6 +222,65 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		Expect(body).To(ContainSubstring(`"K_REVISION": "valid-00001"`))
 	})
 
+	It("serves a reuse-mode Service from live fibers kept between requests, over fiberd tunnels", func(ctx SpecContext) {
+		p := *project
+		p.Name = "reuse"
+		p.Execution = ly.Execution{Mode: "reuse", IdleTimeout: "60s", IdleAction: "release"}
+		tmpl, err := ly.SealTemplate(ctx, inst, "reuse-00001", snap, built.Config, p.Policy())
+		Expect(err).NotTo(HaveOccurred())
+		apply(ctx, ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true}))
+		_, err = c.WaitReady(ctx, e2eutil.KServices, ns, "reuse", 4*time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		state := func() (string, int, error) {
+			code, body, _, err := e2eutil.Get(ctx, gateway, host("reuse"), "/state")
+			if err == nil && code != 200 {
+				err = fmt.Errorf("status %d: %s", code, body)
+			}
+			if err != nil {
+				return "", 0, err
+			}
+			var proc string
+			var n int
+			if _, err := fmt.Sscan(body, &proc, &n); err != nil {
+				return "", 0, fmt.Errorf("/state answered %q: %w", body, err)
+			}
+			return proc, n, nil
+		}
+		Eventually(func() error { _, _, err := state(); return err }).WithTimeout(time.Minute).WithPolling(time.Second).Should(Succeed())
+		// Every fiber-router replica leases its own fiber; each fiber's
+		// process must count on from request to request.
+		last := map[string]int{}
+		for i := 0; i < 30; i++ {
+			proc, n, err := state()
+			Expect(err).NotTo(HaveOccurred(), "request %d", i)
+			if prev, ok := last[proc]; ok {
+				Expect(n).To(BeNumerically(">", prev), "process %s answered request %d after %d", proc, n, prev)
+			}
+			last[proc] = n
+		}
+		d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(len(last)).To(BeNumerically("<=", int(*d.Spec.Replicas)), "31 sequential requests ran in %d fiber processes: %v", len(last), last)
+		fmt.Fprintf(GinkgoWriter, "31 requests, fiber processes and their last request numbers: %v\n", last)
+		// fiberd says how it carried them: tunnels, joined in the kernel
+		// where BPF sockmaps are allowed.
+		pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=reuse-00001"})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(pods.Items).NotTo(BeEmpty())
+		var splice []string
+		for _, pod := range pods.Items {
+			logs, err := c.Kube.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "fiberd"}).DoRaw(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			for _, line := range strings.Split(string(logs), "\n") {
+				if strings.Contains(line, "tunnels are spliced in the kernel") || strings.Contains(line, "tunnels copy bytes in user space") {
+					splice = append(splice, pod.Name+": "+line)
+				}
+			}
+		}
+		Expect(splice).NotTo(BeEmpty(), "fiberd logs no tunnel: reuse-mode requests did not take the tunnel path")
+		fmt.Fprintf(GinkgoWriter, "fiberd: %s\n", strings.Join(splice, "; "))
+	})
+
 	type invalid struct {
 		name, reason, field string
 		mutate              func(p *ly.Project, tspec, ann map[string]any)

@@ -118,6 +118,7 @@ func (s *Server) kernelSplicer() *sockmap.Splicer {
 			return
 		}
 		s.splicer = sp
+		s.cfg.Logf("tunnels are spliced in the kernel (BPF sockmap): their bytes do not pass through fiberd")
 	})
 	return s.splicer
 }
