@@ -26,12 +26,14 @@ import (
 //	             request at a time as a fiber does (the floor for
 //	             containerConcurrency 1, before any proxy hop)
 //	fiberd       client -> fiberd -> a fiber leased once (no router)
-//	router-reuse client -> fiber-router -> fiberd -> a reused fiber
+//	router-reuse client -> fiber-router -> tunnel through fiberd -> a reused
+//	             fiber (fiberd joins the tunnel in the kernel;
+//	             LAMPYR_USER_SPACE_TUNNELS=1 makes it copy instead)
 //	router-fresh client -> fiber-router -> acquire, proxy, release per request
 //
-// added_p50_ms / added_p99_ms are each case's latency minus direct's; the
-// router's own cost is router-reuse minus fiberd. Concurrency is
-// BENCH_CONCURRENCY (default 4).
+// added_p50_ms / added_p99_ms are each case's latency minus direct's.
+// Concurrency is BENCH_CONCURRENCY (default 4). Figures and their reading:
+// docs/performance.md.
 //
 //	go test ./impl/router/integration -run '^$' -bench Router -benchtime 3s
 func BenchmarkRouter(b *testing.B) {
