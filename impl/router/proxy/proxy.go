@@ -102,8 +102,11 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 		hardStop: ctx, stopAll: cancel,
 	}
 	h1 := busyRetry{newHTTP1Transport()}
-	r.http1 = r.newReverseProxy(h1, client.PrepareProxy)
-	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()}, client.PrepareProxy)
+	// A closure, not the method value: a Router without a client (tests of
+	// the probe path) must still construct.
+	viaFiberd := func(out *http.Request, f fibers.Fiber) { r.client.PrepareProxy(out, f) }
+	r.http1 = r.newReverseProxy(h1, viaFiberd)
+	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()}, viaFiberd)
 	if tc, ok := client.(fibers.Tunnels); ok && cfg.FiberTunnels {
 		r.tunnel = r.newReverseProxy(tunnelTransport{tunnels: tc, client: client, fallback: h1}, tc.PrepareTunnel)
 	}
