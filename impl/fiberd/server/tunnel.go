@@ -16,7 +16,8 @@ import (
 
 // tunnel serves POST /v1/fibers/{id}/tunnel (docs/contracts.md §4): after
 // "101 Switching Protocols" the router's connection is joined to the
-// fiber's port and fiberd copies bytes both ways without parsing them.
+// fiber's port, in the kernel (package sockmap) where allowed, otherwise by
+// copying; either way nothing is parsed.
 //
 // What fiberd still enforces on a tunneled fiber: who (the router token),
 // exclusivity (the fiber is busy for every other request and tunnel while
