@@ -22,7 +22,8 @@ import (
 // What fiberd still enforces on a tunneled fiber: who (the router token),
 // exclusivity (the fiber is busy for every other request and tunnel while
 // the tunnel is open), the fiber's life (the tunnel ends when the fiber
-// does) and a silence bound (max of idleTimeoutSeconds and
+// does), the grant (it ends when the grant no longer covers the Revision)
+// and a silence bound (max of idleTimeoutSeconds and
 // maxRequestSeconds without a byte either way ends it, so a router that
 // holds a tunnel and sends nothing cannot keep a fiber from idle release).
 // What it leaves to the router, which parses the requests anyway: one
@@ -100,7 +101,14 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 			return d
 		}
 	}
-	why := splice(rc, brw.Reader, fc, f.Done(), silence, kernelIdle)
+	// A proxied request checks the grant when it starts; a tunnel carries
+	// many, so it ends as soon as the grant it was opened under no longer
+	// covers this Revision (expired, replaced, unreadable).
+	covered := func() bool {
+		cur, _, _, _, _ := s.current()
+		return cur == l
+	}
+	why := splice(rc, brw.Reader, fc, f.Done(), silence, kernelIdle, covered)
 	if why != "" {
 		s.cfg.Logf("tunnel to fiber %s closed: %s", id, why)
 	}
@@ -124,6 +132,9 @@ func (s *Server) kernelSplicer() *sockmap.Splicer {
 	return s.splicer
 }
 
+// grantCheck is how often an open tunnel re-checks the grant.
+const grantCheck = time.Second
+
 // maxSplicedTunnels bounds tunnels joined in the kernel at once; more are
 // copied in user space.
 const maxSplicedTunnels = 4096
@@ -132,9 +143,10 @@ const maxSplicedTunnels = 4096
 // or nothing moved for silence (0: no bound). Bytes that reach fiberd are
 // copied; with kernelIdle set the sockets are joined in the kernel, reads
 // here only see the ends, and kernelIdle says how long since the kernel
-// last moved a byte. It returns why it ended when fiberd ended it, "" when
-// a side closed.
-func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration) string {
+// last moved a byte. covered is polled every grantCheck; the tunnel ends
+// when it turns false. It returns why it ended when fiberd ended it, ""
+// when a side closed.
+func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration, covered func() bool) string {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
 	done := make(chan struct{}, 2)
@@ -166,8 +178,18 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 		defer timer.Stop()
 		tick = timer.C
 	}
+	grant := time.NewTicker(grantCheck)
+	defer grant.Stop()
 	for {
 		select {
+		case <-grant.C:
+			if covered() {
+				continue
+			}
+			closeBoth()
+			<-done
+			<-done
+			return "the grant no longer covers this Revision"
 		case <-done:
 			// One side closed: the other has nothing more to say.
 			closeBoth()

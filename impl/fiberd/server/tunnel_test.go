@@ -244,6 +244,35 @@ func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 		t.Fatalf("silent tunnel closed after %s, before the 2s silence bound", d)
 	}
 	waitFor(t, "the idle fiber to be released", 10*time.Second, func() bool { return fiberState(t, c, g.ID) == "gone" })
+
+	// A tunnel ends when the grant stops covering the Revision, as new
+	// proxied requests are then refused.
+	h, err := c.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err = c.Tunnel(ctx, h.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc = tunnelClient(conn)
+	tunnelGet(t, hc, "/")
+	inst.WriteRawGrant(t, []byte("not a grant"))
+	// Busy enough that the silence bound never applies.
+	start = time.Now()
+	for {
+		resp, err := hc.Get("http://app.example.com/")
+		if err != nil {
+			break
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if time.Since(start) > 8*time.Second {
+			t.Fatal("a busy tunnel still serves 8s after the grant became invalid")
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
 }
 
 func TestTunnelRefusals(t *testing.T) {

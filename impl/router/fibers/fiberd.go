@@ -32,7 +32,7 @@ type FiberdClient struct {
 	// that turned out to have no tunnel endpoint (an older fiberd).
 	tmu      sync.Mutex
 	leased   map[string]string
-	noTunnel map[string]bool
+	noTunnel map[string]time.Time // Home -> until when not to ask again
 	tunnelRT *tunnelTransport
 }
 
@@ -48,7 +48,7 @@ func NewFiberdClient(token func() string) *FiberdClient {
 	}
 	c := &FiberdClient{
 		token: token, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, clients: map[string]*client.Client{},
-		leased: map[string]string{}, noTunnel: map[string]bool{},
+		leased: map[string]string{}, noTunnel: map[string]time.Time{},
 	}
 	c.tunnelRT = newTunnelTransport(c.dialTunnel)
 	return c
@@ -162,6 +162,10 @@ func (c *FiberdClient) TunnelTransport() http.RoundTripper {
 	return c.tunnelRT
 }
 
+// noTunnelRetry is how long a Home without the tunnel call is served
+// through its proxy before the router tries a tunnel again.
+const noTunnelRetry = 5 * time.Minute
+
 // tunnelBusyBudget is how long a tunnel dial retries fiberd's FiberBusy: the
 // previous connection to the fiber (after a WebSocket, say) is still being
 // torn down.
@@ -170,7 +174,7 @@ const tunnelBusyBudget = 2 * time.Second
 func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, error) {
 	c.tmu.Lock()
 	home, leased := c.leased[id]
-	no := c.noTunnel[home]
+	no := time.Now().Before(c.noTunnel[home])
 	c.tmu.Unlock()
 	switch {
 	case !leased:
@@ -192,9 +196,10 @@ func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, err
 			return conn, nil
 		case errors.As(err, &fe) && (fe.Status == http.StatusMethodNotAllowed || fe.Status == http.StatusNotFound && fe.Reason != client.ReasonUnknownFiber):
 			// The mux answered, not the tunnel handler: this fiberd
-			// predates tunnels. Use the proxy path for its fibers.
+			// predates tunnels. Use the proxy path for its fibers, and ask
+			// again later (the Home may be upgraded in place).
 			c.tmu.Lock()
-			c.noTunnel[home] = true
+			c.noTunnel[home] = time.Now().Add(noTunnelRetry)
 			c.tmu.Unlock()
 			return nil, &NoTunnelError{Home: home, Cause: err}
 		case client.IsFiberBusy(err) && time.Now().Add(wait).Before(deadline):
