@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -457,6 +458,37 @@ func (g *guardedLog) close() {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
+}
+
+// Metric sums the samples on fiberd's /metrics whose series (name and
+// labels as exposed, e.g. `fiberd_tunnels_total{splice="kernel"}`) starts
+// with prefix; 0 when none does.
+func (i *Instance) Metric(t testing.TB, prefix string) float64 {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+i.Endpoint+client.MetricsPath, nil)
+	req.Header.Set("Authorization", "Bearer "+i.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("fiberd /metrics: %d %v", resp.StatusCode, err)
+	}
+	var n float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err != nil {
+			t.Fatalf("metric line %q: %v", line, err)
+		}
+		n += v
+	}
+	return n
 }
 
 // HostListener listens on a loopback port of the test's own network

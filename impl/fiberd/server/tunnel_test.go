@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,36 +85,14 @@ func bothSplices(t *testing.T, opts fiberdtest.Options, test func(t *testing.T, 
 	}
 }
 
-// tunnelsOpened reads fiberd_tunnels_total{splice=path} from /metrics.
+// tunnelsOpened reads fiberd_tunnels_total{splice=path}.
 func tunnelsOpened(t *testing.T, inst *fiberdtest.Instance, path string) float64 {
+	return inst.Metric(t, `fiberd_tunnels_total{splice="`+path+`"}`)
+}
+
+// leaseTunnel acquires a fiber and opens a tunnel to it.
+func leaseTunnel(t *testing.T, c *client.Client) (client.Fiber, net.Conn) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+inst.Endpoint+client.MetricsPath, nil)
-	req.Header.Set("Authorization", "Bearer "+inst.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	prefix := `fiberd_tunnels_total{splice="` + path + `"} `
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, prefix); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("metric line %q: %v", line, err)
-			}
-			return n
-		}
-	}
-	return 0
-}
-
-func TestTunnelCarriesRequestsAndHoldsTheFiber(t *testing.T) {
-	bothSplices(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 30 * time.Second}, testTunnelCarriesRequests)
-}
-
-func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
-	c := inst.Client
 	ctx := context.Background()
 	f, err := c.Acquire(ctx)
 	if err != nil {
@@ -125,6 +102,17 @@ func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, conn
+}
+
+func TestTunnelCarriesRequestsAndHoldsTheFiber(t *testing.T) {
+	bothSplices(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: 30 * time.Second}, testTunnelCarriesRequests)
+}
+
+func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
+	c := inst.Client
+	ctx := context.Background()
+	f, conn := leaseTunnel(t, c)
 	hc := tunnelClient(conn)
 	for i := int64(1); i <= 3; i++ {
 		h := tunnelGet(t, hc, "/")
@@ -156,7 +144,7 @@ func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
 		t.Fatalf("proxied request after the tunnel closed: %d %s, want the handler's 4th request", resp.StatusCode, body)
 	}
 	// A streamed (chunked) response passes as bytes too.
-	conn, err = c.Tunnel(ctx, f.ID)
+	conn, err := c.Tunnel(ctx, f.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,14 +171,7 @@ func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 	ctx := context.Background()
 
 	// Released while tunneled: the tunnel closes, the fiber is gone.
-	f, err := c.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := c.Tunnel(ctx, f.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, conn := leaseTunnel(t, c)
 	if err := c.Release(ctx, f.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -205,14 +186,7 @@ func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 
 	// A tunnel in use outlives the silence bound: fiberd sees its traffic
 	// even when the kernel carries every byte.
-	a, err := c.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err = c.Tunnel(ctx, a.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, conn = leaseTunnel(t, c)
 	hc := tunnelClient(conn)
 	for i := int64(1); i <= 8; i++ {
 		if h := tunnelGet(t, hc, "/"); h.Served != i {
@@ -224,18 +198,11 @@ func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 
 	// A tunnel nobody uses is closed after the silence bound, and the
 	// fiber is then released as idle like any other.
-	g, err := c.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err = c.Tunnel(ctx, g.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, conn := leaseTunnel(t, c)
 	defer conn.Close()
 	start := time.Now()
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, err = conn.Read(make([]byte, 1))
+	_, err := conn.Read(make([]byte, 1))
 	d := time.Since(start)
 	if err == nil || isTimeout(err) {
 		t.Fatalf("silent tunnel not closed by fiberd within 10s: %v", err)
@@ -247,14 +214,7 @@ func testTunnelEnds(t *testing.T, inst *fiberdtest.Instance) {
 
 	// A tunnel ends when the grant stops covering the Revision, as new
 	// proxied requests are then refused.
-	h, err := c.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err = c.Tunnel(ctx, h.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, conn = leaseTunnel(t, c)
 	defer conn.Close()
 	hc = tunnelClient(conn)
 	tunnelGet(t, hc, "/")

@@ -146,11 +146,19 @@ func (e *env) request(ctx context.Context, method, path string, body io.Reader) 
 		e.t.Fatal(err)
 	}
 	req.Host = "hello.default.example.com"
-	req.Header.Set(proxy.RevisionHeader, e.meta.Revision)
-	req.Header.Set(proxy.NamespaceHeader, e.meta.Namespace)
+	req.Header = e.selection()
 	req.Header.Set("X-Forwarded-For", "203.0.113.7")
 	req.Header.Set("X-Forwarded-Proto", "https")
 	return req
+}
+
+// selection is the pair of headers a Knative gateway adds to select the
+// Revision.
+func (e *env) selection() http.Header {
+	h := http.Header{}
+	h.Set(proxy.RevisionHeader, e.meta.Revision)
+	h.Set(proxy.NamespaceHeader, e.meta.Namespace)
+	return h
 }
 
 func (e *env) do(req *http.Request) (*http.Response, []byte) {

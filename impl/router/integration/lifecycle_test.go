@@ -19,10 +19,7 @@ import (
 
 func TestWebSocketEchoBothWays(t *testing.T) {
 	e := startEnv(t, envOptions{})
-	h := http.Header{}
-	h.Set(proxy.RevisionHeader, e.meta.Revision)
-	h.Set(proxy.NamespaceHeader, e.meta.Namespace)
-	c, resp, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", h)
+	c, resp, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", e.selection())
 	if err != nil {
 		t.Fatalf("dial: %v (response %+v)", err, resp)
 	}
@@ -113,10 +110,7 @@ func TestTimeoutEndsRequestAtTheLimit(t *testing.T) {
 
 func TestWebSocketTimeout(t *testing.T) {
 	e := startEnv(t, envOptions{meta: func(m *routermeta.Metadata) { m.TimeoutSeconds = 1 }})
-	h := http.Header{}
-	h.Set(proxy.RevisionHeader, e.meta.Revision)
-	h.Set(proxy.NamespaceHeader, e.meta.Namespace)
-	c, _, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", h)
+	c, _, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", e.selection())
 	if err != nil {
 		t.Fatal(err)
 	}

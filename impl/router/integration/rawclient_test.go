@@ -11,7 +11,6 @@ import (
 	"net/textproto"
 	"os"
 
-	"lampyr.dev/serving/impl/router/proxy"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,10 +119,8 @@ func BenchmarkRouterRaw(b *testing.B) {
 		e := startEnv(b, envOptions{fiberd: fiberdOpts("reuse")})
 		host := strings.TrimPrefix(e.url(""), "http://")
 		rc := newRawClient(b, host, conc)
-		h := http.Header{}
-		h.Set(proxy.RevisionHeader, e.meta.Revision)
-		h.Set(proxy.NamespaceHeader, e.meta.Namespace)
-		l := run(b, conc, func() error { return rc.do(rawRequest(host, "/", h)) }, poolSettled(b, e.fd))
+		req := rawRequest(host, "/", e.selection())
+		l := run(b, conc, func() error { return rc.do(req) }, poolSettled(b, e.fd))
 		l.report(b, base)
 	})
 }

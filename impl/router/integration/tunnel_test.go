@@ -13,7 +13,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/routermeta"
 )
 
@@ -22,29 +21,7 @@ import (
 // for the proxy path.
 
 // tunnels reads fiberd_tunnels_total (both splice paths) from fiberd.
-func (e *env) tunnels() float64 {
-	e.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+e.fd.Endpoint+client.MetricsPath, nil)
-	req.Header.Set("Authorization", "Bearer "+e.fd.Token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var n float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "fiberd_tunnels_total{") {
-			f := strings.Fields(line)
-			v, err := strconv.ParseFloat(f[len(f)-1], 64)
-			if err != nil {
-				e.t.Fatalf("metric line %q: %v", line, err)
-			}
-			n += v
-		}
-	}
-	return n
-}
+func (e *env) tunnels() float64 { return e.fd.Metric(e.t, "fiberd_tunnels_total{") }
 
 func TestReuseTunnelCarriesBodiesBothWays(t *testing.T) {
 	e := startEnv(t, envOptions{fiberd: fiberdOpts("reuse")})
@@ -128,10 +105,7 @@ func TestReuseTunnelWebSocketThenRequests(t *testing.T) {
 	e := startEnv(t, envOptions{fiberd: fiberdOpts("reuse")})
 	_, b := e.do(e.request(context.Background(), http.MethodGet, "/", nil))
 	pid := decodeSeen(t, b).PID
-	h := http.Header{}
-	h.Set(proxy.RevisionHeader, e.meta.Revision)
-	h.Set(proxy.NamespaceHeader, e.meta.Namespace)
-	c, resp, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", h)
+	c, resp, err := websocket.DefaultDialer.Dial("ws://"+e.srv.HTTPAddr()+"/ws", e.selection())
 	if err != nil {
 		t.Fatalf("dial: %v (response %+v)", err, resp)
 	}

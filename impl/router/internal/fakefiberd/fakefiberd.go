@@ -135,52 +135,50 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "bad proxy token")
 		return
 	}
-	s.mu.Lock()
-	f, ok := s.fibers[id]
-	switch {
-	case !ok:
-		s.mu.Unlock()
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
-		return
-	case f.busy:
-		s.mu.Unlock()
-		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, id)
+	free, ok := s.claim(w, id)
+	if !ok {
 		return
 	}
-	f.busy = true
+	defer free()
+	s.mu.Lock()
 	s.lastProxied = r.Header.Clone()
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		f.busy = false
-		s.mu.Unlock()
-	}()
 	r.Header.Del(client.FiberHeader)
 	r.Header.Del(client.ProxyAuthHeader)
 	s.Handler.ServeHTTP(w, r)
 }
 
-// tunnel serves the handler over the hijacked connection, one request at a
-// time, holding the fiber busy until the connection closes.
-func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, id string) {
+// claim marks fiber id busy (one request or tunnel at a time) and returns
+// the func that frees it; it answers 404 or 409 itself when it cannot.
+func (s *Server) claim(w http.ResponseWriter, id string) (func(), bool) {
 	s.mu.Lock()
 	f, ok := s.fibers[id]
+	busy := ok && f.busy
+	if ok && !busy {
+		f.busy = true
+	}
+	s.mu.Unlock()
 	switch {
 	case !ok:
-		s.mu.Unlock()
 		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
-		return
-	case f.busy:
-		s.mu.Unlock()
+		return nil, false
+	case busy:
 		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, id)
-		return
+		return nil, false
 	}
-	f.busy = true
-	s.mu.Unlock()
-	free := func() {
+	return func() {
 		s.mu.Lock()
 		f.busy = false
 		s.mu.Unlock()
+	}, true
+}
+
+// tunnel serves the handler over the hijacked connection, one request at a
+// time, holding the fiber busy until the connection closes.
+func (s *Server) tunnel(w http.ResponseWriter, r *http.Request, id string) {
+	free, ok := s.claim(w, id)
+	if !ok {
+		return
 	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
