@@ -3,7 +3,9 @@ package ly
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +37,8 @@ type DeployOptions struct {
 	Namespace   string
 	Traffic     []TrafficTarget
 	Timeout     time.Duration
+	// Sealer is this ly's identity, which signs the template (LoadSealer).
+	Sealer *Sealer
 	// Remote options for the registry (tests; mirrors).
 	Remote []remote.Option
 	// Poll is the status polling interval (default 1s).
@@ -50,7 +54,9 @@ type DeployResult struct {
 	Visibility string `json:"visibility"`
 	Snapshot   string `json:"snapshot"`
 	Template   string `json:"template"`
-	Pushed     bool   `json:"pushed"`
+	// SealerKeyID is the identity that signed the template.
+	SealerKeyID string `json:"sealerKeyID"`
+	Pushed      bool   `json:"pushed"`
 }
 
 // NextRevisionName is the name Knative's Configuration reconciler will give
@@ -69,15 +75,17 @@ func NextRevisionName(ctx context.Context, c *Cluster, ns, service string) (stri
 	return kmeta.ChildName(service, fmt.Sprintf("-%05d", gen)), nil
 }
 
-// SealTemplate seals the fiberd template of revision for a snapshot to the
-// installation's fleet key and pushes it to the template repository tagged
-// with the Revision's name; it returns the digest reference.
-func SealTemplate(ctx context.Context, in *Installation, revision string, snapshot name.Digest, cfg artifact.Config, policy seal.ExecutionPolicy, opts ...remote.Option) (name.Digest, error) {
-	sealed, err := seal.Seal(in.fleet, seal.NewTemplate(revision, snapshot.DigestStr(), policy, cfg))
+// SealTemplate seals the fiberd template of namespace/revision for a
+// snapshot to the installation's fleet key, signed by sealer (this ly's
+// identity, which the cluster must authorize for namespace), and pushes it
+// to the template repository tagged <namespace>.<revision>; it returns the
+// digest reference.
+func SealTemplate(ctx context.Context, in *Installation, sealer *seal.SealerKey, namespace, revision string, snapshot name.Digest, cfg artifact.Config, policy seal.ExecutionPolicy, opts ...remote.Option) (name.Digest, error) {
+	sealed, err := seal.Seal(in.fleet, sealer, seal.NewTemplate(namespace, revision, snapshot.DigestStr(), policy, cfg))
 	if err != nil {
 		return name.Digest{}, err
 	}
-	ref, err := artifact.PushTemplate(ctx, sealed, in.TemplateRepository, revision, in.FleetKeyID, opts...)
+	ref, err := artifact.PushTemplate(ctx, sealed, in.TemplateRepository, namespace, revision, in.FleetKeyID, opts...)
 	if err != nil {
 		return name.Digest{}, registryErr(in.Registry, "pushing the template to "+in.TemplateRepository, err)
 	}
@@ -96,6 +104,9 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 	if o.Poll == 0 {
 		o.Poll = time.Second
 	}
+	if o.Sealer == nil {
+		return nil, errors.New("deploying needs a sealer identity to sign the template (ly: --sealer-key, $" + SealerKeyEnv + " or ~/.config/lampyr/sealer.pem)")
+	}
 	for _, w := range CheckAdapter(dir) {
 		pr.Warn("%s", w)
 	}
@@ -103,7 +114,7 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 	if err != nil {
 		return nil, err
 	}
-	res := &DeployResult{Service: p.Name, Namespace: o.Namespace, Visibility: VisibilityClusterLocal}
+	res := &DeployResult{Service: p.Name, Namespace: o.Namespace, Visibility: VisibilityClusterLocal, SealerKeyID: o.Sealer.KeyID()}
 	if ws.Public(p.Name) {
 		res.Visibility = "external"
 	}
@@ -141,8 +152,16 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 		if res.Revision, err = NextRevisionName(ctx, c, o.Namespace, p.Name); err != nil {
 			return err
 		}
-		ph.Detail("revision %s, fleet key %s, execution %s", res.Revision, shortID(inst.FleetKeyID), p.Execution.Mode)
-		if tmpl, err = SealTemplate(ctx, inst, res.Revision, pushed.Ref, built.Config, p.Policy(), o.Remote...); err != nil {
+		ph.Detail("revision %s, fleet key %s, sealer %s, execution %s", res.Revision, shortID(inst.FleetKeyID), shortID(o.Sealer.KeyID()), p.Execution.Mode)
+		// Only an administrator can read the authorized sealers; when this
+		// ly can, a refusal is told now rather than by the grant controller.
+		if sr, err := DescribeSealers(ctx, c, o.Sealer); err == nil {
+			if ok, known := sr.Authorized(o.Namespace); known && !ok {
+				pr.Warn("this ly's sealer identity (key %s) is not authorized for namespace %s in %s/%s: the cluster will refuse the template; run: %s",
+					shortID(o.Sealer.KeyID()), o.Namespace, c.LampyrNamespace, SealersConfigMap, o.Sealer.AuthorizeCommand(DefaultSealerName(), o.Namespace))
+			}
+		}
+		if tmpl, err = SealTemplate(ctx, inst, o.Sealer.Key, o.Namespace, res.Revision, pushed.Ref, built.Config, p.Policy(), o.Remote...); err != nil {
 			return err
 		}
 		ph.Detail("%s", tmpl)
@@ -170,6 +189,10 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 		ph.Detail("applied Service %s/%s (generation %d)", o.Namespace, p.Name, applied.Generation)
 		url, err := WaitService(ctx, c, o.Namespace, p.Name, applied.Generation, res.Revision, res.Visibility == "external", o.Timeout, o.Poll, ph.Detail)
 		res.URL = url
+		var refused *TemplateRefusedError
+		if errors.As(err, &refused) {
+			refused.Sealer = o.Sealer
+		}
 		return err
 	})
 	if err != nil {
@@ -188,7 +211,10 @@ func shortID(id string) string {
 // WaitService waits until the Service at generation is Ready with revision
 // as its latest ready Revision and a URL of the wanted visibility, and
 // reports each change of the Revision's and Route's conditions. On timeout
-// the error carries the Revision's ResourcesAvailable reason.
+// the error carries the Revision's ResourcesAvailable reason. A template
+// the cluster refuses (ContainerHealthy=False for one of TemplateReasons)
+// cannot get better by waiting: WaitService returns a *TemplateRefusedError
+// at once.
 func WaitService(ctx context.Context, c *Cluster, ns, svcName string, gen int64, revision string, public bool, timeout, poll time.Duration, detail func(string, ...any)) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -210,6 +236,9 @@ func WaitService(ctx context.Context, c *Cluster, ns, svcName string, gen int64,
 		if rev, err := c.Serving.ServingV1().Revisions(ns).Get(ctx, revision, metav1.GetOptions{}); err == nil {
 			lastRev = rev
 			report("Revision "+revision, conditionsSummary(rev.Status.Conditions, servingv1.RevisionConditionReady, servingv1.RevisionConditionResourcesAvailable, servingv1.RevisionConditionContainerHealthy))
+			if ch := rev.Status.GetCondition(servingv1.RevisionConditionContainerHealthy); ch.IsFalse() && slices.Contains(TemplateReasons, ch.Reason) {
+				return "", &TemplateRefusedError{Namespace: ns, Revision: revision, Reason: ch.Reason, Message: ch.Message}
+			}
 		}
 		if rt, err := c.Serving.ServingV1().Routes(ns).Get(ctx, svcName, metav1.GetOptions{}); err == nil && rt.Status.ObservedGeneration > 0 {
 			report("Route "+svcName, conditionsSummary(rt.Status.Conditions, apis.ConditionReady, servingv1.RouteConditionAllTrafficAssigned, servingv1.RouteConditionIngressReady))
@@ -232,6 +261,54 @@ func WaitService(ctx context.Context, c *Cluster, ns, svcName string, gen int64,
 		case <-time.After(poll):
 		}
 	}
+}
+
+// Reasons of a Revision's ContainerHealthy=False when the grant controller
+// refuses its sealed template (docs/security.md §2; defined for the
+// CapacityGrant in impl/apis/fiberd/v1alpha1 and copied to the Revision).
+const (
+	ReasonTemplateUnauthenticated = "TemplateUnauthenticated"
+	ReasonTemplateNotAuthorized   = "TemplateNotAuthorized"
+	ReasonTemplateMismatch        = "TemplateMismatch"
+	ReasonTemplateUnsealable      = "TemplateUnsealable"
+)
+
+// TemplateReasons are the terminal template refusals WaitService stops on.
+var TemplateReasons = []string{ReasonTemplateUnauthenticated, ReasonTemplateNotAuthorized, ReasonTemplateMismatch, ReasonTemplateUnsealable}
+
+// TemplateRefusedError is a Revision whose sealed template the cluster
+// refused; its message says what to do.
+type TemplateRefusedError struct {
+	Namespace, Revision string
+	Reason, Message     string
+	// Sealer is the identity that sealed the template, for the exact
+	// authorize-sealer command; nil: a placeholder is printed.
+	Sealer *Sealer
+}
+
+func (e *TemplateRefusedError) Error() string {
+	msg := fmt.Sprintf("the cluster refused the template of Revision %s/%s: %s: %s", e.Namespace, e.Revision, e.Reason, e.Message)
+	return msg + "; " + e.Fix()
+}
+
+// Fix is what to do about the refusal.
+func (e *TemplateRefusedError) Fix() string {
+	key, id := "<your public key: ly sealer show>", ""
+	if e.Sealer != nil {
+		key, id = e.Sealer.PublicKey(), " (key "+shortID(e.Sealer.KeyID())+")"
+	}
+	cmd := fmt.Sprintf("ly cluster authorize-sealer %s --public-key %s --namespaces %s", DefaultSealerName(), key, e.Namespace)
+	switch e.Reason {
+	case ReasonTemplateUnauthenticated:
+		return fmt.Sprintf("this ly's sealer identity%s is not one the cluster trusts: ask an administrator: %s; then run ly deploy again", id, cmd)
+	case ReasonTemplateNotAuthorized:
+		return fmt.Sprintf("this ly's sealer identity%s is not authorized for namespace %s: ask an administrator: %s (listing its other namespaces too); then run ly deploy again", id, e.Namespace, cmd)
+	case ReasonTemplateMismatch:
+		return "the template does not fit the Revision it is attached to (the message names the difference): run ly deploy again; if it recurs, something else changes the Service concurrently"
+	case ReasonTemplateUnsealable:
+		return "no fleet key of the cluster opens the template (sealed to another cluster's or a deleted fleet key, or altered): run ly deploy again to seal to the current key (ly cluster describe shows its id)"
+	}
+	return "see ly event " + e.Revision
 }
 
 func conditionsSummary(cs duckConditions, types ...apis.ConditionType) string {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
@@ -22,6 +24,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
 
 // KeyImageSnapshots is config-lampyr's image -> snapshot map (read by the
@@ -255,32 +258,158 @@ func lookPath(root, cmd string, env []string) (string, error) {
 	return "", fmt.Errorf("entrypoint %q is not an absolute path and is not found on the image's PATH %s", cmd, search)
 }
 
-// RegisterImageSnapshots merges image digest -> snapshot entries into
-// config-lampyr image-snapshots (existing entries for other images are
-// kept; an image already mapped is re-pointed). It uses the resourceVersion
-// it read, so concurrent registrations do not lose each other's entries.
-func RegisterImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot) error {
-	return editImageSnapshots(ctx, c, func(m map[string]string) error {
-		for _, s := range snaps {
-			d, err := name.NewDigest(s.Image)
-			if err != nil {
-				return err
-			}
-			m[d.DigestStr()] = s.Snapshot
-		}
-		return nil
-	})
+// ImageSnapshotsReport says what an edit of config-lampyr image-snapshots
+// did besides the entries asked for.
+type ImageSnapshotsReport struct {
+	// Rewritten are old bare-digest keys (sha256:...) replaced by the full
+	// repository@digest of an image registered now.
+	Rewritten []string `json:"rewritten,omitempty"`
+	// Removed are old bare-digest entries no image registered now names:
+	// the controller refuses bare-digest keys (and with them the whole
+	// map), so they are dropped; re-register their images to map them
+	// again.
+	Removed []RemovedImageSnapshot `json:"removed,omitempty"`
+	// Normalized are keys rewritten to their normalized form (ImageKey).
+	Normalized []string `json:"normalized,omitempty"`
+	// Unparsable are keys neither a digest nor an image reference, kept as
+	// they are: the controller refuses them; fix or remove them by hand.
+	Unparsable []string `json:"unparsable,omitempty"`
 }
 
-// UnregisterImageSnapshots removes the entries of these image digests
-// (sha256:...) from config-lampyr image-snapshots.
-func UnregisterImageSnapshots(ctx context.Context, c *Cluster, digests []string) error {
-	return editImageSnapshots(ctx, c, func(m map[string]string) error {
-		for _, d := range digests {
-			delete(m, d)
+// RemovedImageSnapshot is a dropped bare-digest entry.
+type RemovedImageSnapshot struct {
+	Digest   string `json:"digest"`
+	Snapshot string `json:"snapshot"`
+}
+
+// Notes are the report as lines for people.
+func (r *ImageSnapshotsReport) Notes() []string {
+	var out []string
+	for _, k := range r.Rewritten {
+		out = append(out, fmt.Sprintf("rewrote the bare-digest key %s as the full image reference registered now", k))
+	}
+	for _, e := range r.Removed {
+		out = append(out, fmt.Sprintf("removed the bare-digest entry %s -> %s: the controller refuses bare-digest keys (they would map the same bytes under any repository); map the image again with `ly image-snapshot REPOSITORY@%s --register`", e.Digest, e.Snapshot, e.Digest))
+	}
+	for _, k := range r.Normalized {
+		out = append(out, "normalized the key "+k)
+	}
+	for _, k := range r.Unparsable {
+		out = append(out, fmt.Sprintf("kept the key %q, which is not an image reference (repository@sha256:...): the controller refuses it; fix or remove it in config-lampyr %s", k, KeyImageSnapshots))
+	}
+	return out
+}
+
+// imageKey is the key image-snapshots maps an image under: its normalized
+// repository@sha256:... (config.ImageKey, which the controller looks
+// Revisions' images up with; never a bare digest).
+func imageKey(image string) (string, error) {
+	k, ok := config.ImageKey(image)
+	if !ok {
+		return "", fmt.Errorf("image %q: want a digest-pinned image reference, repository@sha256:<64 hex>", image)
+	}
+	return k, nil
+}
+
+// digestOf is the digest of an image key (repository@digest).
+func digestOf(key string) string {
+	_, d, _ := strings.Cut(key, "@")
+	return d
+}
+
+// isBareDigest reports whether key is a digest alone (the old key form).
+func isBareDigest(key string) bool {
+	_, err := v1.NewHash(key)
+	return err == nil
+}
+
+// RegisterImageSnapshots merges image -> snapshot entries into config-lampyr
+// image-snapshots, keyed by the image's full repository@sha256:...
+// (existing entries for other images are kept; an image already mapped is
+// re-pointed). Old bare-digest keys are rewritten or removed (see
+// ImageSnapshotsReport). It uses the resourceVersion it read, so concurrent
+// registrations do not lose each other's entries.
+func RegisterImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot) error {
+	_, err := EditImageSnapshots(ctx, c, snaps, nil)
+	return err
+}
+
+// UnregisterImageSnapshots removes the entries of these images
+// (repository@sha256:...) from config-lampyr image-snapshots. A bare digest
+// (sha256:...) removes every entry of that digest, whatever its repository.
+func UnregisterImageSnapshots(ctx context.Context, c *Cluster, images []string) error {
+	_, err := EditImageSnapshots(ctx, c, nil, images)
+	return err
+}
+
+// EditImageSnapshots maps snaps and removes the images of remove (see
+// RegisterImageSnapshots and UnregisterImageSnapshots) in one write, and
+// reports what else it changed.
+func EditImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot, remove []string) (*ImageSnapshotsReport, error) {
+	set := map[string]string{}
+	setDigests := map[string]bool{}
+	for _, s := range snaps {
+		k, err := imageKey(s.Image)
+		if err != nil {
+			return nil, err
 		}
+		if _, err := name.NewDigest(s.Snapshot); err != nil {
+			return nil, fmt.Errorf("snapshot of %s: %q: want a digest-pinned artifact reference: %w", s.Image, s.Snapshot, err)
+		}
+		set[k] = s.Snapshot
+		setDigests[digestOf(k)] = true
+	}
+	drop := map[string]bool{}   // full keys
+	dropAt := map[string]bool{} // digests: every key of them
+	for _, r := range remove {
+		if isBareDigest(r) {
+			dropAt[r] = true
+			continue
+		}
+		k, err := imageKey(r)
+		if err != nil {
+			return nil, err
+		}
+		drop[k] = true
+	}
+	var rep *ImageSnapshotsReport
+	err := editImageSnapshots(ctx, c, func(m map[string]string) error {
+		rep = &ImageSnapshotsReport{}
+		for _, k := range sortedKeys(m) {
+			v := m[k]
+			switch {
+			case dropAt[k] || dropAt[digestOf(k)]:
+				delete(m, k)
+			case isBareDigest(k):
+				delete(m, k)
+				if setDigests[k] {
+					rep.Rewritten = append(rep.Rewritten, k)
+				} else {
+					rep.Removed = append(rep.Removed, RemovedImageSnapshot{Digest: k, Snapshot: v})
+				}
+			default:
+				nk, ok := config.ImageKey(k)
+				switch {
+				case !ok:
+					rep.Unparsable = append(rep.Unparsable, k)
+				case drop[nk]:
+					delete(m, k)
+				case nk != k:
+					delete(m, k)
+					if _, dup := m[nk]; !dup {
+						m[nk] = v
+					}
+					rep.Normalized = append(rep.Normalized, k+" as "+nk)
+				}
+			}
+		}
+		maps.Copy(m, set)
 		return nil
 	})
+	if err != nil {
+		return nil, err
+	}
+	return rep, nil
 }
 
 func editImageSnapshots(ctx context.Context, c *Cluster, edit func(map[string]string) error) error {

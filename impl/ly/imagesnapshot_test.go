@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -23,6 +25,7 @@ import (
 	fakekube "k8s.io/client-go/kubernetes/fake"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
 
 func tarLayer(t *testing.T, entries ...tar.Header) v1.Layer {
@@ -126,28 +129,101 @@ func TestSnapshotImage(t *testing.T) {
 	}
 }
 
-func TestRegisterImageSnapshotsMerges(t *testing.T) {
-	a, b := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64)
-	kube := fakekube.NewSimpleClientset(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: ConfigLampyr},
-		Data:       map[string]string{KeyImageSnapshots: a + ": r/old@" + b + "\n", "backend-strategy": "endpointslice"},
-	})
-	c := &Cluster{Kube: kube, LampyrNamespace: "lampyr-system"}
-	err := RegisterImageSnapshots(context.Background(), c, []*ImageSnapshot{{Image: "r/img@" + b, Snapshot: "r/snap@" + a}})
-	if err != nil {
-		t.Fatal(err)
+// TestEditImageSnapshots: entries are keyed by the image's normalized
+// repository@digest; other images' entries and other keys of config-lampyr
+// are kept; old bare-digest keys are rewritten (their image is registered
+// now) or removed and reported; removal works by image or by digest.
+func TestEditImageSnapshots(t *testing.T) {
+	a, b, d := "sha256:"+strings.Repeat("a", 64), "sha256:"+strings.Repeat("b", 64), "sha256:"+strings.Repeat("d", 64)
+	img := "localhost:5002/img@" + b
+	snapA, snapD := "localhost:5002/snap@"+a, "localhost:5002/snap@"+d
+	for _, tc := range []struct {
+		name     string
+		before   string
+		register []*ImageSnapshot
+		remove   []string
+		after    string
+		report   ImageSnapshotsReport
+		wantErr  string
+	}{
+		{name: "into an empty map", register: []*ImageSnapshot{{Image: img, Snapshot: snapA}}, after: img + ": " + snapA + "\n"},
+		{name: "merges, keeping other images",
+			before:   "localhost:5002/old@" + a + ": " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    img + ": " + snapA + "\nlocalhost:5002/old@" + a + ": " + snapD + "\n"},
+		{name: "re-points an image", before: img + ": " + snapD + "\n", register: []*ImageSnapshot{{Image: img, Snapshot: snapA}}, after: img + ": " + snapA + "\n"},
+		{name: "the same digest under another repository is another image",
+			before:   "localhost:5002/other@" + b + ": " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    img + ": " + snapA + "\nlocalhost:5002/other@" + b + ": " + snapD + "\n"},
+		{name: "normalizes the key", register: []*ImageSnapshot{{Image: "ubuntu@" + b, Snapshot: snapA}}, after: "index.docker.io/library/ubuntu@" + b + ": " + snapA + "\n"},
+		{name: "rewrites a bare-digest key of an image registered now",
+			before:   b + ": " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    img + ": " + snapA + "\n",
+			report:   ImageSnapshotsReport{Rewritten: []string{b}}},
+		{name: "removes and reports other bare-digest keys",
+			before:   d + ": " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    img + ": " + snapA + "\n",
+			report:   ImageSnapshotsReport{Removed: []RemovedImageSnapshot{{Digest: d, Snapshot: snapD}}}},
+		{name: "normalizes old keys",
+			before:   "ubuntu@" + d + ": " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    "index.docker.io/library/ubuntu@" + d + ": " + snapD + "\n" + img + ": " + snapA + "\n",
+			report:   ImageSnapshotsReport{Normalized: []string{"ubuntu@" + d + " as index.docker.io/library/ubuntu@" + d}}},
+		{name: "keeps and reports keys that are no image",
+			before:   "not an image: " + snapD + "\n",
+			register: []*ImageSnapshot{{Image: img, Snapshot: snapA}},
+			after:    img + ": " + snapA + "\nnot an image: " + snapD + "\n",
+			report:   ImageSnapshotsReport{Unparsable: []string{"not an image"}}},
+		{name: "unregisters an image", before: img + ": " + snapA + "\nlocalhost:5002/other@" + b + ": " + snapD + "\n", remove: []string{img}, after: "localhost:5002/other@" + b + ": " + snapD + "\n"},
+		{name: "unregisters by a non-normalized reference", before: "index.docker.io/library/ubuntu@" + b + ": " + snapA + "\n", remove: []string{"ubuntu@" + b}, after: ""},
+		{name: "unregisters every image of a digest", before: img + ": " + snapA + "\nlocalhost:5002/other@" + b + ": " + snapD + "\nlocalhost:5002/keep@" + a + ": " + snapD + "\n", remove: []string{b}, after: "localhost:5002/keep@" + a + ": " + snapD + "\n"},
+		{name: "a tag is refused", register: []*ImageSnapshot{{Image: "localhost:5002/img:v1", Snapshot: snapA}}, wantErr: "want a digest-pinned image reference"},
+		{name: "an unpinned snapshot is refused", register: []*ImageSnapshot{{Image: img, Snapshot: "localhost:5002/snap:v1"}}, wantErr: "want a digest-pinned artifact reference"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			kube := fakekube.NewSimpleClientset(&corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: ConfigLampyr},
+				Data:       map[string]string{KeyImageSnapshots: tc.before, "backend-strategy": "endpointslice"},
+			})
+			c := &Cluster{Kube: kube, LampyrNamespace: "lampyr-system"}
+			rep, err := EditImageSnapshots(context.Background(), c, tc.register, tc.remove)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("EditImageSnapshots = %v, want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			cm, _ := kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), ConfigLampyr, metav1.GetOptions{})
+			if cm.Data[KeyImageSnapshots] != tc.after || cm.Data["backend-strategy"] != "endpointslice" {
+				t.Errorf("config-lampyr = %q, want image-snapshots %q and other keys kept", cm.Data, tc.after)
+			}
+			if d := cmp.Diff(tc.report, *rep, cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("report (-want +got):\n%s", d)
+			}
+			// What ly writes, the controller reads (unless a key is no image).
+			if len(tc.report.Unparsable) == 0 {
+				if _, err := config.ParseImageSnapshots(cm.Data[KeyImageSnapshots]); err != nil {
+					t.Errorf("the controller refuses what ly wrote: %v", err)
+				}
+			}
+		})
 	}
-	cm, _ := kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), ConfigLampyr, metav1.GetOptions{})
-	want := a + ": r/old@" + b + "\n" + b + ": r/snap@" + a + "\n"
-	if cm.Data[KeyImageSnapshots] != want || cm.Data["backend-strategy"] != "endpointslice" {
-		t.Errorf("config-lampyr = %v, want image-snapshots %q and other keys kept", cm.Data, want)
-	}
-	if err := UnregisterImageSnapshots(context.Background(), c, []string{a}); err != nil {
-		t.Fatal(err)
-	}
-	cm, _ = kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), ConfigLampyr, metav1.GetOptions{})
-	if want := b + ": r/snap@" + a + "\n"; cm.Data[KeyImageSnapshots] != want {
-		t.Errorf("after unregistering %s: %q, want %q", a, cm.Data[KeyImageSnapshots], want)
+}
+
+func TestImageSnapshotsReportNotes(t *testing.T) {
+	d := "sha256:" + strings.Repeat("d", 64)
+	rep := ImageSnapshotsReport{Removed: []RemovedImageSnapshot{{Digest: d, Snapshot: "r/snap@" + d}}, Unparsable: []string{"x"}}
+	notes := strings.Join(rep.Notes(), "\n")
+	for _, want := range []string{"removed the bare-digest entry " + d + " -> r/snap@" + d, "ly image-snapshot REPOSITORY@" + d + " --register", `kept the key "x"`} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -182,8 +183,11 @@ func grantSummary(ctx context.Context, c *Cluster, ns, name string) string {
 // Scale sets the Service's max-scale. A new Revision follows, and each
 // Revision needs its own sealed template, so Scale seals one for the next
 // Revision from the snapshot's recorded helper facts and the current
-// execution policy. It returns the new Revision's name.
-func Scale(ctx context.Context, c *Cluster, ns, name string, max int32) (string, error) {
+// execution policy, signed by sealer. It returns the new Revision's name.
+func Scale(ctx context.Context, c *Cluster, ns, name string, max int32, sealer *Sealer) (string, error) {
+	if sealer == nil {
+		return "", errors.New("scaling seals a template for the new Revision and needs a sealer identity (ly: --sealer-key, $" + SealerKeyEnv + " or ~/.config/lampyr/sealer.pem)")
+	}
 	svc, err := c.Serving.ServingV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return "", fmt.Errorf("Service %s/%s: %w", ns, name, err)
@@ -217,7 +221,7 @@ func Scale(ctx context.Context, c *Cluster, ns, name string, max int32) (string,
 		}
 		policy = seal.ExecutionPolicy{Mode: "reuse", IdleTimeoutSeconds: int64((d + time.Second - 1) / time.Second), IdleAction: ann[AnnotationIdleAction]}
 	}
-	tmpl, err := SealTemplate(ctx, inst, rev, ref, s.Config, policy)
+	tmpl, err := SealTemplate(ctx, inst, sealer.Key, ns, rev, ref, s.Config, policy)
 	if err != nil {
 		return "", err
 	}

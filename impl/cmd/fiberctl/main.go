@@ -1,13 +1,18 @@
 // Command fiberctl is the operators' and tests' tool for fiberd:
 //
-//	fiberctl fibers   -endpoint HOST:PORT -token-file F     live fibers of a Home
-//	fiberctl grant    -endpoint HOST:PORT -token-file F     the signed grant a Home runs under
+//	fiberctl fibers   -endpoint HOST:PORT -router-key-file K -home NAME   live fibers of a Home
+//	fiberctl grant    -endpoint HOST:PORT -router-key-file K -home NAME   the signed grant a Home runs under
 //	fiberctl acquire  -endpoint ... / fiberctl release -endpoint ... ID
 //	fiberctl grants   [-kubeconfig K] [-n NS]               CapacityGrants and their conditions
-//	fiberctl template -fleet-key-file K (-ref REPO@sha256:... | -file F)
-//	                                                        open a sealed template (debugging)
+//	fiberctl template (-ref REPO@sha256:... | -file F) [-fleet-key-file K... (-sealers-file F | -sealer-public-key KEY)]
+//	                                                        a sealed template's header; with keys, open it (debugging)
 //	fiberctl fleet-key -out DIR                             generate a fleet key pair (private.pem, public.pem)
 //	fiberctl decode-grant -grant-key-file PUB -file F       verify and print a signed grant
+//
+// A Home accepts only credentials minted for it by the router key
+// (docs/security.md §3): fiberctl mints one from -router-key-file (Secret
+// lampyr-system/fiber-router-key, key private.pem) for -home (the
+// CapacityGrant's status.home), valid for routercred.TTL.
 package main
 
 import (
@@ -27,11 +32,13 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant"
@@ -53,18 +60,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	cmd, args := args[0], args[1:]
 	fs := flag.NewFlagSet("fiberctl "+cmd, flag.ContinueOnError)
 	endpoint := fs.String("endpoint", os.Getenv("FIBERD_ENDPOINT"), "fiberd host:port (a CapacityGrant's status.homeEndpoint)")
-	token := fs.String("token", os.Getenv("FIBERD_TOKEN"), "router token")
-	tokenFile := fs.String("token-file", "", "file holding the router token")
+	routerKeyFile := fs.String("router-key-file", os.Getenv("FIBERD_ROUTER_KEY_FILE"), "router private key PEM (Secret lampyr-system/fiber-router-key, key private.pem); mints a credential for -home")
+	home := fs.String("home", os.Getenv("FIBERD_HOME"), "the Home's name (a CapacityGrant's status.home): the credential's audience")
 	apiClient := func() (*client.Client, error) {
-		tok := *token
-		if *tokenFile != "" {
-			b, err := os.ReadFile(*tokenFile)
-			if err != nil {
-				return nil, err
-			}
-			tok = strings.TrimSpace(string(b))
+		cred, err := mintCredential(*routerKeyFile, *home, time.Now())
+		if err != nil {
+			return nil, err
 		}
-		return client.New(*endpoint, tok)
+		return client.New(*endpoint, cred)
 	}
 	switch cmd {
 	case "fibers":
@@ -133,7 +136,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		}
 		return listGrants(ctx, out, *kubeconfig, *ns)
 	case "template":
-		keyFile := fs.String("fleet-key-file", "", "fleet private key PEM (Secret lampyr-system/lampyr-fleet-key, key private.pem)")
+		var keyFiles multi
+		fs.Var(&keyFiles, "fleet-key-file", "fleet private key PEM (Secret lampyr-system/lampyr-fleet-key, key private.pem or retired-*.pem; repeatable); without it only the header is printed")
+		sealersFile := fs.String("sealers-file", "", "an installation's authorized sealers: ConfigMap lampyr-system/lampyr-template-sealers as YAML (kubectl get -o yaml) or its data map")
+		sealerKey := fs.String("sealer-public-key", "", "verify the signature with this sealer public key (base64 or PEM as `ly sealer show` prints it, or @FILE; the controller's: Secret lampyr-system/lampyr-controller-sealer, key public.pem)")
 		ref := fs.String("ref", "", "digest-pinned sealed-template reference")
 		file := fs.String("file", "", "sealed template blob on disk instead of -ref")
 		var mirrors multi
@@ -141,7 +147,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		if err := fs.Parse(args); err != nil {
 			return err
 		}
-		return openTemplate(ctx, out, *keyFile, *ref, *file, mirrors)
+		return showTemplate(ctx, out, templateOptions{fleetKeyFiles: keyFiles, sealersFile: *sealersFile, sealerKey: *sealerKey, ref: *ref, file: *file, mirrors: mirrors})
 	case "fleet-key":
 		dir := fs.String("out", ".", "directory for private.pem and public.pem")
 		if err := fs.Parse(args); err != nil {
@@ -202,40 +208,146 @@ func printJSON(out io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func openTemplate(ctx context.Context, out io.Writer, keyFile, ref, file string, mirrors []string) error {
-	pemb, err := os.ReadFile(keyFile)
-	if err != nil {
-		return fmt.Errorf("-fleet-key-file: %w", err)
+// mintCredential mints a router credential for home with the router key in
+// keyFile (routercred.Mint), as fiber-router does for each Home.
+func mintCredential(keyFile, home string, now time.Time) (string, error) {
+	if keyFile == "" {
+		return "", errors.New("-router-key-file is required: the router private key (kubectl -n lampyr-system get secret fiber-router-key -o jsonpath='{.data.private\\.pem}' | base64 -d > router.pem); a Home accepts only credentials minted for it")
 	}
-	key, err := seal.ParsePrivateKeyPEM(pemb)
-	if err != nil {
-		return err
+	if home == "" {
+		return "", errors.New("-home is required: the Home's name, the credential's audience (kubectl get capacitygrant -n NS REVISION -o jsonpath='{.status.home}')")
 	}
+	b, err := os.ReadFile(keyFile)
+	if err != nil {
+		return "", fmt.Errorf("-router-key-file: %w", err)
+	}
+	key, err := routercred.ParsePrivateKey(b)
+	if err != nil {
+		return "", fmt.Errorf("-router-key-file %s: %w", keyFile, err)
+	}
+	return routercred.Mint(key, home, now, routercred.TTL)
+}
+
+type templateOptions struct {
+	fleetKeyFiles          []string
+	sealersFile, sealerKey string
+	ref, file              string
+	mirrors                []string
+}
+
+// showTemplate prints a sealed template's clear header and, given fleet keys
+// and a trust (an installation's sealers, or one sealer key), opens it
+// exactly as the grant controller does and prints the template.
+func showTemplate(ctx context.Context, out io.Writer, o templateOptions) error {
 	var sealed []byte
+	var err error
 	switch {
-	case file != "":
-		if sealed, err = os.ReadFile(file); err != nil {
-			return err
+	case o.file != "" && o.ref != "":
+		return errors.New("template: pass -ref or -file, not both")
+	case o.file != "":
+		if sealed, err = os.ReadFile(o.file); err != nil {
+			return fmt.Errorf("-file: %w", err)
 		}
-	case ref != "":
-		m, err := fiberd.ParseMirrors(mirrors)
+	case o.ref != "":
+		m, err := fiberd.ParseMirrors(o.mirrors)
 		if err != nil {
-			return err
+			return fmt.Errorf("-registry-mirror: %w", err)
 		}
-		if sealed, _, err = artifact.FetchTemplate(ctx, ref, m.RemoteOptions()...); err != nil {
+		if sealed, _, err = artifact.FetchTemplate(ctx, o.ref, m.RemoteOptions()...); err != nil {
 			return err
 		}
 	default:
 		return errors.New("template: pass -ref REPO@sha256:... or -file PATH")
 	}
-	if id, err := seal.SealedKeyID(sealed); err == nil {
-		fmt.Fprintf(out, "sealed to fleet key %s (this key: %s)\n", id, key.Public().KeyID())
-	}
-	t, err := seal.Open(key, sealed)
+	h, err := seal.Inspect(sealed)
 	if err != nil {
 		return err
 	}
-	return printJSON(out, t)
+	fmt.Fprintf(out, "fleet key id:  %s\nsealer key id: %s\n", h.FleetKeyID, h.SealerKeyID)
+	if len(o.fleetKeyFiles) == 0 {
+		if o.sealersFile != "" || o.sealerKey != "" {
+			return errors.New("template: opening needs -fleet-key-file (the header above names the fleet key)")
+		}
+		return nil
+	}
+	var fleet []*seal.PrivateKey
+	for _, f := range o.fleetKeyFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("-fleet-key-file: %w", err)
+		}
+		k, err := seal.ParsePrivateKeyPEM(b)
+		if err != nil {
+			return fmt.Errorf("-fleet-key-file %s: %w", f, err)
+		}
+		fleet = append(fleet, k)
+	}
+	var trust *seal.Trust
+	var label string
+	switch {
+	case o.sealersFile != "" && o.sealerKey != "":
+		return errors.New("template: pass -sealers-file or -sealer-public-key, not both")
+	case o.sealersFile != "":
+		sealers, err := readSealersFile(o.sealersFile)
+		if err != nil {
+			return err
+		}
+		trust = seal.NewTrust(sealers...)
+		label = "signature verified and sealer authorized by -sealers-file " + o.sealersFile
+	case o.sealerKey != "":
+		v := o.sealerKey
+		if f, ok := strings.CutPrefix(v, "@"); ok {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return fmt.Errorf("-sealer-public-key: %w", err)
+			}
+			v = string(b)
+		}
+		pub, err := seal.ParseSealerPublicKey(v)
+		if err != nil {
+			return fmt.Errorf("-sealer-public-key: %w", err)
+		}
+		if id := seal.SealerKeyID(pub); id != h.SealerKeyID {
+			return fmt.Errorf("-sealer-public-key is key %s, but the template was signed by %s", id, h.SealerKeyID)
+		}
+		trust = seal.NewTrust(seal.TrustedSealer{Name: "-sealer-public-key", Key: pub, Namespaces: []string{seal.AllNamespaces}})
+		label = "signature verified with -sealer-public-key; namespace authorization not checked against an installation's trust (use -sealers-file)"
+	default:
+		return errors.New("template: opening checks the signature first: pass -sealers-file (an installation's lampyr-template-sealers) or -sealer-public-key KEY of the sealer named above")
+	}
+	opened, err := seal.Open(fleet, trust, sealed)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "sealer:        %s (namespaces %s)\n%s\n", opened.Sealer.Name, strings.Join(opened.Sealer.Namespaces, ","), label)
+	return printJSON(out, opened.Template)
+}
+
+// readSealersFile reads authorized sealers from a ConfigMap manifest (its
+// data) or a bare data map, as seal.ParseSealers reads the ConfigMap.
+func readSealersFile(path string) ([]seal.TrustedSealer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("-sealers-file: %w", err)
+	}
+	var cm struct {
+		Kind string            `json:"kind"`
+		Data map[string]string `json:"data"`
+	}
+	data := map[string]string{}
+	if err := yaml.Unmarshal(b, &cm); err == nil && cm.Kind == "ConfigMap" {
+		data = cm.Data
+	} else if err := yaml.UnmarshalStrict(b, &data); err != nil {
+		return nil, fmt.Errorf("-sealers-file %s: want the ConfigMap lampyr-template-sealers as YAML, or its data: a map of identity NAME to an entry with publicKey and namespaces: %w", path, err)
+	}
+	sealers, err := seal.ParseSealers(data)
+	if err != nil {
+		return nil, fmt.Errorf("-sealers-file %s: %w", path, err)
+	}
+	if len(sealers) == 0 {
+		return nil, fmt.Errorf("-sealers-file %s lists no sealer", path)
+	}
+	return sealers, nil
 }
 
 func listGrants(ctx context.Context, out io.Writer, kubeconfig, ns string) error {

@@ -9,14 +9,23 @@
 //	ly audit                                        what is deployed, and what is inconsistent
 //	ly event NAME                                   recent events of a Service and its children
 //	ly delete NAME                                  delete a Service
-//	ly cluster describe                             fleet key, template repository, registry
+//	ly cluster describe                             fleet key, template repository, registry, sealer identities
+//	ly cluster authorize-sealer NAME (--public-key KEY | --self) --namespaces a,b|'*' [--revoke]
+//	                                                let a ly identity seal templates (administrators)
+//	ly cluster rotate-fleet-key                     make a new fleet key current (administrators)
+//	ly sealer show                                  this ly's sealer identity and how to get it authorized
 //	ly image-snapshot IMAGE@DIGEST... [--register]  snapshot runnable images; map them in config-lampyr
 //	ly scaffold service NAME [--upgrade] [dir]      a new service (or a new adapter)
+//
+// ly signs every template it seals with its sealer identity, an Ed25519 key
+// in ~/.config/lampyr/sealer.pem ($XDG_CONFIG_HOME/lampyr/sealer.pem;
+// --sealer-key or $LAMPYR_SEALER_KEY name another file), created on first
+// use. The cluster runs a template only if an administrator authorized that
+// identity for the Revision's namespace (docs/security.md §2).
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -51,15 +60,27 @@ const usage = `usage: ly COMMAND [flags]
   push --image REGISTRY/REPO:TAG [dir]     publish the artifact if the registry lacks it
   deploy --image REGISTRY/REPO:TAG [dir]   push, seal, apply the Service and wait (4m)
   status [NAME]   scale NAME --max N   logs NAME   audit   event NAME   delete NAME
-  cluster install [--provider traefik] | cluster describe
+  sealer show                              this ly's sealer identity (key id, public key) and the
+                                           command an administrator runs to authorize it
+  cluster install [--provider traefik]     install Lampyr; authorizes this ly's identity for every namespace
+  cluster describe                         fleet key, template repository, sealer identities
+  cluster authorize-sealer NAME (--public-key KEY | --self) --namespaces a,b|'*' [--revoke]
+                                           (administrators) let an identity seal templates for namespaces;
+                                           --revoke removes it
+  cluster rotate-fleet-key                 (administrators) new fleet key; running Revisions keep running
   scaffold service NAME [--upgrade] [dir]
   image-snapshot IMAGE@DIGEST... [--port 8080] [--protocol http1|h2c] [--repository R] [--register]
-                                           snapshot runnable images; --register maps them in config-lampyr
-common flags: --context, --kubeconfig, --namespace/-n, --output terminal|plain|json`
+                                           snapshot runnable images; --register maps each image
+                                           (repository@sha256:...) in config-lampyr
+common flags: --context, --kubeconfig, --namespace/-n, --output terminal|plain|json,
+  --sealer-key FILE (default $LAMPYR_SEALER_KEY, else ~/.config/lampyr/sealer.pem; created on first use)
+
+Templates are signed by this ly's sealer identity; the cluster runs them only once an
+administrator authorized it: give them the command ` + "`ly sealer show`" + ` prints.`
 
 // common are the flags every command takes.
 type common struct {
-	kubeconfig, context, namespace, output string
+	kubeconfig, context, namespace, output, sealerKey string
 }
 
 func (c *common) register(fs *flag.FlagSet) {
@@ -68,6 +89,27 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.namespace, "namespace", "default", "namespace of the Service")
 	fs.StringVar(&c.namespace, "n", "default", "shorthand for --namespace")
 	fs.StringVar(&c.output, "output", "", "terminal, plain or json (default: terminal on a terminal, else plain)")
+	fs.StringVar(&c.sealerKey, "sealer-key", "", "this ly's sealer identity (default: $"+ly.SealerKeyEnv+", else $XDG_CONFIG_HOME/lampyr/sealer.pem or ~/.config/lampyr/sealer.pem; created on first use)")
+}
+
+// sealer loads this ly's sealer identity, creating it if create is set, and
+// tells on log when it did (and when the key file is too open).
+func (c *common) sealer(create bool, log io.Writer) (*ly.Sealer, error) {
+	path, err := ly.SealerKeyPath(c.sealerKey)
+	if err != nil {
+		return nil, err
+	}
+	s, err := ly.LoadSealer(path, create)
+	if err != nil {
+		return nil, err
+	}
+	if s.Created {
+		fmt.Fprintln(log, s.CreatedMessage(c.namespace))
+	}
+	if s.Warning != "" {
+		fmt.Fprintln(log, "warning:", s.Warning)
+	}
+	return s, nil
 }
 
 func (c *common) progress(w io.Writer) (*ly.Progress, error) {
@@ -113,7 +155,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	port := fs.Int("port", 8080, "image-snapshot: the port the image's server listens on ($PORT)")
 	protocol := fs.String("protocol", "http1", "image-snapshot: http1 or h2c")
 	repository := fs.String("repository", "", "image-snapshot: where to push (default: REGISTRY/lampyr/snapshots/<image name>)")
-	register := fs.Bool("register", false, "image-snapshot: map each image digest to its snapshot in config-lampyr image-snapshots")
+	register := fs.Bool("register", false, "image-snapshot: map each image (repository@sha256:...) to its snapshot in config-lampyr image-snapshots")
+	var af authorizeFlags
+	af.register(fs)
 	if err := parseInterspersed(fs, args); err != nil {
 		return usageError{err}
 	}
@@ -203,7 +247,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		res, err := ly.Deploy(ctx, cl, dir, p, ly.DeployOptions{Image: tag, ArtifactDir: *artifactDir, Namespace: c.namespace, Traffic: tr, Timeout: *timeout}, pr)
+		sealer, err := c.sealer(true, stderr)
+		if err != nil {
+			return err
+		}
+		res, err := ly.Deploy(ctx, cl, dir, p, ly.DeployOptions{Image: tag, ArtifactDir: *artifactDir, Namespace: c.namespace, Traffic: tr, Timeout: *timeout, Sealer: sealer}, pr)
 		if err != nil {
 			return err
 		}
@@ -228,7 +276,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		rev, err := ly.Scale(ctx, cl, c.namespace, name, int32(*maxScale))
+		sealer, err := c.sealer(true, stderr)
+		if err != nil {
+			return err
+		}
+		rev, err := ly.Scale(ctx, cl, c.namespace, name, int32(*maxScale), sealer)
 		if err != nil {
 			return err
 		}
@@ -282,27 +334,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "deleted Service %s/%s and everything it owned\n", c.namespace, name)
 		return nil
 	case "cluster":
-		if len(pos) != 1 || (pos[0] != "describe" && pos[0] != "install") {
-			return usageError{errors.New("usage: ly cluster install|describe")}
+		return clusterCommand(ctx, c, pos, af, *provider, *nodePort, stdout, stderr)
+	case "sealer":
+		if len(pos) != 1 || pos[0] != "show" {
+			return usageError{errors.New("usage: ly sealer show [--sealer-key FILE] [-n NAMESPACE]")}
 		}
-		if pos[0] == "install" {
-			if err := clusterInstall(ctx, c, *provider, *nodePort, stderr); err != nil {
-				return err
-			}
-		}
-		cl, err := c.cluster()
-		if err != nil {
-			return err
-		}
-		in, err := cl.Describe(ctx)
-		if err != nil {
-			return err
-		}
-		if c.output == ly.OutputJSON {
-			return json.NewEncoder(stdout).Encode(in)
-		}
-		fmt.Fprintf(stdout, "context:             %s\nnamespace:           %s\nregistry:            %s\ntemplate repository: %s\nbackend strategy:    %s\nfleet key id:        %s\nfleet public key:\n%s", in.Context, in.Namespace, in.Registry, in.TemplateRepository, in.BackendStrategy, in.FleetKeyID, in.FleetPublicKeyPEM)
-		return nil
+		return sealerShow(c, stdout, stderr)
 	case "image-snapshot":
 		if len(pos) == 0 {
 			return usageError{errors.New("usage: ly image-snapshot IMAGE@DIGEST... [--register]")}
@@ -329,8 +366,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := ly.RegisterImageSnapshots(ctx, cl, snaps); err != nil {
+		rep, err := ly.EditImageSnapshots(ctx, cl, snaps, nil)
+		if err != nil {
 			return err
+		}
+		for _, n := range rep.Notes() {
+			fmt.Fprintln(stderr, "note:", n)
 		}
 		fmt.Fprintf(stdout, "registered %d image(s) in %s/%s image-snapshots: Revisions of these images without lampyr.dev annotations now run from the snapshots\n", len(snaps), cl.LampyrNamespace, ly.ConfigLampyr)
 		return nil
