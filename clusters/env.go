@@ -16,6 +16,8 @@ import (
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/ly"
 
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/kindcluster"
@@ -182,7 +184,10 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
 				return err
 			}
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects})
+			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects}); err != nil {
+				return err
+			}
+			return e.authorizeLocalSealer(ctx, info)
 		})
 	}
 	return fmt.Errorf("unknown profile %q: want stock or lampyr", profile)
@@ -197,4 +202,25 @@ func BackendStrategyFor(provider string) string {
 		return "externalname"
 	}
 	return "endpointslice"
+}
+
+// authorizeLocalSealer authorizes this machine's `ly` sealer identity for
+// every namespace, as `ly cluster install` does for its installer: the
+// suites and the portability proof deploy with it (docs/security.md "Keys
+// and their rotation").
+func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) error {
+	s, err := e2eutil.Sealer()
+	if err != nil {
+		return err
+	}
+	lc, err := ly.Connect(info.Kubeconfig, "")
+	if err != nil {
+		return err
+	}
+	ch, err := ly.AuthorizeSealer(ctx, lc, ly.SealerAuthorization{Name: ly.DefaultSealerName(), Key: s.Key.Public(), Namespaces: []string{seal.AllNamespaces}})
+	if err != nil {
+		return fmt.Errorf("authorizing this machine's ly sealer identity %s (key %s) on %s: %w", s.Path, s.KeyID(), info.Name, err)
+	}
+	e.Log.Printf("   sealer identity %s (key %s, %s) %s for every namespace", ch.Name, s.KeyID()[:16], s.Path, ch.Action)
+	return nil
 }

@@ -44,6 +44,9 @@ const (
 )
 
 var (
+	// sealer is this machine's ly identity, which signs the templates
+	// (authorized by the lampyr install profile).
+	sealer  *ly.Sealer
 	enabled = os.Getenv("LAMPYR_E2E") == "1"
 	env     *clusters.Env
 	info    kindcluster.Info
@@ -78,6 +81,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err := ly.Connect(info.Kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	sealer, err = e2eutil.Sealer()
+	Expect(err).NotTo(HaveOccurred())
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
 	project, err = ly.LoadProject(dir)
 	Expect(err).NotTo(HaveOccurred())
@@ -184,7 +189,7 @@ func firstGood(ctx context.Context, host string, bound time.Duration) (time.Dura
 func ksvc(ns string, traffic []any, rev string) *unstructured.Unstructured {
 	p := *project
 	p.Name = svcName
-	tmpl, err := ly.SealTemplate(context.Background(), inst, rev, snap, built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(context.Background(), inst, sealer.Key, ns, rev, snap, built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
 	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
 	if traffic != nil {

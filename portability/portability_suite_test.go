@@ -124,6 +124,12 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		if !apierrors.IsAlreadyExists(err) {
 			Expect(err).NotTo(HaveOccurred())
 		}
+		if s == lampyr {
+			// On Lampyr the tenant namespace enforces Pod Security
+			// "restricted" (no Lampyr Pod runs in it); stock runs the
+			// Service's Pods there.
+			Expect(e2eutil.RestrictPodSecurity(ctx, s.c, ns)).To(Succeed())
+		}
 		for _, f := range fixtureServices {
 			deleteService(ctx, s, f.name)
 		}

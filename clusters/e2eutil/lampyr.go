@@ -2,21 +2,55 @@ package e2eutil
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/ly"
 	"lampyr.dev/serving/impl/routermeta"
 )
+
+// Lampyr's namespaces (impl/config/controller/100-namespace.yaml).
+const (
+	LampyrSystemNamespace = "lampyr-system"
+	LampyrHomesNamespace  = resources.DefaultHomesNamespace
+)
+
+// HomeSelector selects the Home objects (Pod, Service, Secret, all in
+// LampyrHomesNamespace) of Revision ns/rev, or of every Revision of ns when
+// rev is empty.
+func HomeSelector(ns, rev string) string {
+	set := labels.Set{resources.ComponentKey: resources.Component, resources.GrantNamespaceLabel: ns}
+	if rev != "" {
+		set[resources.RevisionLabel] = rev
+	}
+	return set.String()
+}
+
+// HomePods lists the Home Pods of Revision ns/rev (every Revision of ns if
+// rev is empty).
+func HomePods(ctx context.Context, c *Clients, ns, rev string) (*corev1.PodList, error) {
+	return c.Kube.CoreV1().Pods(LampyrHomesNamespace).List(ctx, metav1.ListOptions{LabelSelector: HomeSelector(ns, rev)})
+}
+
+// RouterMetadataName is the router metadata ConfigMap of Revision ns/rev,
+// in LampyrSystemNamespace.
+func RouterMetadataName(ns, rev string) string { return routermeta.Name(ns, rev) }
 
 // CapacityGrants is fiberd.io/v1alpha1 capacitygrants.
 var CapacityGrants = fiberdv1alpha1.SchemeGroupVersion.WithResource("capacitygrants")
 
 // Leftovers lists, sorted as "Kind/name", what Knative or Lampyr made for a
-// Revision in ns: Revisions, CapacityGrants, Services, EndpointSlices, router
-// metadata ConfigMaps, Pods and Secrets (service-account tokens aside). An
+// Revision in ns: Revisions, CapacityGrants, Services, EndpointSlices, Pods
+// and Secrets (service-account tokens aside) in ns, and the router metadata
+// and Home objects Lampyr keeps for ns's Revisions in its own namespaces. An
 // empty list after deleting every Service means nothing was orphaned.
 func Leftovers(ctx context.Context, c *Clients, ns string) []string {
 	var out []string
@@ -41,9 +75,26 @@ func Leftovers(ctx context.Context, c *Clients, ns string) []string {
 			add("EndpointSlice", i.Name)
 		}
 	}
-	if l, err := c.Kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: routermeta.LabelKey}); err == nil {
+	meta := labels.Set{routermeta.LabelKey: "true", routermeta.NamespaceLabelKey: ns}.String()
+	if l, err := c.Kube.CoreV1().ConfigMaps(LampyrSystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: meta}); err == nil {
 		for _, i := range l.Items {
-			add("ConfigMap", i.Name)
+			add("ConfigMap", LampyrSystemNamespace+"/"+i.Name)
+		}
+	}
+	homes := metav1.ListOptions{LabelSelector: HomeSelector(ns, "")}
+	if l, err := c.Kube.CoreV1().Pods(LampyrHomesNamespace).List(ctx, homes); err == nil {
+		for _, i := range l.Items {
+			add("Pod", LampyrHomesNamespace+"/"+i.Name)
+		}
+	}
+	if l, err := c.Kube.CoreV1().Services(LampyrHomesNamespace).List(ctx, homes); err == nil {
+		for _, i := range l.Items {
+			add("Service", LampyrHomesNamespace+"/"+i.Name)
+		}
+	}
+	if l, err := c.Kube.CoreV1().Secrets(LampyrHomesNamespace).List(ctx, homes); err == nil {
+		for _, i := range l.Items {
+			add("Secret", LampyrHomesNamespace+"/"+i.Name)
 		}
 	}
 	if l, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {
@@ -60,4 +111,33 @@ func Leftovers(ctx context.Context, c *Clients, ns string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// RestrictedPodSecurity are the labels of a tenant namespace that enforces
+// Pod Security "restricted": on Lampyr nothing of a Revision runs in its
+// namespace (Homes are in LampyrHomesNamespace), so tenant namespaces can.
+var RestrictedPodSecurity = map[string]string{
+	"pod-security.kubernetes.io/enforce": "restricted",
+	"pod-security.kubernetes.io/warn":    "restricted",
+	"pod-security.kubernetes.io/audit":   "restricted",
+}
+
+// RestrictPodSecurity labels namespace ns with RestrictedPodSecurity.
+func RestrictPodSecurity(ctx context.Context, c *Clients, ns string) error {
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": RestrictedPodSecurity}})
+	if _, err := c.Kube.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("labelling namespace %s for Pod Security restricted: %w", ns, err)
+	}
+	return nil
+}
+
+// Sealer is this machine's `ly` sealer identity (created on first use),
+// the one `ly deploy` signs templates with and the lampyr install profile
+// authorizes for every namespace (clusters.Env.Install).
+func Sealer() (*ly.Sealer, error) {
+	path, err := ly.SealerKeyPath("")
+	if err != nil {
+		return nil, err
+	}
+	return ly.LoadSealer(path, true)
 }

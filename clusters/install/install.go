@@ -105,6 +105,9 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 	if err != nil {
 		return err
 	}
+	if err := labelGatewayNamespace(prov, o.Provider.Gateway(o.NodePort).Namespace); err != nil {
+		return err
+	}
 	a, err := apply.New(c.Config, log)
 	if err != nil {
 		return err
@@ -141,3 +144,26 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 // registries are reachable, so providers that pull images (kourier's Envoy)
 // may run. Offline is the default.
 func registryReachable() bool { return os.Getenv("LAMPYR_ONLINE") == "1" }
+
+// GatewayNamespaceLabel marks the namespace of the gateway's data plane:
+// Lampyr's NetworkPolicies admit requests to fiber-router from it only
+// (impl/config/networkpolicy). Tenants cannot label namespaces.
+const GatewayNamespaceLabel = "lampyr.dev/gateway"
+
+// labelGatewayNamespace labels the provider's gateway namespace (among its
+// manifests) with GatewayNamespaceLabel; on stock clusters the label is
+// harmless, on Lampyr ones it is what lets the gateway reach fiber-router.
+func labelGatewayNamespace(objs []*unstructured.Unstructured, ns string) error {
+	for _, o := range objs {
+		if o.GetKind() == "Namespace" && o.GetName() == ns {
+			l := o.GetLabels()
+			if l == nil {
+				l = map[string]string{}
+			}
+			l[GatewayNamespaceLabel] = "true"
+			o.SetLabels(l)
+			return nil
+		}
+	}
+	return fmt.Errorf("the networking provider's manifests have no Namespace %s to label %s=true (fiber-router's NetworkPolicy admits the gateway by that label)", ns, GatewayNamespaceLabel)
+}

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
@@ -140,8 +141,18 @@ func homeImage(bins map[string]string) (v1.Image, error) {
 }
 
 // setHomeImages writes the Home and helper images into the grant
-// controller's environment (its documented override variables).
+// controller's environment (its documented override variables). Both must
+// be pinned by digest: the grant controller refuses others
+// (HomeImageNotPinned), so an install says so at once.
 func setHomeImages(in *LampyrInputs) error {
+	for env, img := range map[string]string{EnvGrantImage: in.GrantImage, EnvHelperImage: in.HelperImage} {
+		if img == "" {
+			continue
+		}
+		if _, err := name.NewDigest(img); err != nil {
+			return fmt.Errorf("%s %q: the Home's images must be pinned by digest (repository@sha256:...): %w", env, img, err)
+		}
+	}
 	for _, o := range in.Objects {
 		if o.GetKind() != "Deployment" || o.GetName() != "lampyr-grant-controller" {
 			continue

@@ -33,7 +33,8 @@ func TestLampyrManifestsNameEveryComponent(t *testing.T) {
 	for _, o := range objs {
 		kinds[o.GetKind()+"/"+o.GetName()] = true
 	}
-	for _, want := range []string{"CustomResourceDefinition/capacitygrants.fiberd.io", "ConfigMap/config-lampyr", "Namespace/lampyr-system"} {
+	for _, want := range []string{"CustomResourceDefinition/capacitygrants.fiberd.io", "ConfigMap/config-lampyr", "Namespace/lampyr-system", "Namespace/lampyr-homes",
+		"NetworkPolicy/fiber-router-from-gateway", "NetworkPolicy/fiberd-api", "Role/lampyr-public-config"} {
 		if !kinds[want] {
 			t.Errorf("impl/config lacks %s", want)
 		}
@@ -41,7 +42,8 @@ func TestLampyrManifestsNameEveryComponent(t *testing.T) {
 }
 
 func TestHomeImagesAndBackendStrategy(t *testing.T) {
-	in := &LampyrInputs{Objects: implObjects(t), GrantImage: "localhost:5002/lampyr/home@sha256:1", HelperImage: "localhost:5002/lampyr/home@sha256:1"}
+	pinned := "localhost:5002/lampyr/home@sha256:" + strings.Repeat("1", 64)
+	in := &LampyrInputs{Objects: implObjects(t), GrantImage: pinned, HelperImage: pinned}
 	if err := setHomeImages(in); err != nil {
 		t.Fatal(err)
 	}
@@ -66,5 +68,47 @@ func TestHomeImagesAndBackendStrategy(t *testing.T) {
 	}
 	if err := setHomeImages(&LampyrInputs{}); err == nil {
 		t.Error("manifests without the grant controller must be an error")
+	}
+	// A Home image anyone who can move a tag could replace is refused.
+	if err := setHomeImages(&LampyrInputs{Objects: implObjects(t), GrantImage: "localhost:5002/lampyr/home:dev"}); err == nil || !strings.Contains(err.Error(), EnvGrantImage) {
+		t.Errorf("a Home image by tag: %v, want an error naming %s", err, EnvGrantImage)
+	}
+}
+
+// TestLeastPrivilege: no Lampyr component may write Secrets, Pods or
+// ConfigMaps cluster-wide, fiber-router has no cluster-wide role at all, and
+// only lampyr-homes admits privileged Pods (docs/security.md §6). A
+// ClusterRole that grew such a rule would hand every tenant namespace to the
+// component.
+func TestLeastPrivilege(t *testing.T) {
+	forbidden := map[string]bool{"secrets": true, "pods": true, "configmaps": true, "*": true}
+	for _, o := range implObjects(t) {
+		switch o.GetKind() {
+		case "ClusterRole":
+			if o.GetName() == "lampyr-fiber-router" {
+				t.Errorf("fiber-router has a ClusterRole; it needs only a Role in lampyr-system")
+			}
+			rules, _, _ := unstructured.NestedSlice(o.Object, "rules")
+			for _, r := range rules {
+				rm := r.(map[string]any)
+				groups, _, _ := unstructured.NestedStringSlice(rm, "apiGroups")
+				res, _, _ := unstructured.NestedStringSlice(rm, "resources")
+				for _, g := range groups {
+					if g != "" {
+						continue
+					}
+					for _, x := range res {
+						if forbidden[x] {
+							t.Errorf("ClusterRole %s grants %q cluster-wide", o.GetName(), x)
+						}
+					}
+				}
+			}
+		case "Namespace":
+			level := o.GetLabels()["pod-security.kubernetes.io/enforce"]
+			if want := map[string]string{"lampyr-system": "restricted", "lampyr-homes": "privileged"}[o.GetName()]; level != want {
+				t.Errorf("Namespace %s enforces Pod Security %q, want %q", o.GetName(), level, want)
+			}
+		}
 	}
 }

@@ -38,7 +38,6 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func TestLampyrConformance(t *testing.T) {
@@ -52,6 +51,9 @@ const (
 )
 
 var (
+	// sealer is this machine's ly identity, which signs the templates
+	// (authorized by the lampyr install profile).
+	sealer   *ly.Sealer
 	enabled  = os.Getenv("LAMPYR_E2E") == "1"
 	env      *clusters.Env
 	c        *e2eutil.Clients
@@ -89,8 +91,13 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err = ly.Connect(kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	sealer, err = e2eutil.Sealer()
+	Expect(err).NotTo(HaveOccurred())
 	registry = inst.Registry
 	Expect(c.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
+	// Tenant namespaces on Lampyr enforce Pod Security "restricted": no
+	// Lampyr Pod runs in them (docs/security.md).
+	Expect(e2eutil.RestrictPodSecurity(ctx, c, ns)).To(Succeed())
 
 	By("building the fixture handler's snapshot artifact (ly build) and pushing it to " + registry)
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
@@ -141,7 +148,7 @@ func service(ctx context.Context, svc string, pre func(p *ly.Project), post func
 	if pre != nil {
 		pre(&p)
 	}
-	tmpl, err := ly.SealTemplate(ctx, inst, svc+"-00001", snap, built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(ctx, inst, sealer.Key, ns, svc+"-00001", snap, built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
 	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
 	if post != nil {
@@ -422,7 +429,7 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 			p.Name = "homeless"
 			two := int32(2)
 			p.MaxScale = &two
-			tmpl, err := ly.SealTemplate(ctx, inst, "someone-else-00001", snap, built.Config, p.Policy())
+			tmpl, err := ly.SealTemplate(ctx, inst, sealer.Key, ns, "someone-else-00001", snap, built.Config, p.Policy())
 			Expect(err).NotTo(HaveOccurred())
 			apply(ctx, ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true}))
 			var reason, msg string
@@ -444,12 +451,12 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 			rev := "mended-00001"
 			zero := int64(0)
 			Expect(c.Kube.CoreV1().Services(ns).Delete(ctx, rev, metav1.DeleteOptions{GracePeriodSeconds: &zero})).To(Succeed())
-			Expect(c.Kube.CoreV1().ConfigMaps(ns).Delete(ctx, rev+routermeta.NameSuffix, metav1.DeleteOptions{})).To(Succeed())
+			Expect(c.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Delete(ctx, e2eutil.RouterMetadataName(ns, rev), metav1.DeleteOptions{})).To(Succeed())
 			Eventually(func() error {
 				if _, err := c.Kube.CoreV1().Services(ns).Get(ctx, rev, metav1.GetOptions{}); err != nil {
 					return err
 				}
-				_, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, rev+routermeta.NameSuffix, metav1.GetOptions{})
+				_, err := c.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Get(ctx, e2eutil.RouterMetadataName(ns, rev), metav1.GetOptions{})
 				return err
 			}).WithTimeout(time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 			_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "mended", 2*time.Minute)

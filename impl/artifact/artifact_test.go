@@ -107,7 +107,7 @@ func TestFetchVerifies(t *testing.T) {
 		t.Fatal("fetch of an unknown digest succeeded")
 	}
 	// A sealed-template artifact is not a snapshot.
-	tref, err := PushTemplate(context.Background(), []byte("sealed"), reg+"/lampyr/templates", "hello-00001", "k")
+	tref, err := PushTemplate(context.Background(), []byte("sealed"), reg+"/lampyr/templates", "demo", "hello-00001", "k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,13 +115,13 @@ func TestFetchVerifies(t *testing.T) {
 		t.Fatalf("fetching a template as a snapshot: %v", err)
 	}
 	sealed, tc, err := FetchTemplate(context.Background(), tref.String())
-	if err != nil || string(sealed) != "sealed" || tc.Revision != "hello-00001" {
+	if err != nil || string(sealed) != "sealed" || tc.Revision != "hello-00001" || tc.Namespace != "demo" {
 		t.Fatalf("FetchTemplate: %q %+v %v", sealed, tc, err)
 	}
-	// The template is tagged with the Revision name.
-	tag, _ := name.NewTag(reg + "/lampyr/templates:hello-00001")
+	// The template is tagged with the namespace and Revision name.
+	tag, _ := name.NewTag(reg + "/lampyr/templates:demo.hello-00001")
 	if d, err := remote.Head(tag); err != nil || d.Digest.String() != tref.DigestStr() {
-		t.Fatalf("tag hello-00001: %v %v", d, err)
+		t.Fatalf("tag demo.hello-00001: %v %v", d, err)
 	}
 }
 

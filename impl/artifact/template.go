@@ -20,25 +20,32 @@ const (
 // only what an operator needs to tell templates apart, never template
 // content.
 type TemplateConfig struct {
+	Namespace  string `json:"namespace,omitempty"`
 	Revision   string `json:"revision"`
 	FleetKeyID string `json:"fleetKeyID"`
 }
 
+// TemplateTag is the tag a Revision's template is pushed under:
+// "<namespace>.<revision>" (both DNS labels, so it is a valid tag and two
+// namespaces' Revisions of one name never share a tag).
+func TemplateTag(namespace, revision string) string { return namespace + "." + revision }
+
 // PushTemplate pushes a sealed template (from seal.Seal) to repository,
-// tagged with the Revision name, and returns its digest-pinned reference.
-func PushTemplate(ctx context.Context, sealed []byte, repository, revision, fleetKeyID string, opts ...remote.Option) (name.Digest, error) {
+// tagged TemplateTag(namespace, revision), and returns its digest-pinned
+// reference. The reference, not the tag, is what a Revision names.
+func PushTemplate(ctx context.Context, sealed []byte, repository, namespace, revision, fleetKeyID string, opts ...remote.Option) (name.Digest, error) {
 	repo, err := name.NewRepository(repository)
 	if err != nil {
 		return name.Digest{}, fmt.Errorf("template repository %q: %w", repository, err)
 	}
-	cfg, _ := json.Marshal(TemplateConfig{Revision: revision, FleetKeyID: fleetKeyID})
+	cfg, _ := json.Marshal(TemplateConfig{Namespace: namespace, Revision: revision, FleetKeyID: fleetKeyID})
 	img, err := newImage(TemplateArtifactType, TemplateConfigMediaType, cfg, TemplateLayerMediaType, sealed, map[string]string{
-		"org.opencontainers.image.title": "lampyr fiberd template " + revision,
+		"org.opencontainers.image.title": "lampyr fiberd template " + namespace + "/" + revision,
 	})
 	if err != nil {
 		return name.Digest{}, err
 	}
-	return Push(ctx, img, repo.Tag(revision).String(), opts...)
+	return Push(ctx, img, repo.Tag(TemplateTag(namespace, revision)).String(), opts...)
 }
 
 // FetchTemplate pulls a digest-pinned sealed-template artifact, verifies its

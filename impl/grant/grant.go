@@ -1,9 +1,11 @@
 // Package grant is the grant controller (the equivalent of
 // fiberd-k8s-controller): it admits or refuses each CapacityGrant against the
-// installation's fiber capacity, runs its Home (a Pod with fiberd and
-// lampyr-helper), issues the Home a signed, expiring grant and renews it
-// before expiry, and reports Admitted / HomeReady / Ready. The Home's
-// objects are owned by the grant, so deleting the grant removes them.
+// installation's fiber capacity, opens and checks the grant's sealed template
+// (it alone holds the fleet key), runs its Home (a Pod with fiberd and
+// lampyr-helper) in the Homes namespace, issues the Home a signed, expiring
+// grant and renews it before expiry, and reports Admitted / HomeReady /
+// Ready. Home objects are labelled with their grant and deleted when it is
+// gone (docs/security.md §1, §2).
 package grant
 
 import (
@@ -18,6 +20,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
@@ -31,23 +35,42 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/fiberd"
+	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
 // errHomeNameTaken stops a reconcile whose Home names are taken by objects
-// the grant does not own (the condition says which).
+// the grant controller did not make (the condition says which).
 var errHomeNameTaken = errors.New("home name taken")
+
+// errLeftover stops a reconcile that is deleting an earlier grant's Home;
+// it is looked at again shortly.
+var errLeftover = errors.New("leftover home")
+
+// leftoverRetry is when a grant whose name held an earlier Home is looked at
+// again, once the deletions reached the informer caches.
+const leftoverRetry = time.Second
 
 // Reconciler reconciles CapacityGrants.
 type Reconciler struct {
-	kube     kubernetes.Interface
-	grants   grantStore
-	pods     corev1listers.PodLister
-	services corev1listers.ServiceLister
-	secrets  corev1listers.SecretLister
-	keys     *Keys
+	kube   kubernetes.Interface
+	grants grantStore
+	// homesNamespace holds every Home; the listers below see only it.
+	homesNamespace string
+	pods           corev1listers.PodLister
+	services       corev1listers.ServiceLister
+	secrets        corev1listers.SecretLister
+	// systemNamespace holds the keys and configuration.
+	systemNamespace string
+	fleetSecret     func() (*corev1.Secret, error)
+	sealersConfig   func() (*corev1.ConfigMap, error)
+	keys            *Keys
+	fleet           fleetKeyring
+	templates       TemplateFetcher
+	blobs           templateBlobs
 	// diagnoser asks a running, not-ready Home's fiberd why (nil: not asked).
 	diagnoser HomeDiagnoser
 	config    func() (*config.Config, error)
@@ -72,17 +95,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, key string) error {
 	}
 	orig, err := r.grants.Get(ns, name)
 	if apierrs.IsNotFound(err) {
-		// Owner references let the garbage collector remove the Home;
-		// only our own bookkeeping is left to drop.
+		// No owner reference can reach across namespaces: the Home goes
+		// because its grant is gone, also when that happened while this
+		// controller was down (every Home object is enqueued at start).
 		r.forget(key)
-		return nil
+		return r.deleteHome(ctx, ns, name, "")
 	}
 	if err != nil {
 		return err
 	}
 	if orig.DeletionTimestamp != nil {
 		r.forget(key)
-		return nil
+		return r.deleteHome(ctx, ns, name, "")
 	}
 	g := orig.DeepCopy()
 	g.Status.InitializeConditions()
@@ -116,36 +140,184 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 	}
 	if msg := validate(g, cfg); msg != "" {
 		g.Status.MarkNotAdmitted(v1alpha1.ReasonInvalidSpec, "%s", msg)
-		return 0, nil
+		return 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
 	}
 	if !r.admit(g, cfg) {
+		// A refused grant runs nothing: a Home left from an earlier
+		// admission stops now, not at its grant's expiry.
+		return 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
+	}
+	// An admitted grant always names its Home and where it is reached (its
+	// Service until the Pod is Ready), even when a later step fails in this
+	// reconcile: the status written on that error must not blank them.
+	g.Status.Home = resources.HomeName(g)
+	if g.Status.HomeEndpoint == "" {
+		g.Status.HomeEndpoint = resources.HomeEndpoint(g, r.homesNamespace)
+	}
+	if reason, msg := checkImages(cfg); reason != "" {
+		g.Status.MarkHomeFailed(reason, "%s", msg)
 		return 0, nil
 	}
-	// An admitted grant always names where its Home is reached (its
-	// Service until the Pod is Ready), even when a later step fails in this
-	// reconcile: the status written on that error must not blank it.
-	if g.Status.HomeEndpoint == "" {
-		g.Status.HomeEndpoint = resources.HomeEndpoint(g)
+	helper, run, again, err := r.reconcileTemplate(ctx, g, cfg)
+	if err != nil || !run {
+		return again, err
 	}
-	renewIn, err := r.reconcileSecret(ctx, g, cfg)
+	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)
 	if errors.Is(err, errHomeNameTaken) {
 		return 0, nil
+	}
+	if errors.Is(err, errLeftover) {
+		return leftoverRetry, nil
 	}
 	if err != nil {
 		return 0, err
 	}
 	if err := r.reconcileService(ctx, g); err != nil {
+		if errors.Is(err, errHomeNameTaken) {
+			return 0, nil
+		}
 		return 0, err
 	}
 	home, err := r.reconcilePod(ctx, g, cfg)
 	if err != nil {
 		return 0, err
 	}
-	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, home)
+	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, r.homesNamespace, home)
 	if again := r.diagnoseHome(ctx, g, home); again > 0 && (renewIn == 0 || again < renewIn) {
 		return again, nil
 	}
 	return renewIn, nil
+}
+
+// checkImages refuses Home images that are not pinned by digest: whoever
+// can move a tag would otherwise choose what runs privileged in every Home.
+func checkImages(cfg *config.Config) (reason, message string) {
+	if cfg.HomeImage == "" {
+		return v1alpha1.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
+	}
+	for key, img := range map[string]string{config.KeyHomeImage: cfg.HomeImage, config.KeyHelperImage: cfg.HelperImage} {
+		if img == "" {
+			continue
+		}
+		if _, err := artifact.ParseDigestRef(img); err != nil {
+			return v1alpha1.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, config.ConfigMapName, err)
+		}
+	}
+	return "", ""
+}
+
+// reconcileTemplate opens and checks g's sealed template. A template that
+// cannot be trusted stops the Home (a revoked sealer, a replayed
+// template); one the registry cannot give right now keeps a running Home on
+// the facts of the grant it already holds for that template, and is asked
+// for again shortly.
+//
+// run says whether the Home may run; when it may not, again says when to
+// look again (0: when something changes).
+func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (helper signedgrant.Helper, run bool, again time.Duration, err error) {
+	fleetSecret, err := r.fleetSecret()
+	if err != nil {
+		return helper, false, 0, fmt.Errorf("reading the fleet key Secret %s/%s: %w", r.systemNamespace, FleetKeyName, err)
+	}
+	fleet, err := r.fleet.keysOf(fleetSecret)
+	if err != nil {
+		return helper, false, 0, err
+	}
+	mirrors, err := fiberd.ParseMirrors(cfg.HomeRegistryMirrors)
+	if err != nil {
+		return helper, false, 0, err
+	}
+	opts := append([]remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}, mirrors.RemoteOptions()...)
+	helper, refusal := r.openTemplate(ctx, g, fleet, r.trust(ctx), opts)
+	if refusal == nil {
+		return helper, true, 0, nil
+	}
+	if refusal.retry {
+		if cur := r.currentGrantOf(g); cur != nil && cur.Template == g.Spec.Template {
+			logging.FromContext(ctx).Warnw("Keeping the running Home on its current grant", "grant", g.Namespace+"/"+g.Name, "cause", refusal.message)
+			return cur.Helper, true, 0, nil
+		}
+		g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
+		return helper, false, templateRetry, nil
+	}
+	g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
+	return helper, false, 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
+}
+
+// trust is who may seal templates: the controller (every namespace) and the
+// identities in lampyr-template-sealers. An entry that does not parse is
+// left out and logged; the others still count.
+func (r *Reconciler) trust(ctx context.Context) *seal.Trust {
+	var sealers []seal.TrustedSealer
+	if cm, err := r.sealersConfig(); err == nil && cm != nil {
+		var perr error
+		sealers, perr = seal.ParseSealers(cm.Data)
+		if perr != nil {
+			logging.FromContext(ctx).Errorw("Ignoring unusable entries of ConfigMap "+SealersConfigMap, "error", perr)
+		}
+	} else if err != nil && !apierrs.IsNotFound(err) {
+		logging.FromContext(ctx).Errorw("Reading ConfigMap "+SealersConfigMap, "error", err)
+	}
+	sealers = append(sealers, seal.TrustedSealer{Name: ControllerSealerIdentity, Key: r.keys.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
+	return seal.NewTrust(sealers...)
+}
+
+// deleteHome deletes the Home objects of grant namespace/name (keep: a UID
+// whose objects stay, "" for none). Only objects labelled as that grant's
+// Home are touched.
+func (r *Reconciler) deleteHome(ctx context.Context, namespace, name string, keepUID string) error {
+	homeName := resources.HomeNameFor(namespace, name)
+	mine := func(o metav1.Object) bool {
+		ns, n, ok := resources.GrantKeyOf(o)
+		return ok && ns == namespace && n == name && (keepUID == "" || o.GetLabels()[resources.GrantUIDLabel] != keepUID)
+	}
+	var errs []error
+	if p, err := r.pods.Pods(r.homesNamespace).Get(homeName); err == nil && mine(p) && p.DeletionTimestamp == nil {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if s, err := r.services.Services(r.homesNamespace).Get(homeName); err == nil && mine(s) {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Services(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if s, err := r.secrets.Secrets(r.homesNamespace).Get(homeName); err == nil && mine(s) {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Secrets(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deleting the Home of CapacityGrant %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+func ignoreNotFound(err error) error {
+	if apierrs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// ownership of an existing Home object for g: ours, a leftover of an
+// earlier grant of the same name (replaced), or someone else's (refused).
+type ownership int
+
+const (
+	ownedByGrant ownership = iota
+	leftover
+	foreign
+)
+
+func ownershipOf(obj metav1.Object, g *v1alpha1.CapacityGrant) ownership {
+	if resources.IsHomeOf(obj, g) {
+		return ownedByGrant
+	}
+	if ns, name, ok := resources.GrantKeyOf(obj); ok && ns == g.Namespace && name == g.Name {
+		return leftover
+	}
+	return foreign
+}
+
+// taken marks the grant's Home name taken by obj and stops the reconcile.
+func (r *Reconciler) taken(g *v1alpha1.CapacityGrant, kind string, obj metav1.Object) error {
+	g.Status.MarkHomeFailed(v1alpha1.ReasonHomeNameTaken, "%s %s/%s exists and was not made for this CapacityGrant; delete it", kind, r.homesNamespace, obj.GetName())
+	return errHomeNameTaken
 }
 
 // validate checks what the CRD schema cannot: digests that parse, limits
@@ -263,20 +435,32 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 func bytesQ(n int64) string { return resource.NewQuantity(n, resource.BinarySI).String() }
 
 // reconcileSecret issues the signed grant (renewing it when it is past half
-// its life or no longer matches the spec) and returns when to renew next.
-func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (time.Duration, error) {
+// its life or no longer matches the spec or the keys) and returns when to
+// renew next.
+func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config, helper signedgrant.Helper) (time.Duration, error) {
 	now := r.now()
-	existing, err := r.secrets.Secrets(g.Namespace).Get(resources.HomeName(g))
+	existing, err := r.secrets.Secrets(r.homesNamespace).Get(resources.HomeName(g))
 	if err != nil && !apierrs.IsNotFound(err) {
 		return 0, err
 	}
-	if existing != nil && !metav1.IsControlledBy(existing, g) {
-		// Never write keys into a Secret someone else owns.
-		g.Status.MarkHomeFailed("HomeNameTaken", "Secret %s/%s exists and is not owned by this CapacityGrant; delete it", g.Namespace, existing.Name)
-		return 0, errHomeNameTaken
+	if existing != nil {
+		switch ownershipOf(existing, g) {
+		case foreign:
+			// Never write a grant into a Secret someone else made.
+			return 0, r.taken(g, "Secret", existing)
+		case leftover:
+			// A Home of an earlier grant of this name (a Revision deleted
+			// and made again): delete all of it and start over once the
+			// caches no longer show it.
+			if err := r.deleteHome(ctx, g.Namespace, g.Name, string(g.UID)); err != nil {
+				return 0, err
+			}
+			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "The Home of an earlier CapacityGrant named %s is being deleted.", g.Name)
+			return 0, errLeftover
+		}
 	}
 	current := r.currentGrant(existing, now)
-	want := resources.MakeClaims(g, cfg, "", metav1.NewTime(now))
+	want := resources.MakeClaims(g, cfg, helper, "", metav1.NewTime(now))
 	renewAt := time.Time{}
 	if current != nil {
 		renewAt = current.ExpiresAt.Add(-cfg.RenewBefore())
@@ -287,16 +471,16 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 		if err != nil {
 			return 0, fmt.Errorf("signing grant for %s/%s: %w", g.Namespace, g.Name, err)
 		}
-		desired := resources.MakeHomeSecret(g, signed, r.keys.SigningPubPEM, r.keys.FleetPrivatePEM, r.keys.RouterToken)
+		desired := resources.MakeHomeSecret(g, r.homesNamespace, signed, r.keys.SigningPubPEM, r.keys.RouterPubPEM)
 		if existing == nil {
-			_, err = r.kube.CoreV1().Secrets(g.Namespace).Create(ctx, desired, metav1.CreateOptions{})
+			_, err = r.kube.CoreV1().Secrets(r.homesNamespace).Create(ctx, desired, metav1.CreateOptions{})
 		} else {
 			upd := existing.DeepCopy()
 			upd.Data, upd.Labels = desired.Data, desired.Labels
-			_, err = r.kube.CoreV1().Secrets(g.Namespace).Update(ctx, upd, metav1.UpdateOptions{})
+			_, err = r.kube.CoreV1().Secrets(r.homesNamespace).Update(ctx, upd, metav1.UpdateOptions{})
 		}
 		if err != nil {
-			return 0, fmt.Errorf("writing Secret %s/%s: %w", g.Namespace, desired.Name, err)
+			return 0, fmt.Errorf("writing Secret %s/%s: %w", r.homesNamespace, desired.Name, err)
 		}
 		current = &want
 		renewAt = want.ExpiresAt.Add(-cfg.RenewBefore())
@@ -307,7 +491,17 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 	return max(renewAt.Sub(now), time.Second), nil
 }
 
-// currentGrant returns the valid grant in the Home Secret, if any.
+// currentGrantOf is the valid grant g's Home holds now, if any.
+func (r *Reconciler) currentGrantOf(g *v1alpha1.CapacityGrant) *signedgrant.Claims {
+	s, err := r.secrets.Secrets(r.homesNamespace).Get(resources.HomeName(g))
+	if err != nil || !resources.IsHomeOf(s, g) {
+		return nil
+	}
+	return r.currentGrant(s, r.now())
+}
+
+// currentGrant returns the valid grant in the Home Secret, if any, as long
+// as the Secret also carries today's public keys.
 func (r *Reconciler) currentGrant(s *corev1.Secret, now time.Time) *signedgrant.Claims {
 	if s == nil {
 		return nil
@@ -316,7 +510,7 @@ func (r *Reconciler) currentGrant(s *corev1.Secret, now time.Time) *signedgrant.
 	if err != nil {
 		return nil
 	}
-	if string(s.Data[resources.SecretKeyRouterToken]) != r.keys.RouterToken || string(s.Data[resources.SecretKeyFleetKey]) != string(r.keys.FleetPrivatePEM) {
+	if string(s.Data[resources.SecretKeyRouterPubKeys]) != string(r.keys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(r.keys.SigningPubPEM) || len(s.Data) != 3 {
 		return nil
 	}
 	return &c
@@ -344,65 +538,75 @@ func newGrantID(g *v1alpha1.CapacityGrant) string {
 }
 
 func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityGrant) error {
-	want := resources.MakeHomeService(g)
-	have, err := r.services.Services(g.Namespace).Get(want.Name)
+	want := resources.MakeHomeService(g, r.homesNamespace)
+	have, err := r.services.Services(r.homesNamespace).Get(want.Name)
 	if apierrs.IsNotFound(err) {
-		_, err = r.kube.CoreV1().Services(g.Namespace).Create(ctx, want, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("creating Service %s/%s: %w", g.Namespace, want.Name, err)
+		if _, err := r.kube.CoreV1().Services(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating Service %s/%s: %w", r.homesNamespace, want.Name, err)
 		}
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	if !metav1.IsControlledBy(have, g) {
-		g.Status.MarkHomeFailed("HomeNameTaken", "Service %s/%s exists and is not owned by this CapacityGrant; delete it", g.Namespace, want.Name)
-		return nil
+	if ownershipOf(have, g) == foreign {
+		return r.taken(g, "Service", have)
 	}
-	if equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) && equality.Semantic.DeepEqual(have.Spec.Ports, want.Spec.Ports) {
+	if equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) && equality.Semantic.DeepEqual(have.Spec.Ports, want.Spec.Ports) && equality.Semantic.DeepEqual(have.Labels, want.Labels) {
 		return nil
 	}
 	upd := have.DeepCopy()
-	upd.Spec.Selector, upd.Spec.Ports = want.Spec.Selector, want.Spec.Ports
-	_, err = r.kube.CoreV1().Services(g.Namespace).Update(ctx, upd, metav1.UpdateOptions{})
+	upd.Labels, upd.Spec.Selector, upd.Spec.Ports = want.Labels, want.Spec.Selector, want.Spec.Ports
+	_, err = r.kube.CoreV1().Services(r.homesNamespace).Update(ctx, upd, metav1.UpdateOptions{})
 	return err
 }
 
 // reconcilePod runs the Home Pod and returns it once it is this grant's
 // and current (nil while it is being created or replaced).
 func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (*corev1.Pod, error) {
-	want := resources.MakeHomePod(g, cfg)
-	if want.Spec.Containers[0].Image == "" {
-		g.Status.MarkHomeFailed("HomeImageMissing", "no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
-		return nil, nil
-	}
-	have, err := r.pods.Pods(g.Namespace).Get(want.Name)
+	want := resources.MakeHomePod(g, cfg, r.homesNamespace)
+	have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
 	if apierrs.IsNotFound(err) {
-		if _, err := r.kube.CoreV1().Pods(g.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", g.Namespace, want.Name, err)
+		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
 		}
-		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s created.", want.Name)
+		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	if !metav1.IsControlledBy(have, g) {
-		g.Status.MarkHomeFailed("HomeNameTaken", "Pod %s/%s exists and is not owned by this CapacityGrant; delete it", g.Namespace, want.Name)
+	switch ownershipOf(have, g) {
+	case foreign:
+		return nil, ignoreTaken(r.taken(g, "Pod", have))
+	case leftover:
+		if have.DeletionTimestamp == nil {
+			if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+				return nil, fmt.Errorf("replacing a leftover Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
+			}
+		}
+		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, have.Name)
 		return nil, nil
 	}
 	// Pods are immutable where it matters, so a Home that failed or runs an
 	// outdated image is replaced rather than updated.
 	if have.DeletionTimestamp == nil && (have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image) {
-		if err := r.kube.CoreV1().Pods(g.Namespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
-			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", g.Namespace, have.Name, err)
+		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
 		}
-		g.Status.MarkHomeFailed(v1alpha1.ReasonHomeFailed, "Home Pod %s %s; replacing it. %s", have.Name, phaseOrImage(have, want), have.Status.Message)
+		g.Status.MarkHomeFailed(v1alpha1.ReasonHomeFailed, "Home Pod %s/%s %s; replacing it. %s", r.homesNamespace, have.Name, phaseOrImage(have, want), have.Status.Message)
 		return nil, nil
 	}
 	markHome(g, have)
 	return have, nil
+}
+
+// ignoreTaken: a taken name is reported in the condition, not retried.
+func ignoreTaken(err error) error {
+	if errors.Is(err, errHomeNameTaken) {
+		return nil
+	}
+	return err
 }
 
 func phaseOrImage(have, want *corev1.Pod) string {
@@ -422,7 +626,7 @@ func markHome(g *v1alpha1.CapacityGrant, p *corev1.Pod) {
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s is not scheduled: %s", p.Name, c.Message)
+			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s is not scheduled: %s", p.Namespace, p.Name, c.Message)
 			return
 		}
 	}

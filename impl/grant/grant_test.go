@@ -3,6 +3,7 @@ package grant
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -12,7 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -29,20 +32,67 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
+const (
+	homesNS  = "lampyr-homes"
+	systemNS = "lampyr-system"
+)
+
 var (
-	now      = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
-	digest   = "sha256:" + strings.Repeat("a", 64)
-	testKeys = func() *Keys {
+	now    = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	digest = "sha256:" + strings.Repeat("a", 64)
+	// testFleet is the installation's fleet key, testSealer the
+	// controller's sealer key (trusted for every namespace).
+	testFleet, _  = seal.GenerateFleetKey()
+	testSealer, _ = seal.GenerateSealerKey()
+	testKeys      = func() *Keys {
 		_, priv, _ := signedgrant.GenerateKey()
 		pub, _ := signedgrant.MarshalPublicKey(priv.Public().(ed25519.PublicKey))
-		return &Keys{FleetPrivatePEM: []byte("fleet"), Signing: priv, SigningPubPEM: pub, RouterToken: "tok"}
+		rpub, _, _ := routercred.GenerateKey()
+		rpem, _ := routercred.MarshalPublicKey(rpub)
+		return &Keys{Signing: priv, SigningPubPEM: pub, RouterPubPEM: rpem, ControllerSealer: testSealer.Public()}
 	}()
+	testHelper = signedgrant.Helper{Port: 8080, Protocol: "http1"}
 )
+
+// templateRef is the reference a grant of that name names; templateOf the
+// sealed template behind it, sealed by the controller for that grant.
+func templateRef(name string) string {
+	return "localhost:5002/lampyr/templates@sha256:" + fmt.Sprintf("%064x", sha256.Sum256([]byte(name)))
+}
+
+func sealFor(t testing.TB, sealer *seal.SealerKey, namespace, revision string) []byte {
+	t.Helper()
+	b, err := seal.Seal(testFleet.Public(), sealer, seal.Template{Namespace: namespace, Revision: revision, SnapshotDigest: digest,
+		Execution: seal.ExecutionPolicy{Mode: "fresh"}, Helper: seal.HelperFacts{Port: 8080, Protocol: "http1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// fakeTemplates is the registry: reference -> sealed bytes (missing:
+// an error, as a registry that cannot answer).
+type fakeTemplates struct {
+	m     map[string][]byte
+	calls int
+}
+
+func (f *fakeTemplates) Fetch(_ context.Context, ref string, _ ...remote.Option) ([]byte, error) {
+	f.calls++
+	if b, ok := f.m[ref]; ok {
+		return b, nil
+	}
+	return nil, fmt.Errorf("GET %s: connection refused", ref)
+}
+
+func homeName(g *v1alpha1.CapacityGrant) string { return resources.HomeName(g) }
 
 type grantOpt func(*v1alpha1.CapacityGrant)
 
@@ -52,7 +102,7 @@ func grant(name string, opts ...grantOpt) *v1alpha1.CapacityGrant {
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name), Generation: 1},
 		Spec: v1alpha1.CapacityGrantSpec{
 			RevisionName:      name,
-			Template:          "localhost:5002/lampyr/templates@" + digest,
+			Template:          templateRef(name),
 			SnapshotArtifact:  "localhost:5002/hello@" + digest,
 			MemoryPerFiber:    resource.MustParse("128Mi"),
 			MaxFibers:         4,
@@ -79,9 +129,13 @@ func withMemory(q string, max int32) grantOpt {
 }
 
 func homePod(g *v1alpha1.CapacityGrant, mut func(*corev1.Pod)) *corev1.Pod {
-	p := resources.MakeHomePod(g, testConfig())
+	p := resources.MakeHomePod(g, testConfig(), homesNS)
 	mut(p)
 	return p
+}
+
+func homeService(g *v1alpha1.CapacityGrant) *corev1.Service {
+	return resources.MakeHomeService(g, homesNS)
 }
 
 func ready(p *corev1.Pod) {
@@ -90,9 +144,9 @@ func ready(p *corev1.Pod) {
 }
 
 func homeSecret(g *v1alpha1.CapacityGrant, issued time.Time) *corev1.Secret {
-	c := resources.MakeClaims(g, testConfig(), "old-grant", metav1.NewTime(issued))
+	c := resources.MakeClaims(g, testConfig(), testHelper, "old-grant", metav1.NewTime(issued))
 	b, _ := signedgrant.Sign(testKeys.Signing, c)
-	return resources.MakeHomeSecret(g, b, testKeys.SigningPubPEM, testKeys.FleetPrivatePEM, testKeys.RouterToken)
+	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM)
 }
 
 func testConfig() *config.Config {
@@ -102,15 +156,17 @@ func testConfig() *config.Config {
 		config.KeyMaxFibersPerGrant:   "16",
 		config.KeyDefaultMaxFibers:    "2",
 		config.KeyGrantTTL:            "10m",
-		config.KeyHomeImage:           "kind.local/fiberd:test",
+		config.KeyHomeImage:           "kind.local/fiberd@" + digest,
 	}})
 	return c
 }
 
 type harness struct {
-	r    *Reconciler
-	kube *kubefake.Clientset
-	dyn  *dynamicfake.FakeDynamicClient
+	r         *Reconciler
+	kube      *kubefake.Clientset
+	dyn       *dynamicfake.FakeDynamicClient
+	templates *fakeTemplates
+	sealers   *corev1.ConfigMap
 }
 
 func newHarness(t *testing.T, objs ...runtime.Object) *harness {
@@ -147,17 +203,35 @@ func newHarness(t *testing.T, objs ...runtime.Object) *harness {
 		kube: kubefake.NewSimpleClientset(kubeObjs...),
 		dyn: dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
 			map[schema.GroupVersionResource]string{GrantGVR: "CapacityGrantList"}, grantObjs...),
+		templates: &fakeTemplates{m: map[string][]byte{}},
 	}
+	// Every grant's template, sealed by the controller for it.
+	for _, o := range grantObjs {
+		u := o.(*unstructured.Unstructured)
+		h.templates.m[templateRef(u.GetName())] = sealFor(t, testSealer, u.GetNamespace(), u.GetName())
+	}
+	fleetPEM, _ := testFleet.MarshalPEM()
+	fleet := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: systemNS, ResourceVersion: "1"}, Data: map[string][]byte{FleetPrivateKeyKey: fleetPEM}}
 	h.r = &Reconciler{
-		kube:     h.kube,
-		grants:   &dynamicGrants{client: h.dyn, lister: cache.NewGenericLister(grantIdx, GrantGVR.GroupResource())},
-		pods:     corev1listers.NewPodLister(podIdx),
-		services: corev1listers.NewServiceLister(svcIdx),
-		secrets:  corev1listers.NewSecretLister(secIdx),
-		keys:     testKeys,
-		config:   func() (*config.Config, error) { return testConfig(), nil },
-		now:      func() time.Time { return now },
-		pending:  map[string]int64{},
+		kube:            h.kube,
+		grants:          &dynamicGrants{client: h.dyn, lister: cache.NewGenericLister(grantIdx, GrantGVR.GroupResource())},
+		homesNamespace:  homesNS,
+		pods:            corev1listers.NewPodLister(podIdx),
+		services:        corev1listers.NewServiceLister(svcIdx),
+		secrets:         corev1listers.NewSecretLister(secIdx),
+		systemNamespace: systemNS,
+		fleetSecret:     func() (*corev1.Secret, error) { return fleet, nil },
+		sealersConfig: func() (*corev1.ConfigMap, error) {
+			if h.sealers == nil {
+				return nil, apierrs.NewNotFound(corev1.Resource("configmaps"), SealersConfigMap)
+			}
+			return h.sealers, nil
+		},
+		keys:      testKeys,
+		templates: h.templates,
+		config:    func() (*config.Config, error) { return testConfig(), nil },
+		now:       func() time.Time { return now },
+		pending:   map[string]int64{},
 	}
 	return h
 }
@@ -198,6 +272,7 @@ type cond struct {
 }
 
 func TestReconcile(t *testing.T) {
+	hn := resources.HomeNameFor("default", "hello-00001")
 	big := grant("big", withMemory("256Mi", 3), admitted) // reserves 768Mi of 1Gi
 	for _, tc := range []struct {
 		name        string
@@ -213,7 +288,7 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{grant("hello-00001")},
 		key:  "default/hello-00001",
 		wantActions: []string{
-			"create secrets hello-00001-home", "create services hello-00001-home", "create pods hello-00001-home",
+			"create secrets " + hn, "create services " + hn, "create pods " + hn,
 		},
 		wantConds: map[apis.ConditionType]cond{
 			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
@@ -222,13 +297,16 @@ func TestReconcile(t *testing.T) {
 		},
 		wantRequeue: 5 * time.Minute,
 		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
-			if g.Status.HomeEndpoint != "hello-00001-home.default.svc:9090" {
-				t.Errorf("homeEndpoint %q", g.Status.HomeEndpoint)
+			if g.Status.HomeEndpoint != hn+".lampyr-homes.svc:9090" || g.Status.Home != hn {
+				t.Errorf("homeEndpoint %q home %q", g.Status.HomeEndpoint, g.Status.Home)
+			}
+			if !strings.HasPrefix(hn, "hello-00001-") || len(hn) != len("hello-00001-")+10 {
+				t.Errorf("Home name %q: want the grant's name and 10 hex digits", hn)
 			}
 			if g.Status.ExpiresAt == nil || !g.Status.ExpiresAt.Time.Equal(now.Add(10*time.Minute)) || g.Status.GrantID == "" {
 				t.Errorf("grant identity/expiry: %q %v", g.Status.GrantID, g.Status.ExpiresAt)
 			}
-			s, err := h.kube.CoreV1().Secrets("default").Get(context.Background(), "hello-00001-home", metav1.GetOptions{})
+			s, err := h.kube.CoreV1().Secrets(homesNS).Get(context.Background(), hn, metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -236,15 +314,25 @@ func TestReconcile(t *testing.T) {
 			if err != nil {
 				t.Fatalf("issued grant does not verify: %v", err)
 			}
-			if c.GrantID != g.Status.GrantID || c.MaxFibers != 4 || c.MemoryPerFiberBytes != 128<<20 || c.Revision != "hello-00001" {
+			if c.GrantID != g.Status.GrantID || c.MaxFibers != 4 || c.MemoryPerFiberBytes != 128<<20 || c.Revision != "hello-00001" || c.Home != hn || c.Helper != testHelper {
 				t.Errorf("issued claims %+v", c)
 			}
-			if string(s.Data[resources.SecretKeyRouterToken]) != "tok" || string(s.Data[resources.SecretKeyFleetKey]) != "fleet" {
-				t.Error("Home Secret lacks the router token or fleet key")
+			// Only the grant and two public keys: nothing in a Home's
+			// Secret acts on another Home or opens another template.
+			if len(s.Data) != 3 || string(s.Data[resources.SecretKeyRouterPubKeys]) != string(testKeys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(testKeys.SigningPubPEM) {
+				t.Errorf("Home Secret keys %v", keysOf(s.Data))
 			}
-			p, _ := h.kube.CoreV1().Pods("default").Get(context.Background(), "hello-00001-home", metav1.GetOptions{})
-			if *p.Spec.AutomountServiceAccountToken || !metav1.IsControlledBy(p, g) {
-				t.Error("Home Pod must not mount a service-account token and must be owned by the grant")
+			for k, v := range s.Data {
+				if strings.Contains(string(v), "PRIVATE KEY") {
+					t.Errorf("Home Secret key %s holds a private key", k)
+				}
+			}
+			p, _ := h.kube.CoreV1().Pods(homesNS).Get(context.Background(), hn, metav1.GetOptions{})
+			if *p.Spec.AutomountServiceAccountToken || len(p.OwnerReferences) != 0 || !resources.IsHomeOf(p, g) {
+				t.Errorf("Home Pod: no service-account token, no owner reference across namespaces, labelled for its grant: %+v", p.ObjectMeta)
+			}
+			if _, err := h.kube.CoreV1().Pods("default").Get(context.Background(), hn, metav1.GetOptions{}); err == nil {
+				t.Error("a Home Pod runs in the tenant namespace")
 			}
 			if got := p.Spec.Containers[0].Resources.Limits.Memory().String(); got != "768Mi" { // 4×128Mi + 256Mi
 				t.Errorf("Home memory limit %s, want 768Mi", got)
@@ -265,7 +353,7 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{big, grant("hello-00001", withMemory("128Mi", 0))},
 		key:  "default/hello-00001",
 		wantActions: []string{
-			"create secrets hello-00001-home", "create services hello-00001-home", "create pods hello-00001-home",
+			"create secrets " + hn, "create services " + hn, "create pods " + hn,
 		},
 		wantConds: map[apis.ConditionType]cond{
 			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
@@ -289,7 +377,7 @@ func TestReconcile(t *testing.T) {
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", withMemory("128Mi", 0), admitted) // default max was 4 when admitted
 			setReserved(g, 512<<20)
-			return []runtime.Object{big, g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, ready)}
+			return []runtime.Object{big, g, homeSecret(g, now), homeService(g), homePod(g, ready)}
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
@@ -329,7 +417,7 @@ func TestReconcile(t *testing.T) {
 		name: "ready Home with a fresh grant: Ready, nothing written to the cluster",
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", admitted)
-			return []runtime.Object{g, homeSecret(g, now.Add(-time.Minute)), resources.MakeHomeService(g), homePod(g, ready)}
+			return []runtime.Object{g, homeSecret(g, now.Add(-time.Minute)), homeService(g), homePod(g, ready)}
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
@@ -347,10 +435,10 @@ func TestReconcile(t *testing.T) {
 		name: "grant past half its life is renewed",
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", admitted)
-			return []runtime.Object{g, homeSecret(g, now.Add(-6*time.Minute)), resources.MakeHomeService(g), homePod(g, ready)}
+			return []runtime.Object{g, homeSecret(g, now.Add(-6*time.Minute)), homeService(g), homePod(g, ready)}
 		}(),
 		key:         "default/hello-00001",
-		wantActions: []string{"update secrets hello-00001-home"},
+		wantActions: []string{"update secrets " + hn},
 		wantConds: map[apis.ConditionType]cond{
 			v1alpha1.GrantConditionReady: {corev1.ConditionTrue, ""},
 		},
@@ -366,22 +454,22 @@ func TestReconcile(t *testing.T) {
 			g := grant("hello-00001", admitted)
 			old := homeSecret(g, now.Add(-time.Minute))
 			g.Spec.MaxFibers = 2
-			return []runtime.Object{g, old, resources.MakeHomeService(g), homePod(g, ready)}
+			return []runtime.Object{g, old, homeService(g), homePod(g, ready)}
 		}(),
 		key:         "default/hello-00001",
-		wantActions: []string{"update secrets hello-00001-home"},
+		wantActions: []string{"update secrets " + hn},
 		wantRequeue: 5 * time.Minute,
 	}, {
 		name: "failed Home Pod is replaced",
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", admitted)
-			return []runtime.Object{g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, func(p *corev1.Pod) {
+			return []runtime.Object{g, homeSecret(g, now), homeService(g), homePod(g, func(p *corev1.Pod) {
 				p.Status.Phase = corev1.PodFailed
 				p.Status.Message = "Evicted"
 			})}
 		}(),
 		key:         "default/hello-00001",
-		wantActions: []string{"delete pods hello-00001-home"},
+		wantActions: []string{"delete pods " + hn},
 		wantConds: map[apis.ConditionType]cond{
 			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeFailed},
 		},
@@ -390,7 +478,7 @@ func TestReconcile(t *testing.T) {
 		name: "Home Pod crash-looping reports why",
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", admitted)
-			return []runtime.Object{g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, func(p *corev1.Pod) {
+			return []runtime.Object{g, homeSecret(g, now), homeService(g), homePod(g, func(p *corev1.Pod) {
 				p.Status.Phase = corev1.PodRunning
 				p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "fiberd", State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: "back-off 10s"}}}}
 			})}
@@ -405,19 +493,62 @@ func TestReconcile(t *testing.T) {
 		objs: func() []runtime.Object {
 			g := grant("hello-00001", admitted)
 			s := homeSecret(g, now)
-			s.OwnerReferences = nil
+			s.Labels = map[string]string{"app": "someone-else"}
 			return []runtime.Object{g, s}
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, "HomeNameTaken"},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeNameTaken},
 		},
 	}, {
-		name: "deleted grant: nothing to do (owner references clean up)",
+		name: "a leftover Home of an earlier grant of the same name is replaced",
+		objs: func() []runtime.Object {
+			old := grant("hello-00001", admitted)
+			old.UID = "uid-earlier"
+			return []runtime.Object{grant("hello-00001", admitted), homeSecret(old, now), homeService(old), homePod(old, ready)}
+		}(),
+		key:         "default/hello-00001",
+		wantActions: []string{"delete pods " + hn, "delete services " + hn, "delete secrets " + hn},
+		wantConds: map[apis.ConditionType]cond{
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
+		},
+		wantRequeue: time.Second,
+	}, {
+		name: "deleted grant: its Home (found by its labels) is deleted",
+		objs: func() []runtime.Object {
+			g := grant("gone", admitted)
+			return []runtime.Object{homeSecret(g, now), homeService(g), homePod(g, ready)}
+		}(),
+		key: "default/gone",
+		wantActions: []string{
+			"delete pods " + resources.HomeNameFor("default", "gone"), "delete services " + resources.HomeNameFor("default", "gone"), "delete secrets " + resources.HomeNameFor("default", "gone"),
+		},
+	}, {
+		name: "deleted grant without a Home: nothing to do",
 		key:  "default/gone",
+	}, {
+		name: "Home image not pinned by digest",
+		objs: []runtime.Object{grant("hello-00001")},
+		key:  "default/hello-00001",
+		wantConds: map[apis.ConditionType]cond{
+			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeImageNotPinned},
+		},
+		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
+			if msg := g.Status.GetCondition(v1alpha1.GrantConditionHomeReady).Message; !strings.Contains(msg, "home-image") || !strings.Contains(msg, "sha256") {
+				t.Errorf("message %q should name home-image and the fix", msg)
+			}
+		},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, tc.objs...)
+			if tc.name == "Home image not pinned by digest" {
+				h.r.config = func() (*config.Config, error) {
+					c := testConfig()
+					c.HomeImage = "kind.local/fiberd:latest"
+					return c, nil
+				}
+			}
 			err := h.r.Reconcile(context.Background(), tc.key)
 			requeue := time.Duration(0)
 			if ok, d := controller.IsRequeueKey(err); ok {
@@ -484,14 +615,17 @@ func TestAdmissionDoesNotDoubleBook(t *testing.T) {
 
 // fakeDiagnoser answers as fiberd's /readyz would, and counts the calls.
 type fakeDiagnoser struct {
-	msg   string
-	ok    bool
-	calls int
+	reason, msg string
+	ok          bool
+	calls       int
 }
 
 func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (string, string, bool) {
 	f.calls++
-	return "NotReady", f.msg, f.ok
+	if f.reason == "" {
+		return "NotReady", f.msg, f.ok
+	}
+	return f.reason, f.msg, f.ok
 }
 
 // TestHomeDiagnosis: a running, not-ready Home says why through its grant:
@@ -511,11 +645,11 @@ func TestHomeDiagnosis(t *testing.T) {
 		wantInMsg string
 		wantCalls int
 	}{{
-		name:      "template sealed for another Revision",
+		name:      "template port differs from the snapshot's",
 		pod:       running,
-		diag:      &fakeDiagnoser{msg: `TemplateMismatch: template was sealed for Revision "x-00001" but the grant is for "hello-00001"`, ok: true},
+		diag:      &fakeDiagnoser{reason: "TemplateMismatch", msg: `TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000`, ok: true},
 		want:      cond{corev1.ConditionFalse, "TemplateMismatch"},
-		wantInMsg: `sealed for Revision "x-00001"`,
+		wantInMsg: `snapshot's port 9000`,
 		wantCalls: 1,
 	}, {
 		name:      "still warming",
@@ -533,13 +667,13 @@ func TestHomeDiagnosis(t *testing.T) {
 	}, {
 		name:      "ready Home: not asked",
 		pod:       ready,
-		diag:      &fakeDiagnoser{msg: "TemplateMismatch: never", ok: true},
+		diag:      &fakeDiagnoser{reason: "TemplateMismatch", msg: "TemplateMismatch: never", ok: true},
 		want:      cond{corev1.ConditionTrue, ""},
 		wantCalls: 0,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			g := grant("hello-00001", admitted)
-			h := newHarness(t, g, homeSecret(g, now), resources.MakeHomeService(g), homePod(g, tc.pod))
+			h := newHarness(t, g, homeSecret(g, now), homeService(g), homePod(g, tc.pod))
 			h.r.diagnoser = tc.diag
 			err := h.r.Reconcile(context.Background(), "default/hello-00001")
 			if ok, _ := controller.IsRequeueKey(err); !ok && err != nil {
@@ -601,7 +735,7 @@ func TestHomeEndpointSurvivesAFailedStep(t *testing.T) {
 	g := grant("hello-00001")
 	h := newHarness(t, g)
 	h.kube.PrependReactor("create", "services", func(clientgotesting.Action) (bool, runtime.Object, error) {
-		return true, nil, fmt.Errorf("services %q already exists", "hello-00001-home")
+		return true, nil, fmt.Errorf("services %q already exists", homeName(g))
 	})
 	if err := h.r.Reconcile(context.Background(), "default/hello-00001"); err == nil {
 		t.Fatal("want the Service create error")
@@ -610,7 +744,146 @@ func TestHomeEndpointSurvivesAFailedStep(t *testing.T) {
 	if st == nil || !st.Status.IsAdmitted() {
 		t.Fatalf("status %+v, want admitted", st)
 	}
-	if st.Status.HomeEndpoint != resources.HomeEndpoint(g) {
-		t.Errorf("homeEndpoint %q, want %q", st.Status.HomeEndpoint, resources.HomeEndpoint(g))
+	if st.Status.HomeEndpoint != resources.HomeEndpoint(g, homesNS) {
+		t.Errorf("homeEndpoint %q, want %q", st.Status.HomeEndpoint, resources.HomeEndpoint(g, homesNS))
+	}
+}
+
+func keysOf(m map[string][]byte) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// TestTemplateChecks: the grant controller opens every template itself and
+// runs a Revision only from one a trusted sealer sealed for exactly this
+// namespace, Revision and snapshot (docs/security.md §2). A refused template
+// stops a running Home; a registry that does not answer does not.
+func TestTemplateChecks(t *testing.T) {
+	hn := resources.HomeNameFor("default", "hello-00001")
+	mallory, _ := seal.GenerateSealerKey()
+	alice, _ := seal.GenerateSealerKey()
+	otherFleet, _ := seal.GenerateFleetKey()
+	sealers := func(namespaces ...string) *corev1.ConfigMap {
+		v, _ := seal.FormatSealer(seal.TrustedSealer{Key: alice.Public(), Namespaces: namespaces})
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: SealersConfigMap, Namespace: systemNS}, Data: map[string]string{"alice": v}}
+	}
+	running := func() []runtime.Object {
+		g := grant("hello-00001", admitted)
+		return []runtime.Object{g, homeSecret(g, now.Add(-time.Minute)), homeService(g), homePod(g, ready)}
+	}
+	stopped := []string{"delete pods " + hn, "delete services " + hn, "delete secrets " + hn}
+	for _, tc := range []struct {
+		name        string
+		objs        []runtime.Object
+		template    func(t *testing.T) []byte // nil: the registry cannot answer
+		sealers     *corev1.ConfigMap
+		want        cond
+		wantInMsg   string
+		wantActions []string
+		wantRequeue time.Duration
+	}{{
+		name:        "replayed from another namespace, with a Home running",
+		objs:        running(),
+		template:    func(t *testing.T) []byte { return sealFor(t, testSealer, "victim", "hello-00001") },
+		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateMismatch},
+		wantInMsg:   `sealed for namespace "victim"`,
+		wantActions: stopped,
+	}, {
+		name:      "sealed by an identity nobody trusts",
+		objs:      []runtime.Object{grant("hello-00001")},
+		template:  func(t *testing.T) []byte { return sealFor(t, mallory, "default", "hello-00001") },
+		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnauthenticated},
+		wantInMsg: mallory.KeyID()[:16],
+	}, {
+		name:      "sealed by a ly identity authorized for other namespaces",
+		objs:      []runtime.Object{grant("hello-00001")},
+		template:  func(t *testing.T) []byte { return sealFor(t, alice, "default", "hello-00001") },
+		sealers:   sealers("team-b"),
+		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateNotAuthorized},
+		wantInMsg: `"alice"`,
+	}, {
+		name:        "sealed by a ly identity authorized for this namespace",
+		objs:        []runtime.Object{grant("hello-00001")},
+		template:    func(t *testing.T) []byte { return sealFor(t, alice, "default", "hello-00001") },
+		sealers:     sealers("team-b", "default"),
+		want:        cond{corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
+		wantActions: []string{"create secrets " + hn, "create services " + hn, "create pods " + hn},
+		wantRequeue: 5 * time.Minute,
+	}, {
+		name:      "a format v1 template (unsigned)",
+		objs:      []runtime.Object{grant("hello-00001")},
+		template:  func(t *testing.T) []byte { return append([]byte("LYTPL1\x00\x00"), make([]byte, 100)...) },
+		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnauthenticated},
+		wantInMsg: "ly deploy",
+	}, {
+		name: "sealed to another installation's fleet key",
+		objs: []runtime.Object{grant("hello-00001")},
+		template: func(t *testing.T) []byte {
+			b, _ := seal.Seal(otherFleet.Public(), testSealer, seal.Template{Namespace: "default", Revision: "hello-00001", SnapshotDigest: digest, Execution: seal.ExecutionPolicy{Mode: "fresh"}, Helper: seal.HelperFacts{Port: 8080}})
+			return b
+		},
+		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnsealable},
+		wantInMsg: "another fleet key",
+	}, {
+		name:        "registry does not answer, nothing running yet",
+		objs:        []runtime.Object{grant("hello-00001")},
+		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnavailable},
+		wantInMsg:   "connection refused",
+		wantRequeue: 10 * time.Second,
+	}, {
+		name:        "registry does not answer, Home running on its grant",
+		objs:        running(),
+		want:        cond{corev1.ConditionTrue, ""},
+		wantRequeue: 4 * time.Minute,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, tc.objs...)
+			delete(h.templates.m, templateRef("hello-00001"))
+			if tc.template != nil {
+				h.templates.m[templateRef("hello-00001")] = tc.template(t)
+			}
+			h.sealers = tc.sealers
+			err := h.r.Reconcile(context.Background(), "default/hello-00001")
+			requeue := time.Duration(0)
+			if ok, d := controller.IsRequeueKey(err); ok {
+				requeue, err = d, nil
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if requeue != tc.wantRequeue {
+				t.Errorf("requeue after %s, want %s", requeue, tc.wantRequeue)
+			}
+			if got := h.actions(); strings.Join(got, ",") != strings.Join(tc.wantActions, ",") {
+				t.Errorf("actions:\n got  %q\n want %q", got, tc.wantActions)
+			}
+			st := h.status(t)
+			if st == nil {
+				t.Fatal("no status written")
+			}
+			c := st.Status.GetCondition(v1alpha1.GrantConditionHomeReady)
+			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason || !strings.Contains(c.Message, tc.wantInMsg) {
+				t.Fatalf("HomeReady = %+v, want %s/%s saying %q", c, tc.want.status, tc.want.reason, tc.wantInMsg)
+			}
+		})
+	}
+}
+
+// TestTemplatesAreFetchedOnce: a template (immutable behind its digest) is
+// fetched once, not at every renewal.
+func TestTemplatesAreFetchedOnce(t *testing.T) {
+	g := grant("hello-00001")
+	h := newHarness(t, g)
+	trust := seal.NewTrust(seal.TrustedSealer{Name: "c", Key: testSealer.Public(), Namespaces: []string{"*"}})
+	for range 3 {
+		if helper, refusal := h.r.openTemplate(context.Background(), g, []*seal.PrivateKey{testFleet}, trust, nil); refusal != nil || helper != testHelper {
+			t.Fatalf("open: %+v %+v", helper, refusal)
+		}
+	}
+	if h.templates.calls != 1 {
+		t.Fatalf("template fetched %d times, want once", h.templates.calls)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
@@ -26,23 +27,32 @@ import (
 )
 
 // TestHomeSecretRunsInFiberd checks the two halves agree: what the grant
-// controller writes into a Home Secret is exactly what a real fiberd needs
-// to serve the Revision (key formats, grant claims, token, template rules).
+// controller writes into a Home Secret (after opening the template itself)
+// is exactly what a real fiberd needs to serve the Revision, and the router
+// credential for that Home is accepted (key formats, grant claims, home).
 func TestHomeSecretRunsInFiberd(t *testing.T) {
-	// A registry with a snapshot and a template sealed to "the cluster's"
-	// fleet key, from fiberdtest.
+	// A registry with a snapshot, from fiberdtest; the template is sealed
+	// here by the controller's sealer to the test fleet key.
 	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Revision: "e2e-00001", WarmFibers: -1})
-	fleetPEM, _ := inst.FleetKey.MarshalPEM()
 	_, signing, _ := signedgrant.GenerateKey()
 	pubPEM, _ := signedgrant.MarshalPublicKey(signing.Public().(ed25519.PublicKey))
-	keys := &Keys{FleetPrivatePEM: fleetPEM, Signing: signing, SigningPubPEM: pubPEM, RouterToken: "e2e-token"}
+	routerPub, routerKey, _ := routercred.GenerateKey()
+	routerPEM, _ := routercred.MarshalPublicKey(routerPub)
+	keys := &Keys{Signing: signing, SigningPubPEM: pubPEM, RouterPubPEM: routerPEM, ControllerSealer: testSealer.Public()}
 
+	snapDigest := inst.SnapshotRef[strings.LastIndex(inst.SnapshotRef, "@")+1:]
+	sealed, err := seal.Seal(testFleet.Public(), testSealer, seal.Template{Namespace: "default", Revision: "e2e-00001", SnapshotDigest: snapDigest,
+		Execution: seal.ExecutionPolicy{Mode: "fresh"}, Helper: seal.HelperFacts{Port: 8080, Protocol: "http1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	g := grant("e2e-00001", func(g *v1alpha1.CapacityGrant) {
-		g.Spec.Template, g.Spec.SnapshotArtifact = inst.TemplateRef, inst.SnapshotRef
+		g.Spec.SnapshotArtifact = inst.SnapshotRef
 		g.Spec.MemoryPerFiber, g.Spec.MaxFibers = resource.MustParse("64Mi"), 2
 		g.Spec.Env = map[string]string{"K_SERVICE": "e2e", "K_CONFIGURATION": "e2e", "K_REVISION": "e2e-00001"}
 	})
 	h := newHarness(t, g)
+	h.templates.m[g.Spec.Template] = sealed
 	h.r.keys = keys
 	h.r.now = time.Now
 	if err := h.r.Reconcile(context.Background(), "default/e2e-00001"); err != nil {
@@ -50,7 +60,7 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	sec, err := h.kube.CoreV1().Secrets("default").Get(context.Background(), resources.HomeName(g), metav1.GetOptions{})
+	sec, err := h.kube.CoreV1().Secrets(homesNS).Get(context.Background(), resources.HomeName(g), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,10 +75,6 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fleet, err := seal.ParsePrivateKeyPEM(sec.Data[resources.SecretKeyFleetKey])
-	if err != nil {
-		t.Fatal(err)
-	}
 	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(dir))
 	t.Cleanup(func() { os.Remove(cg) })
 	be, err := process.New(process.Config{HelperPath: fiberdtest.Build(t, fiberdtest.HelperPackage), StateDir: filepath.Join(dir, "f"), CgroupParent: cg})
@@ -76,8 +82,8 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv, err := server.New(server.Config{
-		Token: strings.TrimSpace(string(sec.Data[resources.SecretKeyRouterToken])), GrantFile: filepath.Join(dir, resources.SecretKeyGrant),
-		GrantKey: grantKey, FleetKey: fleet, StateDir: filepath.Join(dir, "s"), Backend: be, WarmFibers: 1,
+		RouterKeyFile: filepath.Join(dir, resources.SecretKeyRouterPubKeys), GrantFile: filepath.Join(dir, resources.SecretKeyGrant),
+		GrantKey: grantKey, StateDir: filepath.Join(dir, "s"), Backend: be, WarmFibers: 1,
 		GrantPollInterval: 100 * time.Millisecond, Logf: t.Logf,
 	})
 	if err != nil {
@@ -87,7 +93,8 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close(); be.Close() })
 
-	c, _ := client.New(ln.Addr().String(), keys.RouterToken)
+	cred, _ := routercred.Mint(routerKey, resources.HomeName(g), time.Now(), time.Minute)
+	c, _ := client.New(ln.Addr().String(), cred)
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for c.Ready(ctx) != nil {

@@ -7,8 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -61,9 +61,11 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (strin
 }
 
 // loadFailures are fiberd's reasons for not loading a Revision
-// (impl/fiberd/server LoadError); fiberd puts them first in its message.
-// They do not heal by waiting: the grant or its template must change.
-var loadFailures = []string{"TemplateUnavailable", "TemplateUnsealable", "TemplateMismatch", "SnapshotUnavailable", "InvalidGrant"}
+// (impl/fiberd/server LoadError, the reason of its 503). They do not heal by
+// waiting: the grant or its snapshot must change. Template reasons other
+// than a port that differs from the snapshot's come from the grant
+// controller itself (template.go), which opens templates.
+var loadFailures = []string{v1alpha1.ReasonTemplateMismatch, "SnapshotUnavailable", "InvalidGrant"}
 
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.
 const homeDiagnosisInterval = 3 * time.Second
@@ -78,17 +80,15 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	_, msg, ok := r.diagnoser.Diagnose(ctx, pod)
+	reason, msg, ok := r.diagnoser.Diagnose(ctx, pod)
 	if !ok {
 		return homeDiagnosisInterval
 	}
-	for _, reason := range loadFailures {
-		if strings.HasPrefix(msg, reason+": ") {
-			g.Status.MarkHomeFailed(reason, "fiberd in Home Pod %s cannot run this Revision: %s", pod.Name, msg)
-			return homeDiagnosisInterval
-		}
+	if slices.Contains(loadFailures, reason) {
+		g.Status.MarkHomeFailed(reason, "fiberd in Home Pod %s/%s cannot run this Revision: %s", pod.Namespace, pod.Name, msg)
+		return homeDiagnosisInterval
 	}
-	g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s is running; fiberd is not ready: %s", pod.Name, msg)
+	g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s/%s is running; fiberd is not ready: %s", pod.Namespace, pod.Name, msg)
 	return homeDiagnosisInterval
 }
 

@@ -3,49 +3,76 @@ package grant
 import (
 	"context"
 	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
+	"sort"
+	"strings"
+	"sync"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"knative.dev/pkg/logging"
 
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
 
-// Installation-wide objects in the system namespace (docs/contracts.md §1, §4, §6).
+// Installation-wide objects in the system namespace (docs/security.md
+// "Where things live"). None of them is ever copied to another namespace.
 const (
-	// FleetKeyName is the Secret with the fleet private key (key "private.pem")
-	// and the ConfigMap publishing its public half (key "public.pem") for `ly`.
+	// FleetKeyName is the Secret with the fleet private key (key
+	// "private.pem", retired keys "retired-<keyID>.pem") and the ConfigMap
+	// publishing its public half (key "public.pem") for `ly`.
 	FleetKeyName = "lampyr-fleet-key"
 	// SigningKeyName is the Secret with the grant controller's signing key.
 	SigningKeyName = "lampyr-grant-signing-key"
-	// RouterTokenName is the Secret with fiber-router's token (key "token").
-	RouterTokenName = "fiber-router-token"
+	// RouterKeyName is the Secret with fiber-router's key (mounted by the
+	// router; Homes get its public half).
+	RouterKeyName = "fiber-router-key"
+	// ControllerSealerName is the Secret with the Lampyr controller's sealer
+	// key (templates of image-mapped Revisions); trusted for every namespace.
+	ControllerSealerName = "lampyr-controller-sealer"
+	// SealersConfigMap lists the sealer identities (ly) administrators
+	// authorized, and for which namespaces (seal.ParseSealers).
+	SealersConfigMap = "lampyr-template-sealers"
+	// legacyRouterToken is the shared token older installations copied into
+	// every Home; it is deleted at start.
+	legacyRouterToken = "fiber-router-token"
 
 	FleetPrivateKeyKey = "private.pem"
 	FleetPublicKeyKey  = "public.pem"
 	FleetKeyIDKey      = "keyID"
-	SigningPrivateKey  = "private.pem"
-	SigningPublicKey   = "public.pem"
-	RouterTokenKey     = "token"
+	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys,
+	// kept so templates sealed to them still open after a rotation.
+	RetiredFleetKeyPrefix = "retired-"
+	SigningPrivateKey     = "private.pem"
+	SigningPublicKey      = "public.pem"
+	PrivateKeyKey         = "private.pem"
+	PublicKeyKey          = "public.pem"
 )
 
-// Keys are the secrets the grant controller hands to Homes.
+// ControllerSealerIdentity names the controller in trust decisions.
+const ControllerSealerIdentity = "lampyr-controller"
+
+// Keys are the keys the grant controller loads once at start. The fleet keys
+// are read anew from their Secret (FleetKeys), since a rotation changes them
+// while the controller runs.
 type Keys struct {
-	FleetPrivatePEM []byte
-	Signing         ed25519.PrivateKey
-	SigningPubPEM   []byte
-	RouterToken     string
+	Signing       ed25519.PrivateKey
+	SigningPubPEM []byte
+	// RouterPubPEM is fiber-router's public key, given to every Home.
+	RouterPubPEM []byte
+	// ControllerSealer is the public key the Lampyr controller seals with.
+	ControllerSealer ed25519.PublicKey
 }
 
 // EnsureKeys loads the installation's keys from the system namespace,
 // creating any that are missing: the fleet key pair (Secret + public
-// ConfigMap), the grant signing key and the router token. Existing keys are
-// never replaced: templates sealed to the fleet key must keep opening.
+// ConfigMap), the grant signing key, fiber-router's key and the controller's
+// sealer key. Existing keys are never replaced: templates sealed to the fleet
+// key must keep opening.
 func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Keys, error) {
 	k := &Keys{}
 	fleet, err := ensureSecret(ctx, kube, ns, FleetKeyName, func() (map[string][]byte, error) {
@@ -62,12 +89,11 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 	if err != nil {
 		return nil, err
 	}
-	priv, err := seal.ParsePrivateKeyPEM(fleet[FleetPrivateKeyKey])
+	keys, err := ParseFleetKeys(ns, fleet)
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, FleetKeyName, FleetPrivateKeyKey, err)
+		return nil, err
 	}
-	k.FleetPrivatePEM = fleet[FleetPrivateKeyKey]
-	if err := publishFleetKey(ctx, kube, ns, priv.Public()); err != nil {
+	if err := publishFleetKey(ctx, kube, ns, keys[0].Public()); err != nil {
 		return nil, err
 	}
 
@@ -96,19 +122,103 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		return nil, err
 	}
 
-	tok, err := ensureSecret(ctx, kube, ns, RouterTokenName, func() (map[string][]byte, error) {
-		b := make([]byte, 32)
-		rand.Read(b)
-		return map[string][]byte{RouterTokenKey: []byte(hex.EncodeToString(b))}, nil
+	router, err := ensureSecret(ctx, kube, ns, RouterKeyName, func() (map[string][]byte, error) {
+		pub, priv, err := routercred.GenerateKey()
+		if err != nil {
+			return nil, err
+		}
+		privPEM, err := routercred.MarshalPrivateKey(priv)
+		if err != nil {
+			return nil, err
+		}
+		pubPEM, err := routercred.MarshalPublicKey(pub)
+		if err != nil {
+			return nil, err
+		}
+		return map[string][]byte{PrivateKeyKey: privPEM, PublicKeyKey: pubPEM}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if len(tok[RouterTokenKey]) == 0 {
-		return nil, fmt.Errorf("Secret %s/%s has no %q key; delete it to have a token generated", ns, RouterTokenName, RouterTokenKey)
+	rk, err := routercred.ParsePrivateKey(router[PrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w (delete the Secret to have a new key generated, then restart fiber-router)", ns, RouterKeyName, PrivateKeyKey, err)
 	}
-	k.RouterToken = string(tok[RouterTokenKey])
+	if k.RouterPubPEM, err = routercred.MarshalPublicKey(rk.Public().(ed25519.PublicKey)); err != nil {
+		return nil, err
+	}
+
+	sealer, err := ensureSecret(ctx, kube, ns, ControllerSealerName, func() (map[string][]byte, error) {
+		s, err := seal.GenerateSealerKey()
+		if err != nil {
+			return nil, err
+		}
+		return map[string][]byte{PrivateKeyKey: s.MarshalPEM(), PublicKeyKey: seal.MarshalSealerPublicKey(s.Public())}, nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	sk, err := seal.ParseSealerKeyPEM(sealer[PrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, ControllerSealerName, PrivateKeyKey, err)
+	}
+	k.ControllerSealer = sk.Public()
+
+	// Older installations kept one token every Home accepted; nothing reads
+	// it any more and it must not stay readable.
+	if err := kube.CoreV1().Secrets(ns).Delete(ctx, legacyRouterToken, metav1.DeleteOptions{}); err == nil {
+		logging.FromContext(ctx).Infof("Deleted the legacy shared router token Secret %s/%s", ns, legacyRouterToken)
+	} else if !apierrs.IsNotFound(err) {
+		logging.FromContext(ctx).Warnf("Could not delete the legacy router token Secret %s/%s: %v", ns, legacyRouterToken, err)
+	}
 	return k, nil
+}
+
+// ParseFleetKeys reads the fleet key Secret's data: the current private key
+// first, then the retired ones (sorted by key name). Every error names the
+// Secret and key.
+func ParseFleetKeys(ns string, data map[string][]byte) ([]*seal.PrivateKey, error) {
+	cur, err := seal.ParsePrivateKeyPEM(data[FleetPrivateKeyKey])
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, FleetKeyName, FleetPrivateKeyKey, err)
+	}
+	out := []*seal.PrivateKey{cur}
+	var retired []string
+	for k := range data {
+		if strings.HasPrefix(k, RetiredFleetKeyPrefix) {
+			retired = append(retired, k)
+		}
+	}
+	sort.Strings(retired)
+	for _, k := range retired {
+		r, err := seal.ParsePrivateKeyPEM(data[k])
+		if err != nil {
+			return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, FleetKeyName, k, err)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// fleetKeyring parses the fleet key Secret once per resourceVersion.
+type fleetKeyring struct {
+	mu      sync.Mutex
+	version string
+	keys    []*seal.PrivateKey
+}
+
+func (f *fleetKeyring) keysOf(s *corev1.Secret) ([]*seal.PrivateKey, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s.ResourceVersion != "" && s.ResourceVersion == f.version {
+		return f.keys, nil
+	}
+	keys, err := ParseFleetKeys(s.Namespace, s.Data)
+	if err != nil {
+		return nil, err
+	}
+	f.version, f.keys = s.ResourceVersion, keys
+	return keys, nil
 }
 
 func ensureSecret(ctx context.Context, kube kubernetes.Interface, ns, name string, gen func() (map[string][]byte, error)) (map[string][]byte, error) {

@@ -1,10 +1,18 @@
 // Package routermeta is the one codec for the per-Revision execution metadata
-// the Lampyr Revision reconciler publishes for fiber-router (docs/contracts.md §2).
+// the Lampyr Revision reconciler publishes for fiber-router (docs/contracts.md
+// §2, docs/security.md §4).
+//
+// The metadata lives in Lampyr's own namespace (the controller's, where
+// tenants cannot write), one ConfigMap per Revision named after the
+// Revision's namespace and name. fiber-router reads only that namespace, so a
+// ConfigMap a tenant creates anywhere is never read.
 package routermeta
 
 import (
 	"fmt"
+	"net"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -15,9 +23,15 @@ const (
 	LabelKey = "lampyr.dev/router-metadata"
 	// RevisionLabelKey names the Revision the metadata belongs to.
 	RevisionLabelKey = "serving.knative.dev/revision"
-	// NameSuffix is appended to the Revision name to name the ConfigMap.
-	NameSuffix = "-lampyr-route"
+	// NamespaceLabelKey names the Revision's namespace.
+	NamespaceLabelKey = "lampyr.dev/revision-namespace"
+	// NamePrefix starts every router metadata ConfigMap's name.
+	NamePrefix = "route."
 )
+
+// MaxBytes bounds one metadata ConfigMap's data (keys and values); what the
+// controller writes is a few hundred bytes. fiber-router ignores bigger ones.
+const MaxBytes = 4096
 
 // Protocols a handler can speak.
 const (
@@ -34,6 +48,9 @@ type Metadata struct {
 	Ready bool
 	// HomeEndpoint is host:port of the Home's fiberd API.
 	HomeEndpoint string
+	// Home is the Home's name in the Homes namespace: the audience of the
+	// credentials fiber-router presents to it (impl/fiberd/routercred).
+	Home string
 	// MaxFibers caps concurrent fibers (max-scale); 0 means the installation default.
 	MaxFibers int32
 	// TimeoutSeconds is the longest request/stream/WebSocket life.
@@ -48,19 +65,22 @@ type Metadata struct {
 	Generation int64
 }
 
-// Name is the ConfigMap name for a Revision.
-func Name(revision string) string { return revision + NameSuffix }
+// Name is the ConfigMap name for a Revision: "route.<namespace>.<revision>".
+// Namespaces and Revision names are DNS labels (no dots), so the name is
+// unambiguous.
+func Name(namespace, revision string) string { return NamePrefix + namespace + "." + revision }
 
-// MakeConfigMap renders m as the ConfigMap the controller publishes. The
-// caller sets owner references.
-func MakeConfigMap(m Metadata) *corev1.ConfigMap {
+// MakeConfigMap renders m as the ConfigMap the controller publishes in
+// systemNamespace.
+func MakeConfigMap(systemNamespace string, m Metadata) *corev1.ConfigMap {
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      Name(m.Revision),
-			Namespace: m.Namespace,
+			Name:      Name(m.Namespace, m.Revision),
+			Namespace: systemNamespace,
 			Labels: map[string]string{
-				LabelKey:         "true",
-				RevisionLabelKey: m.Revision,
+				LabelKey:          "true",
+				RevisionLabelKey:  m.Revision,
+				NamespaceLabelKey: m.Namespace,
 			},
 		},
 		Data: map[string]string{
@@ -68,6 +88,7 @@ func MakeConfigMap(m Metadata) *corev1.ConfigMap {
 			"namespace":          m.Namespace,
 			"ready":              strconv.FormatBool(m.Ready),
 			"homeEndpoint":       m.HomeEndpoint,
+			"home":               m.Home,
 			"maxFibers":          strconv.FormatInt(int64(m.MaxFibers), 10),
 			"timeoutSeconds":     strconv.FormatInt(m.TimeoutSeconds, 10),
 			"mode":               m.Mode,
@@ -78,19 +99,32 @@ func MakeConfigMap(m Metadata) *corev1.ConfigMap {
 	}
 }
 
-// FromConfigMap decodes a ConfigMap written by MakeConfigMap. An error names
-// the key that is missing or malformed.
+// FromConfigMap decodes a ConfigMap written by MakeConfigMap and checks that
+// its name, labels and data agree and that it is small. An error names the
+// key that is missing or malformed.
 func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 	d := cm.Data
+	size := 0
+	for k, v := range d {
+		size += len(k) + len(v)
+	}
+	if size > MaxBytes || len(cm.BinaryData) > 0 {
+		return Metadata{}, fmt.Errorf("configmap %s/%s: %d bytes of data, more than router metadata ever holds (%d): ignored", cm.Namespace, cm.Name, size, MaxBytes)
+	}
 	m := Metadata{
 		Revision:     d["revision"],
 		Namespace:    d["namespace"],
 		HomeEndpoint: d["homeEndpoint"],
+		Home:         d["home"],
 		Mode:         d["mode"],
 		Protocol:     d["protocol"],
 	}
 	if m.Revision == "" || m.Namespace == "" {
 		return m, fmt.Errorf("configmap %s/%s: data.revision and data.namespace are required", cm.Namespace, cm.Name)
+	}
+	if cm.Name != Name(m.Namespace, m.Revision) || cm.Labels[RevisionLabelKey] != m.Revision || cm.Labels[NamespaceLabelKey] != m.Namespace {
+		return m, fmt.Errorf("configmap %s/%s claims Revision %s/%s but is not named %q and labelled for it: ignored",
+			cm.Namespace, cm.Name, m.Namespace, m.Revision, Name(m.Namespace, m.Revision))
 	}
 	var err error
 	if m.Ready, err = strconv.ParseBool(d["ready"]); err != nil {
@@ -124,5 +158,32 @@ func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 	default:
 		return m, fmt.Errorf("configmap %s/%s: data.protocol %q: want %s or %s", cm.Namespace, cm.Name, m.Protocol, ProtocolHTTP1, ProtocolH2C)
 	}
+	if m.Ready && (m.HomeEndpoint == "" || m.Home == "") {
+		return m, fmt.Errorf("configmap %s/%s: ready but data.homeEndpoint or data.home is empty", cm.Namespace, cm.Name)
+	}
 	return m, nil
+}
+
+// CheckHomeEndpoint says whether endpoint is one fiber-router may dial: an
+// IP address (a Home Pod's) or a Service in homesNamespace, with a port.
+// fiber-router dials nothing else, whatever metadata says.
+func CheckHomeEndpoint(endpoint, homesNamespace string) error {
+	host, port, err := net.SplitHostPort(endpoint)
+	if err != nil {
+		return fmt.Errorf("home endpoint %q: want host:port", endpoint)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p <= 0 || p > 65535 {
+		return fmt.Errorf("home endpoint %q: bad port", endpoint)
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.IsLoopback() || ip.IsUnspecified() || ip.IsLinkLocalUnicast() || ip.IsMulticast() {
+			return fmt.Errorf("home endpoint %q: not a Pod address", endpoint)
+		}
+		return nil
+	}
+	labels := strings.Split(strings.TrimSuffix(host, "."), ".")
+	if len(labels) >= 3 && labels[1] == homesNamespace && labels[2] == "svc" && (len(labels) == 3 || strings.Join(labels[3:], ".") == "cluster.local") {
+		return nil
+	}
+	return fmt.Errorf("home endpoint %q: neither an IP nor a Service in namespace %s", endpoint, homesNamespace)
 }

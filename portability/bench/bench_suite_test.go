@@ -44,6 +44,9 @@ type side struct {
 }
 
 var (
+	// sealer is this machine's ly identity, which signs the templates
+	// (authorized by the lampyr install profile).
+	sealer   *ly.Sealer
 	enabled  = os.Getenv("LAMPYR_E2E") == "1"
 	env      *clusters.Env
 	stock    = &side{name: "stock"}
@@ -127,6 +130,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err := ly.Connect(lampyr.info.Kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	sealer, err = e2eutil.Sealer()
+	Expect(err).NotTo(HaveOccurred())
 	// A reused stock cluster may still carry the short autoscaler window a
 	// previous (interrupted) run set for its cold phase: with it stock
 	// scaled to zero during Lampyr's warm turns and answered nothing
@@ -218,7 +223,7 @@ func serviceMode(svc string, maxScale int32, mode string) *unstructured.Unstruct
 	if mode == "reuse" {
 		p.Execution = ly.Execution{Mode: "reuse", IdleTimeout: "30s", IdleAction: "release"}
 	}
-	tmpl, err := ly.SealTemplate(context.Background(), inst, svc+"-00001", snap, built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(context.Background(), inst, sealer.Key, ns, svc+"-00001", snap, built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
 	return ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: snap.String(), Template: tmpl.String(), Public: true})
 }
@@ -410,9 +415,17 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		settle := func() {
 			for _, s := range sides {
 				Eventually(func() (int, error) {
-					// Every Pod: Lampyr's Homes carry only the Revision label.
+					// Every Pod of the namespace (stock), and Lampyr's
+					// Homes for it, which run in lampyr-homes.
 					pods, err := s.c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-					return len(pods.Items), err
+					if err != nil {
+						return 0, err
+					}
+					homes, err := e2eutil.HomePods(ctx, s.c, ns, "")
+					if err != nil {
+						return 0, err
+					}
+					return len(pods.Items) + len(homes.Items), nil
 				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Pods of deleted Services still running", s.name)
 			}
 			time.Sleep(10 * time.Second)
@@ -469,8 +482,9 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 
 // footprint reads, inside a cluster's node, the memory of the whole node
 // (its cgroup, as docker stats reports it), of the serving control and data
-// plane (knative-serving, lampyr-system, traefik), and of the workload
-// namespace, from crictl stats (working set), in MiB.
+// plane (knative-serving, lampyr-system, traefik), and of the workload (the
+// bench's namespace; on Lampyr its Homes, in lampyr-homes, where only this
+// bench's Revisions run), from crictl stats (working set), in MiB.
 func footprint(cluster string) (map[string]float64, error) {
 	node := cluster + "-control-plane"
 	out, err := exec.Command("docker", "stats", "--no-stream", "--format", "{{.MemUsage}}", node).Output()
@@ -487,7 +501,7 @@ func footprint(cluster string) (map[string]float64, error) {
 		switch c.namespace {
 		case "knative-serving", "lampyr-system", "traefik":
 			fp["serving planes memory"] += c.workingSet / (1 << 20)
-		case ns:
+		case ns, e2eutil.LampyrHomesNamespace:
 			fp["workload memory"] += c.workingSet / (1 << 20)
 		}
 	}
@@ -566,7 +580,7 @@ func cpuCounters(cluster string) (map[string]float64, error) {
 		switch st.namespace {
 		case "knative-serving", "lampyr-system", "traefik":
 			c["serving planes CPU"] += st.cpuNanos
-		case ns:
+		case ns, e2eutil.LampyrHomesNamespace:
 			c["workload CPU"] += st.cpuNanos
 		}
 	}

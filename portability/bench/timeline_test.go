@@ -62,7 +62,7 @@ func watchRevision(ctx context.Context, c *e2eutil.Clients, rev string, stop <-c
 					t.see("grant HomeReady")
 				}
 			}
-			if pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev}); err == nil {
+			if pods, err := e2eutil.HomePods(ctx, c, ns, rev); err == nil {
 				for _, p := range pods.Items {
 					for _, cond := range p.Status.Conditions {
 						if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionTrue {

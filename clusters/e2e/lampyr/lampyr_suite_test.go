@@ -28,7 +28,6 @@ import (
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func TestLampyr(t *testing.T) {
@@ -43,6 +42,9 @@ const (
 )
 
 var (
+	// sealer is this machine's ly identity, which signs the templates
+	// (authorized by the lampyr install profile).
+	sealer  *ly.Sealer
 	enabled = os.Getenv("LAMPYR_E2E") == "1"
 	env     *clusters.Env
 	info    kindcluster.Info
@@ -72,6 +74,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	lc, err = ly.Connect(info.Kubeconfig, "")
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
+	sealer, err = e2eutil.Sealer()
+	Expect(err).NotTo(HaveOccurred())
 	// A reused cluster may hold a previous run's namespace: start clean
 	// (templates are sealed for each Service's first Revision).
 	if err := c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err == nil {
@@ -82,6 +86,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	}
 	_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
+	// A tenant namespace on Lampyr can enforce Pod Security "restricted":
+	// nothing of a Revision runs in it (docs/security.md).
+	Expect(e2eutil.RestrictPodSecurity(ctx, c, ns)).To(Succeed())
 	By("building the fixture handler's snapshot artifact (ly build) and pushing it")
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
 	project, err = ly.LoadProject(dir)
@@ -118,7 +125,7 @@ var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 func service(ctx context.Context, svc string, mutate func(p *ly.Project, tspec map[string]any, ann map[string]any)) *unstructured.Unstructured {
 	p := *project
 	p.Name = svc
-	tmpl, err := ly.SealTemplate(ctx, inst, svc+"-00001", snap, built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(ctx, inst, sealer.Key, ns, svc+"-00001", snap, built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
 	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
 	if mutate != nil {
@@ -189,9 +196,9 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		}
 		gsnap, _, _ := unstructured.NestedString(g.Object, "spec", "snapshotArtifact")
 		Expect(gsnap).To(Equal(snap.String()))
-		pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
+		pods, err := e2eutil.HomePods(ctx, c, ns, rev)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(pods.Items).NotTo(BeEmpty(), "the Revision's Home Pod")
+		Expect(pods.Items).NotTo(BeEmpty(), "the Revision's Home Pod, in %s", e2eutil.LampyrHomesNamespace)
 		for _, p := range pods.Items {
 			Expect(p.Status.Phase).To(Equal(corev1.PodRunning), "Home %s", p.Name)
 		}
@@ -207,8 +214,8 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		slices, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + rev})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(slices.Items).NotTo(BeEmpty(), "mirrored EndpointSlice")
-		_, err = c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, rev+routermeta.NameSuffix, metav1.GetOptions{})
-		Expect(err).NotTo(HaveOccurred(), "router metadata")
+		_, err = c.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Get(ctx, e2eutil.RouterMetadataName(ns, rev), metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred(), "router metadata, in %s", e2eutil.LampyrSystemNamespace)
 		Eventually(func() (string, error) {
 			code, body, _, err := e2eutil.Get(ctx, gateway, host("valid"), "/")
 			if err == nil && code != 200 {
@@ -226,7 +233,7 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		p := *project
 		p.Name = "reuse"
 		p.Execution = ly.Execution{Mode: "reuse", IdleTimeout: "60s", IdleAction: "release"}
-		tmpl, err := ly.SealTemplate(ctx, inst, "reuse-00001", snap, built.Config, p.Policy())
+		tmpl, err := ly.SealTemplate(ctx, inst, sealer.Key, ns, "reuse-00001", snap, built.Config, p.Policy())
 		Expect(err).NotTo(HaveOccurred())
 		apply(ctx, ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true}))
 		_, err = c.WaitReady(ctx, e2eutil.KServices, ns, "reuse", 4*time.Minute)
@@ -264,12 +271,12 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		fmt.Fprintf(GinkgoWriter, "31 requests, fiber processes and their last request numbers: %v\n", last)
 		// fiberd says how it carried them: tunnels, joined in the kernel
 		// where BPF sockmaps are allowed.
-		pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=reuse-00001"})
+		pods, err := e2eutil.HomePods(ctx, c, ns, "reuse-00001")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(pods.Items).NotTo(BeEmpty())
 		var splice []string
 		for _, pod := range pods.Items {
-			logs, err := c.Kube.CoreV1().Pods(ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "fiberd"}).DoRaw(ctx)
+			logs, err := c.Kube.CoreV1().Pods(pod.Namespace).GetLogs(pod.Name, &corev1.PodLogOptions{Container: "fiberd"}).DoRaw(ctx)
 			Expect(err).NotTo(HaveOccurred())
 			for _, line := range strings.Split(string(logs), "\n") {
 				if strings.Contains(line, "tunnels are spliced in the kernel") || strings.Contains(line, "tunnels copy bytes in user space") {

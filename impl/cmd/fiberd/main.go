@@ -1,7 +1,8 @@
 // Command fiberd runs in each Home: it holds the grant the grant controller
-// issued, opens the Revision's sealed template with the fleet key, pulls and
-// verifies the snapshot artifact and serves fibers to fiber-router
-// (docs/contracts.md §4, §5).
+// issued (with the template the grant controller opened), pulls and verifies
+// the snapshot artifact and serves fibers to fiber-router, which proves
+// itself with a credential minted for this Home (docs/contracts.md §4, §5;
+// docs/security.md §3).
 package main
 
 import (
@@ -19,7 +20,6 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
@@ -34,8 +34,7 @@ func main() {
 		listen       = flag.String("listen", ":9090", "address of the fiberd API")
 		grantFile    = flag.String("grant-file", "/var/run/lampyr/home/grant", "signed grant (the Home Secret, mounted)")
 		grantKeyFile = flag.String("grant-key-file", "/var/run/lampyr/home/grant-key.pub", "grant controller's public key (PEM)")
-		fleetKeyFile = flag.String("fleet-key-file", "/var/run/lampyr/home/fleet-key", "fleet private key (PEM)")
-		tokenFile    = flag.String("token-file", "/var/run/lampyr/home/router-token", "fiber-router's bearer token")
+		routerKeys   = flag.String("router-keys-file", "/var/run/lampyr/home/router-keys.pub", "fiber-router's public key(s) (PEM), re-read with the grant: credentials must verify with one of them")
 		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
 		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
@@ -47,12 +46,12 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *fleetKeyFile, *tokenFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tokenFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -60,18 +59,6 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 	grantKey, err := signedgrant.ParsePublicKey(pubPEM)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file %s: %w", grantKeyFile, err)
-	}
-	fleetPEM, err := os.ReadFile(fleetKeyFile)
-	if err != nil {
-		return fmt.Errorf("--fleet-key-file: %w", err)
-	}
-	fleetKey, err := seal.ParsePrivateKeyPEM(fleetPEM)
-	if err != nil {
-		return fmt.Errorf("--fleet-key-file %s: %w", fleetKeyFile, err)
-	}
-	tok, err := os.ReadFile(tokenFile)
-	if err != nil {
-		return fmt.Errorf("--token-file: %w", err)
 	}
 	m, err := fiberd.ParseMirrors(mirrors)
 	if err != nil {
@@ -100,10 +87,9 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 		return err
 	}
 	srv, err := server.New(server.Config{
-		Token:           strings.TrimSpace(string(tok)),
+		RouterKeyFile:   routerKeysFile,
 		GrantFile:       grantFile,
 		GrantKey:        grantKey,
-		FleetKey:        fleetKey,
 		StateDir:        filepath.Join(stateDir, "s"),
 		Backend:         be,
 		WarmFibers:      warm,
@@ -117,7 +103,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, fleetKeyFile, tok
 	if err != nil {
 		return err
 	}
-	log.Printf("fiberd: serving on %s (fleet key %s, fibers in %s)", ln.Addr(), fleetKey.Public().KeyID()[:16], cgroupParent)
+	log.Printf("fiberd: serving on %s (fibers in %s)", ln.Addr(), cgroupParent)
 	go func() {
 		<-ctx.Done()
 		srv.Close()

@@ -15,6 +15,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
 
@@ -36,7 +37,7 @@ func TestFiberdFromFiles(t *testing.T) {
 	}
 	signed, _ := signedgrant.Sign(inst.GrantKey, inst.Claims)
 	pub, _ := signedgrant.MarshalPublicKey(inst.GrantKey.Public().(ed25519.PublicKey))
-	fleet, _ := inst.FleetKey.MarshalPEM()
+	routerPub, _ := routercred.MarshalPublicKey(inst.RouterKey.Public().(ed25519.PublicKey))
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	addr := ln.Addr().String()
 	ln.Close()
@@ -46,10 +47,10 @@ func TestFiberdFromFiles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("fleet-key", fleet), write("token", []byte("file-token\n")),
+		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("router-keys.pub", routerPub),
 			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil)
 	}()
-	c, _ := client.New(addr, "file-token")
+	c, _ := client.New(addr, inst.Token)
 	deadline := time.Now().Add(30 * time.Second)
 	for c.Ready(ctx) != nil {
 		select {

@@ -23,12 +23,14 @@ import (
 	"knative.dev/pkg/logging"
 
 	"lampyr.dev/serving/impl/grant"
+	"lampyr.dev/serving/impl/grant/resources"
 )
 
 func main() {
 	var (
 		kubeconfig = flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig; empty means in-cluster")
 		systemNS   = flag.String("system-namespace", envOr("SYSTEM_NAMESPACE", "lampyr-system"), "namespace of config-lampyr and the installation's keys")
+		homesNS    = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", resources.DefaultHomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
 		elect      = flag.Bool("leader-elect", true, "run only while holding the Lease lampyr-grant-controller in the system namespace")
 	)
 	flag.Parse()
@@ -56,8 +58,8 @@ func main() {
 		if err != nil {
 			logger.Fatalw("loading the installation's keys", zap.Error(err))
 		}
-		c := grant.NewController(ctx, grant.Options{Kube: kube, Dynamic: dyn, SystemNamespace: *systemNS, Keys: keys})
-		logger.Infow("grant controller running", "systemNamespace", *systemNS)
+		c := grant.NewController(ctx, grant.Options{Kube: kube, Dynamic: dyn, SystemNamespace: *systemNS, HomesNamespace: *homesNS, Keys: keys})
+		logger.Infow("grant controller running", "systemNamespace", *systemNS, "homesNamespace", *homesNS)
 		if err := c.Run(ctx); err != nil {
 			logger.Fatalw("grant controller stopped", zap.Error(err))
 		}

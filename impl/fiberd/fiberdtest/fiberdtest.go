@@ -1,10 +1,13 @@
 // Package fiberdtest starts a real fiberd with the process backend on
 // loopback for tests, with everything it needs around it: an in-memory OCI
 // registry on 127.0.0.1, a snapshot artifact of a handler built with
-// `go build`, a template sealed to a fresh fleet key and a signed grant.
+// `go build`, a router key and a signed grant (carrying the template facts
+// the grant controller would have opened).
 //
 //	endpoint, token := fiberdtest.Start(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: time.Second})
 //	c, _ := client.New(endpoint, token)
+//
+// token is a router credential minted for this Home, valid for an hour.
 //
 // The process backend needs root and the cgroup v1 memory controller; where
 // they are missing, Start skips the test and says why.
@@ -32,7 +35,7 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
@@ -76,6 +79,9 @@ type Options struct {
 	// UserSpaceTunnels makes fiberd copy tunneled bytes itself instead of
 	// joining the sockets in the kernel.
 	UserSpaceTunnels bool
+	// RouterKey is the router key whose public half fiberd trusts; default
+	// a new one. Give two instances the same key to model one installation.
+	RouterKey ed25519.PrivateKey
 	// PidsMax caps each fiber's tasks (threads included) when the pids
 	// controller is present; default 1024.
 	PidsMax int
@@ -85,16 +91,21 @@ type Options struct {
 type Instance struct {
 	// Endpoint is host:port of fiberd's API (like status.homeEndpoint).
 	Endpoint string
-	// Token is the router token.
+	// Token is a router credential for this Home (valid an hour).
 	Token  string
 	Client *client.Client
 	Server *server.Server
+	// Home is the Home's name (the grant's home, the credentials' audience).
+	Home string
+	// RouterKey mints credentials (routercred.Mint, routercred.NewMinter).
+	RouterKey ed25519.PrivateKey
 	// Registry is host:port of the in-memory registry holding the artifacts.
 	Registry    string
-	FleetKey    *seal.PrivateKey
 	GrantKey    ed25519.PrivateKey
 	GrantFile   string
 	SnapshotRef string
+	// TemplateRef is what the grant names as its template (fiberd does not
+	// fetch it: the grant controller opened it).
 	TemplateRef string
 	// Claims is the grant last written.
 	Claims signedgrant.Claims
@@ -221,34 +232,26 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	}
 	helperBin := Build(t, HelperPackage)
 
-	i := &Instance{Token: "router-token-" + fmt.Sprint(time.Now().UnixNano())}
+	i := &Instance{Home: opts.Revision + "-" + fmt.Sprintf("%010x", time.Now().UnixNano()&0xffffffffff)}
 	i.Registry = StartRegistry(t)
 	i.SnapshotRef = Artifact(t, i.Registry, handler, opts.Port, opts.Protocol)
-	snapDigest := i.SnapshotRef[strings.LastIndex(i.SnapshotRef, "@")+1:]
+	i.TemplateRef = i.Registry + "/lampyr/templates@sha256:" + strings.Repeat("0", 64)
 
-	var err error
-	if i.FleetKey, err = seal.GenerateFleetKey(); err != nil {
+	routerPub, routerKey, err := routercred.GenerateKey()
+	if err != nil {
 		t.Fatal(err)
 	}
-	tpl := seal.Template{
-		Revision:       opts.Revision,
-		SnapshotDigest: snapDigest,
-		Execution:      seal.ExecutionPolicy{Mode: opts.Mode},
-		Helper:         seal.HelperFacts{Port: opts.Port, Protocol: opts.Protocol, Runtime: "go"},
+	if opts.RouterKey != nil {
+		routerKey, routerPub = opts.RouterKey, opts.RouterKey.Public().(ed25519.PublicKey)
 	}
+	i.RouterKey = routerKey
+	if i.Token, err = routercred.Mint(routerKey, i.Home, time.Now(), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var idle int64
 	if opts.Mode == "reuse" {
-		tpl.Execution.IdleTimeoutSeconds = int64(opts.IdleTimeout / time.Second)
-		tpl.Execution.IdleAction = "release"
+		idle = int64(opts.IdleTimeout / time.Second)
 	}
-	sealed, err := seal.Seal(i.FleetKey.Public(), tpl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tref, err := artifact.PushTemplate(context.Background(), sealed, i.Registry+"/lampyr/templates", opts.Revision, i.FleetKey.Public().KeyID())
-	if err != nil {
-		t.Fatal(err)
-	}
-	i.TemplateRef = tref.String()
 
 	var pub ed25519.PublicKey
 	if pub, i.GrantKey, err = signedgrant.GenerateKey(); err != nil {
@@ -273,14 +276,16 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	now := time.Now()
 	i.Claims = signedgrant.Claims{
 		GrantID:             "grant-test-1",
+		Home:                i.Home,
 		Namespace:           opts.Namespace,
 		Revision:            opts.Revision,
 		Template:            i.TemplateRef,
+		Helper:              signedgrant.Helper{Port: opts.Port, Protocol: opts.Protocol},
 		SnapshotArtifact:    i.SnapshotRef,
 		MemoryPerFiberBytes: opts.MemoryPerFiber,
 		MaxFibers:           opts.MaxFibers,
 		MaxRequestSeconds:   opts.MaxRequestSeconds,
-		Execution:           signedgrant.Execution{Mode: opts.Mode, IdleTimeoutSeconds: tpl.Execution.IdleTimeoutSeconds},
+		Execution:           signedgrant.Execution{Mode: opts.Mode, IdleTimeoutSeconds: idle},
 		Env:                 env,
 		IssuedAt:            now,
 		ExpiresAt:           now.Add(time.Hour),
@@ -303,10 +308,9 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		warm = 0
 	}
 	srv, err := server.New(server.Config{
-		Token:             i.Token,
+		RouterKeys:        []ed25519.PublicKey{routerPub},
 		GrantFile:         i.GrantFile,
 		GrantKey:          pub,
-		FleetKey:          i.FleetKey,
 		StateDir:          filepath.Join(state, "s"),
 		Backend:           be,
 		WarmFibers:        warm,

@@ -1,36 +1,43 @@
 // Package seal seals fiberd templates to a cluster's fleet key and opens
-// them again (docs/contracts.md §6).
+// them again (docs/contracts.md §6, docs/security.md §2).
 //
-// A template is sealed with HPKE (RFC 9180, Go's crypto/hpke) in base mode,
-// suite DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 / ChaCha20-Poly1305, to the
-// fleet public key. Only the holder of the fleet private key can open it, and
-// the AEAD authenticates every byte: a changed byte, a template for another
-// fleet key or a truncated blob is refused. The fleet key id (SHA-256 of the
-// public key) travels in the clear so the refusal can say *which* key a
-// template was sealed to; it is also bound into the HPKE info, so it cannot be
-// swapped without the open failing.
+// A template (format v2) is sealed with HPKE (RFC 9180, Go's crypto/hpke) in
+// base mode, suite DHKEM(X25519, HKDF-SHA256) / HKDF-SHA256 /
+// ChaCha20-Poly1305, to the fleet public key, and signed with its sealer's
+// Ed25519 key. Only the holder of the fleet private key can open it; the
+// AEAD authenticates the plaintext and the signature says who sealed it
+// (base-mode HPKE alone lets anyone holding the public key seal). The
+// plaintext binds the namespace, the Revision and the snapshot digest, so a
+// template cannot be replayed into another namespace or Revision. The fleet
+// key id and the sealer key id travel in the clear, so a refusal can say
+// which keys were involved; both are bound into the HPKE info and covered by
+// the signature.
 package seal
 
 import (
-	"bytes"
 	"crypto/ecdh"
 	"crypto/hpke"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"lampyr.dev/serving/impl/artifact"
 )
 
 // TemplateAPIVersion is the version of the Template JSON inside a seal.
-const TemplateAPIVersion = "lampyr.dev/fiberd-template/v1"
+const TemplateAPIVersion = "lampyr.dev/fiberd-template/v2"
 
-// magic starts every sealed template (format version 1).
-var magic = []byte("LYTPL1\x00\x00")
+// Headers of sealed templates: v2 (signed, namespace-bound) is the only
+// format opened; v1 is recognized to say why it is refused.
+var (
+	magicV1 = []byte("LYTPL1\x00\x00")
+	magic   = []byte("LYTPL2\x00\x00")
+)
 
 const keyIDLen = sha256.Size
 
@@ -49,8 +56,10 @@ func suite() (hpke.KEM, hpke.KDF, hpke.AEAD) {
 // snapshot, under which execution policy, with which helper facts.
 type Template struct {
 	APIVersion string `json:"apiVersion"`
-	// Revision is the Knative Revision the template was sealed for.
-	Revision string `json:"revision"`
+	// Namespace and Revision name the Knative Revision the template was
+	// sealed for; the grant controller runs it for no other.
+	Namespace string `json:"namespace"`
+	Revision  string `json:"revision"`
 	// SnapshotDigest is the sha256:... digest of the snapshot artifact's
 	// manifest. fiberd refuses a grant naming another digest.
 	SnapshotDigest string          `json:"snapshotDigest"`
@@ -75,12 +84,13 @@ type HelperFacts struct {
 	HelperVersion  string `json:"helperVersion,omitempty"`
 }
 
-// NewTemplate is the template of revision for a snapshot artifact (its
-// manifest digest and config) under policy: what `ly deploy` seals, and the
-// controller for image-mapped Revisions.
-func NewTemplate(revision, snapshotDigest string, policy ExecutionPolicy, cfg artifact.Config) Template {
+// NewTemplate is the template of namespace/revision for a snapshot artifact
+// (its manifest digest and config) under policy: what `ly deploy` seals, and
+// the controller for image-mapped Revisions.
+func NewTemplate(namespace, revision, snapshotDigest string, policy ExecutionPolicy, cfg artifact.Config) Template {
 	return Template{
 		APIVersion:     TemplateAPIVersion,
+		Namespace:      namespace,
 		Revision:       revision,
 		SnapshotDigest: snapshotDigest,
 		Execution:      policy,
@@ -100,6 +110,9 @@ func (t *Template) Validate() error {
 	var errs []string
 	if t.APIVersion != TemplateAPIVersion {
 		errs = append(errs, fmt.Sprintf("apiVersion %q: want %q", t.APIVersion, TemplateAPIVersion))
+	}
+	if msgs := validation.IsDNS1123Label(t.Namespace); len(msgs) > 0 {
+		errs = append(errs, fmt.Sprintf("namespace %q: must name the Revision's namespace (%s)", t.Namespace, strings.Join(msgs, ", ")))
 	}
 	if t.Revision == "" {
 		errs = append(errs, "revision: must name the Revision the template is for")
@@ -213,83 +226,4 @@ func pemBytes(data []byte, typ string) ([]byte, error) {
 		return nil, fmt.Errorf("fleet key: PEM block is %q; want %q", blk.Type, typ)
 	}
 	return blk.Bytes, nil
-}
-
-func info(keyID []byte) []byte {
-	return append([]byte(TemplateAPIVersion+"\x00"), keyID...)
-}
-
-// Seal validates t and seals it to the fleet public key.
-func Seal(pub *PublicKey, t Template) ([]byte, error) {
-	if t.APIVersion == "" {
-		t.APIVersion = TemplateAPIVersion
-	}
-	if err := t.Validate(); err != nil {
-		return nil, err
-	}
-	plain, err := json.Marshal(t)
-	if err != nil {
-		return nil, err
-	}
-	_, kdf, aead := suite()
-	id := pub.id()
-	ct, err := hpke.Seal(pub.k, kdf, aead, info(id), plain)
-	if err != nil {
-		return nil, fmt.Errorf("sealing template: %w", err)
-	}
-	out := make([]byte, 0, len(magic)+len(id)+len(ct))
-	out = append(out, magic...)
-	out = append(out, id...)
-	return append(out, ct...), nil
-}
-
-// Errors Open returns, for errors.Is.
-var (
-	ErrNotSealedTemplate = errors.New("not a sealed fiberd template")
-	ErrOtherFleetKey     = errors.New("template sealed to another fleet key")
-	ErrTampered          = errors.New("sealed template failed authentication")
-)
-
-// SealedKeyID returns the fleet key id a sealed template names (unauthenticated;
-// for diagnostics such as `fiberctl template`).
-func SealedKeyID(sealed []byte) (string, error) {
-	if len(sealed) < len(magic)+keyIDLen || !bytes.Equal(sealed[:len(magic)], magic) {
-		return "", fmt.Errorf("%w: the blob does not start with the Lampyr template header; was it produced by `ly deploy`?", ErrNotSealedTemplate)
-	}
-	return hex.EncodeToString(sealed[len(magic) : len(magic)+keyIDLen]), nil
-}
-
-// Open authenticates and decrypts a sealed template with the fleet private
-// key and validates it.
-func Open(priv *PrivateKey, sealed []byte) (Template, error) {
-	var t Template
-	keyID, err := SealedKeyID(sealed)
-	if err != nil {
-		return t, err
-	}
-	pub := priv.Public()
-	if keyID != pub.KeyID() {
-		return t, fmt.Errorf("%w: it names fleet key %s but this cluster's fleet key is %s; re-run `ly deploy` against this cluster so the template is sealed to its key (ConfigMap lampyr-system/lampyr-fleet-key)", ErrOtherFleetKey, short(keyID), short(pub.KeyID()))
-	}
-	_, kdf, aead := suite()
-	plain, err := hpke.Open(priv.k, kdf, aead, info(pub.id()), sealed[len(magic)+keyIDLen:])
-	if err != nil {
-		return t, fmt.Errorf("%w: it was altered or corrupted after sealing (%v); re-seal it with `ly deploy`", ErrTampered, err)
-	}
-	dec := json.NewDecoder(bytes.NewReader(plain))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&t); err != nil {
-		return t, fmt.Errorf("sealed template opened but its JSON is invalid: %w", err)
-	}
-	if err := t.Validate(); err != nil {
-		return t, err
-	}
-	return t, nil
-}
-
-func short(id string) string {
-	if len(id) > 16 {
-		return id[:16]
-	}
-	return id
 }

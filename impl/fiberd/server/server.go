@@ -1,14 +1,14 @@
 // Package server is fiberd: it holds the signed grant the grant controller
-// issued to this Home, opens the sealed template with the fleet key, pulls
-// and verifies the snapshot artifact, keeps the fiber pool and serves the
-// API of docs/contracts.md §4 to fiber-router.
+// issued to this Home (with the template the grant controller opened and
+// checked), pulls and verifies the snapshot artifact, keeps the fiber pool
+// and serves the API of docs/contracts.md §4 to fiber-router, which proves
+// itself with a credential minted for this Home (docs/security.md §3).
 package server
 
 import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,21 +33,23 @@ import (
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/helper"
 	"lampyr.dev/serving/impl/fiberd/pool"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
 )
 
 // Config configures fiberd.
 type Config struct {
-	// Token is the bearer token fiber-router presents.
-	Token string
+	// RouterKeyFile holds fiber-router's public key(s) (PEM; the Home
+	// Secret's router-keys.pub), re-read with the grant. Credentials must
+	// verify with one of them and name this Home (the grant's home).
+	RouterKeyFile string
+	// RouterKeys are used when RouterKeyFile is empty (tests).
+	RouterKeys []ed25519.PublicKey
 	// GrantFile holds the signed grant (the grant controller's Secret, mounted).
 	GrantFile string
 	// GrantKey verifies the grant's signature.
 	GrantKey ed25519.PublicKey
-	// FleetKey opens sealed templates.
-	FleetKey *seal.PrivateKey
 	// StateDir keeps unpacked snapshots.
 	StateDir string
 	// Backend runs fibers.
@@ -76,27 +78,30 @@ type Server struct {
 	metrics *metrics
 	mux     *http.ServeMux
 
-	syncMu    sync.Mutex
-	mu        sync.Mutex
-	grant     *signedgrant.Claims
-	grantRaw  []byte
-	grantErr  error
-	loaded    *loaded // template opened, snapshot unpacked, pool running
-	loadErr   error
-	loadKey   string
-	lastTry   time.Time
-	stopOnce  sync.Once
-	stop      chan struct{}
-	loopDone  chan struct{}
-	httpSrv   *http.Server
-	listeners []net.Listener
+	syncMu   sync.Mutex
+	mu       sync.Mutex
+	grant    *signedgrant.Claims
+	grantRaw []byte
+	// home is this Home's name from the last grant that verified: the
+	// audience router credentials must name.
+	home       string
+	routerKeys []ed25519.PublicKey
+	grantErr   error
+	loaded     *loaded // template opened, snapshot unpacked, pool running
+	loadErr    error
+	loadKey    string
+	lastTry    time.Time
+	stopOnce   sync.Once
+	stop       chan struct{}
+	loopDone   chan struct{}
+	httpSrv    *http.Server
+	listeners  []net.Listener
 
 	spliceOnce sync.Once
 	splicer    *sockmap.Splicer
 }
 
 type loaded struct {
-	template seal.Template
 	snapshot *artifact.Snapshot
 	pool     *pool.Pool
 	spec     *backend.Spec
@@ -106,17 +111,14 @@ type loaded struct {
 // New validates cfg and returns a server; call Serve to run it.
 func New(cfg Config) (*Server, error) {
 	var errs []string
-	if cfg.Token == "" {
-		errs = append(errs, "Token (router service token, --token-file) is empty")
-	}
 	if cfg.GrantFile == "" {
 		errs = append(errs, "GrantFile (--grant-file) is empty")
 	}
 	if len(cfg.GrantKey) != ed25519.PublicKeySize {
 		errs = append(errs, "GrantKey (--grant-key-file) is not an Ed25519 public key")
 	}
-	if cfg.FleetKey == nil {
-		errs = append(errs, "FleetKey (--fleet-key-file) is missing")
+	if cfg.RouterKeyFile == "" && len(cfg.RouterKeys) == 0 {
+		errs = append(errs, "RouterKeyFile (--router-keys-file) is empty")
 	}
 	if cfg.StateDir == "" {
 		errs = append(errs, "StateDir (--state-dir) is empty")
@@ -139,7 +141,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Server{cfg: cfg, metrics: newMetrics(), stop: make(chan struct{}), loopDone: make(chan struct{})}
+	s := &Server{cfg: cfg, metrics: newMetrics(), stop: make(chan struct{}), loopDone: make(chan struct{}), routerKeys: cfg.RouterKeys}
+	if cfg.RouterKeyFile != "" {
+		keys, err := readRouterKeys(cfg.RouterKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("fiberd config: %w", err)
+		}
+		s.routerKeys = keys
+	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET "+client.HealthzPath, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET "+client.ReadyzPath, s.readyz)
@@ -231,6 +240,15 @@ func (s *Server) syncGrant() {
 	// second load of the same grant.
 	s.syncMu.Lock()
 	defer s.syncMu.Unlock()
+	if s.cfg.RouterKeyFile != "" {
+		if keys, err := readRouterKeys(s.cfg.RouterKeyFile); err != nil {
+			s.cfg.Logf("keeping the previous router keys: %v", err)
+		} else {
+			s.mu.Lock()
+			s.routerKeys = keys
+			s.mu.Unlock()
+		}
+	}
 	raw, err := os.ReadFile(s.cfg.GrantFile)
 	now := s.cfg.Now()
 	var claims signedgrant.Claims
@@ -252,7 +270,7 @@ func (s *Server) syncGrant() {
 	if !bytes.Equal(raw, s.grantRaw) {
 		s.cfg.Logf("grant %s for %s/%s valid until %s", claims.GrantID, claims.Namespace, claims.Revision, claims.ExpiresAt.Format(time.RFC3339))
 	}
-	s.grant, s.grantErr, s.grantRaw = &claims, nil, raw
+	s.grant, s.grantErr, s.grantRaw, s.home = &claims, nil, raw, claims.Home
 	key := loadKey(claims)
 	cur := s.loaded
 	needLoad := cur == nil || key != s.loadKey
@@ -297,7 +315,7 @@ func loadKey(c signedgrant.Claims) string {
 		env = append(env, k+"="+v)
 	}
 	sort.Strings(env)
-	return strings.Join([]string{c.Namespace, c.Revision, c.Template, c.SnapshotArtifact, c.Execution.Mode,
+	return strings.Join([]string{c.Home, c.Namespace, c.Revision, c.Template, c.SnapshotArtifact, c.Helper.Protocol, strconv.Itoa(int(c.Helper.Port)), c.Execution.Mode,
 		strconv.FormatInt(c.Execution.IdleTimeoutSeconds, 10), strconv.FormatInt(c.MemoryPerFiberBytes, 10), strings.Join(env, "\x00")}, "|")
 }
 
@@ -313,27 +331,12 @@ func (e *LoadError) Unwrap() error { return e.Err }
 func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	sealed, _, err := artifact.FetchTemplate(ctx, c.Template, s.cfg.RegistryOptions...)
-	if err != nil {
-		return nil, &LoadError{"TemplateUnavailable", err}
-	}
-	t, err := seal.Open(s.cfg.FleetKey, sealed)
-	if err != nil {
-		return nil, &LoadError{"TemplateUnsealable", err}
-	}
-	snapRef, err := artifact.ParseDigestRef(c.SnapshotArtifact)
-	if err != nil {
-		return nil, &LoadError{"SnapshotUnavailable", err}
-	}
-	if err := CheckTemplate(t, c, snapRef.DigestStr()); err != nil {
-		return nil, &LoadError{"TemplateMismatch", err}
-	}
 	snap, err := artifact.Fetch(ctx, c.SnapshotArtifact, s.cfg.RegistryOptions...)
 	if err != nil {
 		return nil, &LoadError{"SnapshotUnavailable", err}
 	}
-	if snap.Config.Port != t.Helper.Port {
-		return nil, &LoadError{"TemplateMismatch", fmt.Errorf("template helper.port %d differs from the snapshot's port %d; rebuild and redeploy", t.Helper.Port, snap.Config.Port)}
+	if snap.Config.Port != c.Helper.Port {
+		return nil, &LoadError{"TemplateMismatch", fmt.Errorf("template helper.port %d differs from the snapshot's port %d; rebuild and redeploy", c.Helper.Port, snap.Config.Port)}
 	}
 	root, err := s.unpack(snap)
 	if err != nil {
@@ -382,27 +385,8 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	if proto == "" {
 		proto = "http1"
 	}
-	s.cfg.Logf("loaded %s/%s: template opened, snapshot %s verified, mode %s, max %d fibers", c.Namespace, c.Revision, snap.Digest(), c.Execution.Mode, c.MaxFibers)
-	return &loaded{template: t, snapshot: snap, pool: p, spec: spec, protocol: proto}, nil
-}
-
-// CheckTemplate is the rule "fiberd runs a Revision only from a template it
-// opened with the fleet key whose snapshot digest matches the grant".
-func CheckTemplate(t seal.Template, c signedgrant.Claims, grantDigest string) error {
-	if t.SnapshotDigest != grantDigest {
-		return fmt.Errorf("template names snapshot %s but the grant names %s; the template was sealed for another build: redeploy with `ly deploy` so template and Revision agree", t.SnapshotDigest, grantDigest)
-	}
-	if t.Revision != c.Revision {
-		return fmt.Errorf("template was sealed for Revision %q but the grant is for %q", t.Revision, c.Revision)
-	}
-	mode := t.Execution.Mode
-	if mode == "" {
-		mode = "fresh"
-	}
-	if mode != c.Execution.Mode || (mode == "reuse" && t.Execution.IdleTimeoutSeconds != c.Execution.IdleTimeoutSeconds) {
-		return fmt.Errorf("template execution policy (%s, idle %ds) differs from the grant's (%s, idle %ds)", mode, t.Execution.IdleTimeoutSeconds, c.Execution.Mode, c.Execution.IdleTimeoutSeconds)
-	}
-	return nil
+	s.cfg.Logf("loaded %s/%s: snapshot %s verified, mode %s, max %d fibers", c.Namespace, c.Revision, snap.Digest(), c.Execution.Mode, c.MaxFibers)
+	return &loaded{snapshot: snap, pool: p, spec: spec, protocol: proto}, nil
 }
 
 // unpack extracts a verified snapshot once per digest and adds the mount
@@ -451,19 +435,54 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-func (s *Server) tokenOK(h string) bool {
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(tok), []byte(s.cfg.Token)) == 1
+// credentialOK checks a router credential ("Bearer <credential>") minted
+// for this Home. Until a grant has verified, this fiberd does not know which
+// Home it is, so no credential is accepted; the answer then is 503
+// NoValidGrant (nothing to serve yet), never a 401 that would read as a key
+// problem.
+func (s *Server) credentialOK(h string) (status int, reason, msg string) {
+	s.mu.Lock()
+	home, keys := s.home, s.routerKeys
+	gerr := s.grantErr
+	s.mu.Unlock()
+	if home == "" {
+		msg := "no grant yet"
+		if gerr != nil {
+			msg = gerr.Error()
+		}
+		return http.StatusServiceUnavailable, client.ReasonNoGrant, msg
+	}
+	cred, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return http.StatusUnauthorized, client.ReasonUnauthorized, "missing bearer credential: fiberd accepts only credentials fiber-router minted for this Home"
+	}
+	if _, err := routercred.Verify(keys, cred, home, s.cfg.Now()); err != nil {
+		s.metrics.refusedCredentials.Inc()
+		return http.StatusUnauthorized, client.ReasonUnauthorized, "credential refused: " + err.Error()
+	}
+	return 0, "", ""
 }
 
 func (s *Server) auth(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !s.tokenOK(r.Header.Get("Authorization")) {
-			writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "missing or wrong bearer token (the router token from Secret lampyr-system/fiber-router-token)")
+		if status, reason, msg := s.credentialOK(r.Header.Get("Authorization")); status != 0 {
+			writeErr(w, status, reason, msg)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+func readRouterKeys(path string) ([]ed25519.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("router keys: %w", err)
+	}
+	keys, err := routercred.ParsePublicKeys(b)
+	if err != nil {
+		return nil, fmt.Errorf("router keys %s: %w", path, err)
+	}
+	return keys, nil
 }
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
@@ -489,11 +508,16 @@ func (s *Server) current() (*loaded, *signedgrant.Claims, int, string, string) {
 		return nil, g, http.StatusServiceUnavailable, client.ReasonNoGrant, msg
 	}
 	if l == nil {
-		msg := "template and snapshot not loaded yet"
-		if lerr != nil {
+		msg, reason := "snapshot not loaded yet", client.ReasonNotReady
+		var le *LoadError
+		if errors.As(lerr, &le) {
+			// The load error's own reason, so the grant controller reads
+			// why from the reason, never from the message's text.
+			msg, reason = lerr.Error(), le.Reason
+		} else if lerr != nil {
 			msg = lerr.Error()
 		}
-		return nil, g, http.StatusServiceUnavailable, client.ReasonNotReady, msg
+		return nil, g, http.StatusServiceUnavailable, reason, msg
 	}
 	return l, g, 0, "", ""
 }
@@ -592,8 +616,8 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
-	if !s.tokenOK(r.Header.Get(client.ProxyAuthHeader)) {
-		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "proxied requests carry the router token in "+client.ProxyAuthHeader)
+	if status, reason, msg := s.credentialOK(r.Header.Get(client.ProxyAuthHeader)); status != 0 {
+		writeErr(w, status, reason, msg+" (proxied requests carry it in "+client.ProxyAuthHeader+")")
 		return
 	}
 	l, g, status, reason, msg := s.current()
@@ -650,7 +674,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 			pr.Out.Header.Del(client.ProxyAuthHeader)
 			// Rewrite strips these from the outbound request, as a proxy
 			// that cannot trust its client must. fiberd's data path is
-			// reached only with the router's token, and the router has set
+			// reached only with the router's credential, and the router has set
 			// them as Knative's runtime contract promises the handler
 			// (Forwarded MUST, X-Forwarded-For/-Proto SHOULD): pass them on
 			// unchanged, fiberd is not a hop the handler should see.
@@ -710,23 +734,27 @@ type metrics struct {
 	tunnelsOpen prometheus.Gauge
 	grantValid  prometheus.Gauge
 	grantExpiry prometheus.Gauge
+	// refusedCredentials counts calls refused for a bad, expired or
+	// other Home's credential: a rising count is someone trying.
+	refusedCredentials prometheus.Counter
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
-		reg:         prometheus.NewRegistry(),
-		started:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fiber_starts_total", Help: "Fiber starts by result."}, []string{"result"}),
-		startDur:    prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fiberd_fiber_start_seconds", Help: "Time to start a fiber until its handler listens.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
-		acquireDur:  prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fiberd_acquire_seconds", Help: "Acquisition latency by source (warm pool or cold start).", Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"source"}),
-		ended:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fibers_ended_total", Help: "Fibers ended by reason."}, []string{"reason"}),
-		refused:     prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_acquire_refused_total", Help: "Acquisitions refused at maxFibers."}),
-		requests:    prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_proxied_requests_total", Help: "Requests proxied into fibers."}),
-		tunnels:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_tunnels_total", Help: "Tunnels opened to reuse-mode fibers (their requests are not counted one by one), by how bytes are carried: kernel (sockmap) or user (copied by fiberd)."}, []string{"splice"}),
-		tunnelsOpen: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_tunnels_open", Help: "Tunnels open now."}),
-		grantValid:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
-		grantExpiry: prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),
+		reg:                prometheus.NewRegistry(),
+		started:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fiber_starts_total", Help: "Fiber starts by result."}, []string{"result"}),
+		startDur:           prometheus.NewHistogram(prometheus.HistogramOpts{Name: "fiberd_fiber_start_seconds", Help: "Time to start a fiber until its handler listens.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		acquireDur:         prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "fiberd_acquire_seconds", Help: "Acquisition latency by source (warm pool or cold start).", Buckets: prometheus.ExponentialBuckets(0.00005, 2, 18)}, []string{"source"}),
+		ended:              prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_fibers_ended_total", Help: "Fibers ended by reason."}, []string{"reason"}),
+		refused:            prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_acquire_refused_total", Help: "Acquisitions refused at maxFibers."}),
+		requests:           prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_proxied_requests_total", Help: "Requests proxied into fibers."}),
+		tunnels:            prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fiberd_tunnels_total", Help: "Tunnels opened to reuse-mode fibers (their requests are not counted one by one), by how bytes are carried: kernel (sockmap) or user (copied by fiberd)."}, []string{"splice"}),
+		tunnelsOpen:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_tunnels_open", Help: "Tunnels open now."}),
+		grantValid:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
+		grantExpiry:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),
+		refusedCredentials: prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_refused_credentials_total", Help: "API and proxied calls refused for a credential that is malformed, expired, signed by another key or minted for another Home."}),
 	}
-	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.tunnels, m.tunnelsOpen, m.grantValid, m.grantExpiry)
+	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.tunnels, m.tunnelsOpen, m.grantValid, m.grantExpiry, m.refusedCredentials)
 	return m
 }
 

@@ -19,11 +19,18 @@ import (
 
 // Claims is the grant's content.
 type Claims struct {
-	GrantID   string `json:"grantID"`
+	GrantID string `json:"grantID"`
+	// Home is the name of the Home the grant is issued to (its Pod, Service
+	// and Secret in the Homes namespace): the only audience of router
+	// credentials this fiberd accepts (impl/fiberd/routercred).
+	Home      string `json:"home"`
 	Namespace string `json:"namespace"`
 	Revision  string `json:"revision"`
-	// Template and SnapshotArtifact are digest-pinned references.
+	// Template and SnapshotArtifact are digest-pinned references. The grant
+	// controller opened the template (fiberd never holds the fleet key) and
+	// checked it against the Revision; what fiberd needs of it is Helper.
 	Template            string            `json:"template"`
+	Helper              Helper            `json:"helper"`
 	SnapshotArtifact    string            `json:"snapshotArtifact"`
 	MemoryPerFiberBytes int64             `json:"memoryPerFiberBytes"`
 	MaxFibers           int32             `json:"maxFibers"`
@@ -32,6 +39,13 @@ type Claims struct {
 	Env                 map[string]string `json:"env,omitempty"`
 	IssuedAt            time.Time         `json:"issuedAt"`
 	ExpiresAt           time.Time         `json:"expiresAt"`
+}
+
+// Helper is what the opened template says about the handler
+// (seal.HelperFacts): fiberd checks it against the snapshot it pulls.
+type Helper struct {
+	Port     int32  `json:"port"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Execution is the grant's execution policy.
@@ -97,6 +111,12 @@ func (c *Claims) validate() error {
 	}
 	if c.Revision == "" {
 		errs = append(errs, "revision is empty")
+	}
+	if c.Home == "" {
+		errs = append(errs, "home is empty")
+	}
+	if c.Helper.Port <= 0 || c.Helper.Port > 65535 {
+		errs = append(errs, fmt.Sprintf("helper.port %d: want 1-65535", c.Helper.Port))
 	}
 	if c.MaxFibers <= 0 {
 		errs = append(errs, "maxFibers must be > 0")

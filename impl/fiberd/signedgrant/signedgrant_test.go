@@ -8,7 +8,7 @@ import (
 )
 
 func claims(now time.Time) Claims {
-	return Claims{GrantID: "g1", Namespace: "default", Revision: "hello-00001", MemoryPerFiberBytes: 1 << 27, MaxFibers: 3,
+	return Claims{GrantID: "g1", Home: "hello-00001-0123456789", Namespace: "default", Revision: "hello-00001", Helper: Helper{Port: 8080}, MemoryPerFiberBytes: 1 << 27, MaxFibers: 3,
 		Execution: Execution{Mode: "fresh"}, IssuedAt: now, ExpiresAt: now.Add(10 * time.Minute)}
 }
 

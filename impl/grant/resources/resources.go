@@ -1,10 +1,18 @@
 // Package resources builds the objects the grant controller keeps for one
 // CapacityGrant: the Home Pod (fiberd + lampyr-helper), its Service and the
-// Secret carrying the signed grant and the keys fiberd needs, plus the
+// Secret carrying the signed grant and the public keys fiberd needs, plus the
 // grant's claims. Pure functions of the grant and the configuration.
+//
+// Homes live in the Homes namespace (lampyr-homes), never in the tenant's:
+// tenant namespaces hold no Lampyr key and run no privileged Pod
+// (docs/security.md §1). Owner references cannot cross namespaces, so Home
+// objects carry the grant's namespace, name and UID as labels instead and
+// the grant controller deletes them when the grant is gone.
 package resources
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"strconv"
@@ -22,21 +30,27 @@ import (
 
 // Labels on every object of a Home.
 const (
-	GrantLabel    = "fiberd.io/grant"
-	RevisionLabel = "serving.knative.dev/revision"
-	ComponentKey  = "app.kubernetes.io/component"
-	Component     = "lampyr-home"
+	GrantLabel          = "fiberd.io/grant"
+	GrantNamespaceLabel = "fiberd.io/grant-namespace"
+	GrantUIDLabel       = "fiberd.io/grant-uid"
+	RevisionLabel       = "serving.knative.dev/revision"
+	ComponentKey        = "app.kubernetes.io/component"
+	Component           = "lampyr-home"
 )
 
-// Keys of the Home Secret, mounted at SecretMountPath.
+// DefaultHomesNamespace is where Homes run unless the grant controller is
+// told otherwise (LAMPYR_HOMES_NAMESPACE).
+const DefaultHomesNamespace = "lampyr-homes"
+
+// Keys of the Home Secret, mounted at SecretMountPath. Nothing secret to
+// anyone but this Home: its grant and two public keys.
 const (
-	SecretKeyGrant       = "grant"
-	SecretKeyGrantPubKey = "grant-key.pub"
-	SecretKeyFleetKey    = "fleet-key"
-	SecretKeyRouterToken = "router-token"
-	SecretMountPath      = "/var/run/lampyr/home"
-	StateMountPath       = "/var/lib/fiberd"
-	HelperMountPath      = "/var/lib/lampyr-helper"
+	SecretKeyGrant         = "grant"
+	SecretKeyGrantPubKey   = "grant-key.pub"
+	SecretKeyRouterPubKeys = "router-keys.pub"
+	SecretMountPath        = "/var/run/lampyr/home"
+	StateMountPath         = "/var/lib/fiberd"
+	HelperMountPath        = "/var/lib/lampyr-helper"
 )
 
 // APIPort is fiberd's port (docs/contracts.md §4).
@@ -53,8 +67,39 @@ var HomeOverhead = resource.MustParse("256Mi")
 // Pending (Insufficient cpu) and its Revision never became Ready.
 var HomeCPURequest = resource.MustParse("25m")
 
-// HomeName names the Home Pod, Service and Secret of a grant.
-func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
+// HomeName names the Home Pod, Service and Secret of a grant in the Homes
+// namespace: the grant's name (at most 40 characters of it, for reading)
+// and 10 hex digits of a hash of namespace/name, so Revisions of the same
+// name in two namespaces never share a Home and the name stays a DNS label.
+func HomeName(g *v1alpha1.CapacityGrant) string { return HomeNameFor(g.Namespace, g.Name) }
+
+// HomeNameFor is HomeName of the grant namespace/name.
+func HomeNameFor(namespace, name string) string {
+	sum := sha256.Sum256([]byte(namespace + "/" + name))
+	base := name
+	if len(base) > 40 {
+		base = base[:40]
+	}
+	return base + "-" + hex.EncodeToString(sum[:5])
+}
+
+// IsHomeOf reports whether a Home object (by its labels) belongs to g: the
+// same namespace, name and UID. An object with g's Home name but another
+// UID is a leftover of an earlier grant of the same name.
+func IsHomeOf(obj metav1.Object, g *v1alpha1.CapacityGrant) bool {
+	l := obj.GetLabels()
+	return l[ComponentKey] == Component && l[GrantNamespaceLabel] == g.Namespace && l[GrantLabel] == g.Name && l[GrantUIDLabel] == string(g.UID)
+}
+
+// GrantKeyOf is the namespace/name of the grant a Home object belongs to,
+// from its labels; ok is false for objects that are not Homes.
+func GrantKeyOf(obj metav1.Object) (namespace, name string, ok bool) {
+	l := obj.GetLabels()
+	if l[ComponentKey] != Component || l[GrantNamespaceLabel] == "" || l[GrantLabel] == "" {
+		return "", "", false
+	}
+	return l[GrantNamespaceLabel], l[GrantLabel], true
+}
 
 // HomeEndpointOf is status.homeEndpoint: the Ready Home Pod's own address
 // when it has one, else the Home Service's name. fiber-router dials the Pod
@@ -62,11 +107,11 @@ func HomeName(g *v1alpha1.CapacityGrant) string { return g.Name + "-home" }
 // kube-proxy to program the Home Service's new endpoint after the Pod turns
 // Ready (its minimum sync period is 1 s). A replaced Pod changes the address
 // and so the router metadata.
-func HomeEndpointOf(g *v1alpha1.CapacityGrant, home *corev1.Pod) string {
+func HomeEndpointOf(g *v1alpha1.CapacityGrant, homesNamespace string, home *corev1.Pod) string {
 	if home != nil && home.Status.PodIP != "" && home.DeletionTimestamp == nil && podReady(home) {
 		return net.JoinHostPort(home.Status.PodIP, strconv.Itoa(APIPort))
 	}
-	return HomeEndpoint(g)
+	return HomeEndpoint(g, homesNamespace)
 }
 
 func podReady(p *corev1.Pod) bool {
@@ -79,8 +124,8 @@ func podReady(p *corev1.Pod) bool {
 }
 
 // HomeEndpoint is the Home Service's host:port of fiberd's API.
-func HomeEndpoint(g *v1alpha1.CapacityGrant) string {
-	return fmt.Sprintf("%s.%s.svc:%d", HomeName(g), g.Namespace, APIPort)
+func HomeEndpoint(g *v1alpha1.CapacityGrant, homesNamespace string) string {
+	return fmt.Sprintf("%s.%s.svc:%d", HomeName(g), homesNamespace, APIPort)
 }
 
 // EffectiveMaxFibers resolves maxFibers 0 to the installation default.
@@ -96,20 +141,24 @@ func ReservedMemory(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
 	return g.Spec.MemoryPerFiber.Value() * int64(EffectiveMaxFibers(g, cfg))
 }
 
-func labels(g *v1alpha1.CapacityGrant) map[string]string {
+// Labels are the labels of every object of g's Home.
+func Labels(g *v1alpha1.CapacityGrant) map[string]string {
 	return map[string]string{
-		GrantLabel:    g.Name,
-		RevisionLabel: g.Spec.RevisionName,
-		ComponentKey:  Component,
+		GrantLabel:          g.Name,
+		GrantNamespaceLabel: g.Namespace,
+		GrantUIDLabel:       string(g.UID),
+		RevisionLabel:       g.Spec.RevisionName,
+		ComponentKey:        Component,
 	}
 }
 
-func owner(g *v1alpha1.CapacityGrant) []metav1.OwnerReference {
-	return []metav1.OwnerReference{*metav1.NewControllerRef(g, v1alpha1.SchemeGroupVersion.WithKind("CapacityGrant"))}
+func meta(g *v1alpha1.CapacityGrant, homesNamespace string) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: HomeName(g), Namespace: homesNamespace, Labels: Labels(g)}
 }
 
-// MakeClaims is the content of the signed grant for g.
-func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, grantID string, now metav1.Time) signedgrant.Claims {
+// MakeClaims is the content of the signed grant for g, whose template the
+// grant controller opened (helper: what it says about the handler).
+func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, helper signedgrant.Helper, grantID string, now metav1.Time) signedgrant.Claims {
 	mode := string(g.Spec.Execution.Mode)
 	if mode == "" {
 		mode = string(v1alpha1.ExecutionFresh)
@@ -124,9 +173,11 @@ func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, grantID string, n
 	}
 	return signedgrant.Claims{
 		GrantID:             grantID,
+		Home:                HomeName(g),
 		Namespace:           g.Namespace,
 		Revision:            g.Spec.RevisionName,
 		Template:            g.Spec.Template,
+		Helper:              helper,
 		SnapshotArtifact:    g.Spec.SnapshotArtifact,
 		MemoryPerFiberBytes: g.Spec.MemoryPerFiber.Value(),
 		MaxFibers:           EffectiveMaxFibers(g, cfg),
@@ -138,37 +189,28 @@ func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, grantID string, n
 	}
 }
 
-// MakeHomeSecret carries the signed grant, the grant verification key, the
-// fleet private key and the router token into the Home.
-func MakeHomeSecret(g *v1alpha1.CapacityGrant, signedGrant, grantPubKey, fleetKey []byte, routerToken string) *corev1.Secret {
+// MakeHomeSecret carries the signed grant (with the opened template's
+// facts), the grant verification key and fiber-router's public key into the
+// Home. It holds no private key and no shared token: read by anyone, it
+// acts on nothing (docs/security.md §1).
+func MakeHomeSecret(g *v1alpha1.CapacityGrant, homesNamespace string, signedGrant, grantPubKey, routerPubKeys []byte) *corev1.Secret {
 	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            HomeName(g),
-			Namespace:       g.Namespace,
-			Labels:          labels(g),
-			OwnerReferences: owner(g),
-		},
-		Type: corev1.SecretTypeOpaque,
+		ObjectMeta: meta(g, homesNamespace),
+		Type:       corev1.SecretTypeOpaque,
 		Data: map[string][]byte{
-			SecretKeyGrant:       signedGrant,
-			SecretKeyGrantPubKey: grantPubKey,
-			SecretKeyFleetKey:    fleetKey,
-			SecretKeyRouterToken: []byte(routerToken),
+			SecretKeyGrant:         signedGrant,
+			SecretKeyGrantPubKey:   grantPubKey,
+			SecretKeyRouterPubKeys: routerPubKeys,
 		},
 	}
 }
 
 // MakeHomeService exposes fiberd's API to fiber-router.
-func MakeHomeService(g *v1alpha1.CapacityGrant) *corev1.Service {
+func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.Service {
 	return &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            HomeName(g),
-			Namespace:       g.Namespace,
-			Labels:          labels(g),
-			OwnerReferences: owner(g),
-		},
+		ObjectMeta: meta(g, homesNamespace),
 		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{GrantLabel: g.Name, ComponentKey: Component},
+			Selector: map[string]string{GrantUIDLabel: string(g.UID), ComponentKey: Component},
 			Ports: []corev1.ServicePort{{
 				Name:        "http",
 				Port:        APIPort,
@@ -183,7 +225,7 @@ func MakeHomeService(g *v1alpha1.CapacityGrant) *corev1.Service {
 // backend creates namespaces, mounts and memory cgroups for its fibers; it
 // gets no service-account token and no service links, so nothing of the
 // cluster's identity can reach a fiber.
-func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
+func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace string) *corev1.Pod {
 	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
 	mem.Add(HomeOverhead)
 	helperPath := "/lampyr-helper"
@@ -211,8 +253,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 		"--listen=:" + strconv.Itoa(APIPort),
 		"--grant-file=" + SecretMountPath + "/" + SecretKeyGrant,
 		"--grant-key-file=" + SecretMountPath + "/" + SecretKeyGrantPubKey,
-		"--fleet-key-file=" + SecretMountPath + "/" + SecretKeyFleetKey,
-		"--token-file=" + SecretMountPath + "/" + SecretKeyRouterToken,
+		"--router-keys-file=" + SecretMountPath + "/" + SecretKeyRouterPubKeys,
 		"--helper=" + helperPath,
 		"--state-dir=" + StateMountPath,
 		"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
@@ -238,12 +279,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config) *corev1.Pod {
 		FailureThreshold: 3,
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{
-			Name:            HomeName(g),
-			Namespace:       g.Namespace,
-			Labels:          labels(g),
-			OwnerReferences: owner(g),
-		},
+		ObjectMeta: meta(g, homesNamespace),
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),

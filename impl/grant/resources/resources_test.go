@@ -9,7 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 )
 
@@ -41,8 +44,8 @@ func TestMakeClaims(t *testing.T) {
 		{"maxFibers 0 takes the default", grant(v1alpha1.ExecutionFresh, 0), cfg.DefaultMaxFibers, "fresh", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := MakeClaims(tc.g, cfg, "id", now)
-			if c.MaxFibers != tc.wantMax || c.Execution.Mode != tc.wantMode || c.Execution.IdleTimeoutSeconds != tc.wantIdle {
+			c := MakeClaims(tc.g, cfg, signedgrant.Helper{Port: 8080}, "id", now)
+			if c.Home != HomeName(tc.g) || c.Helper.Port != 8080 || c.MaxFibers != tc.wantMax || c.Execution.Mode != tc.wantMode || c.Execution.IdleTimeoutSeconds != tc.wantIdle {
 				t.Fatalf("claims %+v", c)
 			}
 			if c.MemoryPerFiberBytes != 64<<20 || !c.ExpiresAt.Equal(now.Add(cfg.GrantTTL)) || c.Env["K_REVISION"] != "hello-00001" || c.Namespace != "demo" {
@@ -56,10 +59,10 @@ func TestMakeHomePod(t *testing.T) {
 	cfg := config.Defaults()
 	cfg.HomeImage = "kind.local/fiberd@sha256:" + strings.Repeat("c", 64)
 	g := grant(v1alpha1.ExecutionFresh, 4)
-	p := MakeHomePod(g, cfg)
+	p := MakeHomePod(g, cfg, "lampyr-homes")
 	c := p.Spec.Containers[0]
-	if p.Name != "hello-00001-home" || p.Namespace != "demo" || !metav1.IsControlledBy(p, g) {
-		t.Fatalf("identity %s/%s owners %v", p.Namespace, p.Name, p.OwnerReferences)
+	if p.Name != HomeName(g) || p.Namespace != "lampyr-homes" || len(p.OwnerReferences) != 0 || !IsHomeOf(p, g) {
+		t.Fatalf("identity %s/%s owners %v labels %v", p.Namespace, p.Name, p.OwnerReferences, p.Labels)
 	}
 	if *p.Spec.AutomountServiceAccountToken || *p.Spec.EnableServiceLinks {
 		t.Error("no service-account token and no service links may reach a Home")
@@ -74,7 +77,7 @@ func TestMakeHomePod(t *testing.T) {
 		t.Errorf("readiness probe %+v", c.ReadinessProbe.HTTPGet)
 	}
 	args := strings.Join(c.Args, " ")
-	for _, want := range []string{"--grant-file=" + SecretMountPath + "/grant", "--helper=/lampyr-helper", "--listen=:9090"} {
+	for _, want := range []string{"--grant-file=" + SecretMountPath + "/grant", "--router-keys-file=" + SecretMountPath + "/router-keys.pub", "--helper=/lampyr-helper", "--listen=:9090"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("args %q lack %q", args, want)
 		}
@@ -84,7 +87,7 @@ func TestMakeHomePod(t *testing.T) {
 	}
 
 	cfg.HelperImage = "kind.local/helper:1"
-	p = MakeHomePod(g, cfg)
+	p = MakeHomePod(g, cfg, "lampyr-homes")
 	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != cfg.HelperImage ||
 		!strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--helper="+HelperMountPath+"/lampyr-helper") {
 		t.Fatalf("helper image not wired: %+v", p.Spec.InitContainers)
@@ -93,19 +96,42 @@ func TestMakeHomePod(t *testing.T) {
 
 func TestMakeHomeServiceAndSecret(t *testing.T) {
 	g := grant(v1alpha1.ExecutionFresh, 4)
-	s := MakeHomeService(g)
-	if s.Spec.Selector[GrantLabel] != g.Name || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g) != "hello-00001-home.demo.svc:9090" {
-		t.Fatalf("service %+v endpoint %s", s.Spec, HomeEndpoint(g))
+	s := MakeHomeService(g, "lampyr-homes")
+	if s.Spec.Selector[GrantUIDLabel] != string(g.UID) || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g, "lampyr-homes") != HomeName(g)+".lampyr-homes.svc:9090" {
+		t.Fatalf("service %+v endpoint %s", s.Spec, HomeEndpoint(g, "lampyr-homes"))
 	}
-	pod := MakeHomePod(g, config.Defaults())
+	pod := MakeHomePod(g, config.Defaults(), "lampyr-homes")
 	for k, v := range s.Spec.Selector {
 		if pod.Labels[k] != v {
 			t.Fatalf("Service selector %s=%s does not select the Home Pod (labels %v)", k, v, pod.Labels)
 		}
 	}
-	sec := MakeHomeSecret(g, []byte("g"), []byte("p"), []byte("f"), "tok")
-	if sec.Type != corev1.SecretTypeOpaque || string(sec.Data[SecretKeyRouterToken]) != "tok" || !metav1.IsControlledBy(sec, g) {
+	sec := MakeHomeSecret(g, "lampyr-homes", []byte("g"), []byte("p"), []byte("r"))
+	if sec.Type != corev1.SecretTypeOpaque || string(sec.Data[SecretKeyRouterPubKeys]) != "r" || len(sec.Data) != 3 || !IsHomeOf(sec, g) || sec.Namespace != "lampyr-homes" {
 		t.Fatalf("secret %+v", sec)
+	}
+}
+
+// TestHomeNames: Revisions of one name in two namespaces get two Homes; a
+// long name still makes a DNS label; labels lead back to the grant.
+func TestHomeNames(t *testing.T) {
+	a := grant(v1alpha1.ExecutionFresh, 1)
+	b := a.DeepCopy()
+	b.Namespace = "other"
+	if HomeName(a) == HomeName(b) {
+		t.Fatal("same Home name for two namespaces")
+	}
+	long := a.DeepCopy()
+	long.Name = strings.Repeat("x", 63)
+	if n := HomeName(long); len(n) > 63 || len(validation.IsDNS1035Label(n)) > 0 {
+		t.Fatalf("Home name %q is not a DNS-1035 label", n)
+	}
+	p := MakeHomePod(a, config.Defaults(), "lampyr-homes")
+	if ns, name, ok := GrantKeyOf(p); !ok || ns != "demo" || name != "hello-00001" {
+		t.Fatalf("GrantKeyOf = %s %s %v", ns, name, ok)
+	}
+	if IsHomeOf(p, b) {
+		t.Fatal("another namespace's grant claims the Home")
 	}
 }
 
@@ -114,7 +140,7 @@ func TestMakeHomePodRegistryMirrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg)
+	p := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes")
 	if !strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--registry-mirror=localhost:5002=kind-registry:5000") {
 		t.Fatalf("args %v", p.Spec.Containers[0].Args)
 	}
@@ -125,7 +151,7 @@ func TestMakeHomePodRegistryMirrors(t *testing.T) {
 
 func TestHomeEndpointOfPrefersTheReadyPod(t *testing.T) {
 	g := &v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "demo"}}
-	svc := "hello-00001-home.demo.svc:9090"
+	svc := HomeName(g) + ".lampyr-homes.svc:9090"
 	ready := []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
 	now := metav1.Now()
 	for _, tc := range []struct {
@@ -140,7 +166,7 @@ func TestHomeEndpointOfPrefersTheReadyPod(t *testing.T) {
 		{"Ready Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, "10.244.0.7:9090"},
 		{"Ready IPv6 Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "fd00::7", Conditions: ready}}, "[fd00::7]:9090"},
 	} {
-		if got := HomeEndpointOf(g, tc.pod); got != tc.want {
+		if got := HomeEndpointOf(g, "lampyr-homes", tc.pod); got != tc.want {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}

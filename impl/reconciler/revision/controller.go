@@ -2,12 +2,18 @@ package revision
 
 import (
 	"context"
+	"time"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	corev1informers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	kubeclient "knative.dev/pkg/client/injection/kube/client"
-	filteredconfigmapinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/configmap/filtered"
 	serviceinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/service"
 	filteredsliceinformer "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice/filtered"
 	"knative.dev/pkg/configmap"
@@ -26,8 +32,9 @@ import (
 )
 
 // Label selectors of the filtered informers this controller uses, so it
-// caches only its own ConfigMaps and EndpointSlices plus fiber-router's
-// slices instead of every ConfigMap and EndpointSlice in the cluster.
+// caches only its own EndpointSlices plus fiber-router's slices instead of
+// every EndpointSlice in the cluster. Router metadata has its own informer,
+// on the Lampyr namespace only (routerMetadataInformer).
 var (
 	routerMetadataSelector = labels.Set{routermeta.LabelKey: "true"}.String()
 	mirrorSliceSelector    = labels.Set{discoveryv1.LabelManagedBy: resources.EndpointSliceManagedBy}.String()
@@ -38,8 +45,13 @@ var (
 // knative.dev/pkg/client/injection/kube/informers/factory/filtered.WithSelectors
 // on the context given to sharedmain, before NewController runs.
 func FilteredInformerSelectors() []string {
-	return []string{routerMetadataSelector, mirrorSliceSelector, routerSliceSelector}
+	return []string{mirrorSliceSelector, routerSliceSelector}
 }
+
+// metadataSweepInterval is how often router metadata whose Revision is gone
+// is looked for (the finalizer deletes it; this catches a finalizer someone
+// removed by hand).
+const metadataSweepInterval = 10 * time.Minute
 
 // NewController wires the Lampyr Revision reconciler; pass it to sharedmain
 // in place of knative.dev/serving/pkg/reconciler/revision.NewController.
@@ -47,7 +59,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 	logger := logging.FromContext(ctx)
 	revisionInformer := revisioninformer.Get(ctx)
 	serviceInformer := serviceinformer.Get(ctx)
-	metadataInformer := filteredconfigmapinformer.Get(ctx, routerMetadataSelector)
+	metadataInformer := routerMetadataInformer(ctx, config.Namespace())
 	mirrorSliceInformer := filteredsliceinformer.Get(ctx, mirrorSliceSelector)
 	routerSliceInformer := filteredsliceinformer.Get(ctx, routerSliceSelector)
 	grants := grantInformer(ctx)
@@ -88,7 +100,19 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 		Handler:    controller.HandleAll(impl.EnqueueControllerOf),
 	}
 	serviceInformer.Informer().AddEventHandler(owned)
-	metadataInformer.Informer().AddEventHandler(owned)
+	// Router metadata lives in the Lampyr namespace: no owner reference
+	// leads back, its labels do.
+	metadataInformer.Informer().AddEventHandler(controller.HandleAll(func(obj interface{}) {
+		acc, err := kmeta.DeletionHandlingAccessor(obj)
+		if err != nil {
+			return
+		}
+		l := acc.GetLabels()
+		if ns, rev := l[routermeta.NamespaceLabelKey], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
+			impl.EnqueueKey(types.NamespacedName{Namespace: ns, Name: rev})
+		}
+	}))
+	go sweepRouterMetadata(ctx, kubeclient.Get(ctx), config.Namespace(), metadataInformer, revisionInformer.Informer())
 	mirrorSliceInformer.Informer().AddEventHandler(owned)
 	grants.Informer().AddEventHandler(owned)
 
@@ -105,4 +129,51 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 	})
 
 	return impl
+}
+
+// routerMetadataInformer watches labelled ConfigMaps in the Lampyr
+// namespace only, so a tenant's ConfigMaps, labelled or not, are never even
+// cached. It is started and synced here, before the reconciler can run.
+func routerMetadataInformer(ctx context.Context, ns string) corev1informers.ConfigMapInformer {
+	f := informers.NewSharedInformerFactoryWithOptions(kubeclient.Get(ctx), controller.GetResyncPeriod(ctx),
+		informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = routerMetadataSelector }))
+	inf := f.Core().V1().ConfigMaps()
+	inf.Informer()
+	f.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.Informer().HasSynced) {
+		logging.FromContext(ctx).Fatalw("router metadata informer did not sync (RBAC for ConfigMaps in " + ns + "?)")
+	}
+	return inf
+}
+
+// sweepRouterMetadata deletes router metadata whose Revision no longer
+// exists, once both caches are synced and then every
+// metadataSweepInterval. Running in more than one replica is harmless: it
+// only deletes what belongs to nobody.
+func sweepRouterMetadata(ctx context.Context, kube kubernetes.Interface, ns string, metadata corev1informers.ConfigMapInformer, revisions cache.SharedIndexInformer) {
+	logger := logging.FromContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), metadata.Informer().HasSynced, revisions.HasSynced) {
+		return
+	}
+	for {
+		cms, _ := metadata.Lister().ConfigMaps(ns).List(labels.Everything())
+		for _, cm := range cms {
+			l := cm.Labels
+			key := l[routermeta.NamespaceLabelKey] + "/" + l[routermeta.RevisionLabelKey]
+			if _, exists, err := revisions.GetStore().GetByKey(key); err != nil || exists {
+				continue
+			}
+			if err := kube.CoreV1().ConfigMaps(ns).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err == nil {
+				logger.Infof("Deleted router metadata %s/%s: Revision %s is gone", ns, cm.Name, key)
+			} else if !apierrs.IsNotFound(err) {
+				logger.Warnw("Deleting orphaned router metadata", "configmap", ns+"/"+cm.Name, "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(metadataSweepInterval):
+		}
+	}
 }

@@ -46,7 +46,8 @@ const (
 	testImage     = "registry.example/hello@sha256:1111111111111111111111111111111111111111111111111111111111111111"
 	testArtifact  = "registry.example/hello-snapshot@sha256:2222222222222222222222222222222222222222222222222222222222222222"
 	testTemplate  = "registry.example/lampyr/templates@sha256:3333333333333333333333333333333333333333333333333333333333333333"
-	testHome      = "hello-00001-home.default.svc:9090"
+	testHome      = "10.244.0.9:9090"
+	testHomeName  = "hello-00001-0123456789"
 	finalizerName = "revisions.serving.knative.dev"
 )
 
@@ -265,6 +266,7 @@ func grantAdmitted(g *fiberdv1alpha1.CapacityGrant) {
 	g.Status.MarkAdmitted("256Mi x 10 fibers fit")
 	// status.homeEndpoint is set once admitted (docs/contracts.md §1).
 	g.Status.HomeEndpoint = testHome
+	g.Status.Home = testHomeName
 }
 
 func grantReady(g *fiberdv1alpha1.CapacityGrant) {
@@ -307,8 +309,14 @@ func apiServerDefaults(s *corev1.Service) *corev1.Service {
 	return s
 }
 
-func metadata(t *resources.Template, home string, isReady bool) *corev1.ConfigMap {
-	return resources.MakeRouterMetadata(rev(), t, home, isReady)
+// metadata is the router metadata the reconciler publishes, in the Lampyr
+// namespace; endpoint "" means not pointed at a Home yet.
+func metadata(t *resources.Template, endpoint string, isReady bool) *corev1.ConfigMap {
+	home := ""
+	if endpoint != "" {
+		home = testHomeName
+	}
+	return resources.MakeRouterMetadata(rev(), t, "lampyr-system", home, endpoint, isReady)
 }
 
 func routerSlice(name string, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
@@ -363,8 +371,12 @@ func finalizerEvent() string {
 }
 
 func deleteAction(resource schema.GroupVersionResource, name string) clientgotesting.DeleteActionImpl {
+	return deleteActionIn(testNS, resource, name)
+}
+
+func deleteActionIn(ns string, resource schema.GroupVersionResource, name string) clientgotesting.DeleteActionImpl {
 	return clientgotesting.DeleteActionImpl{
-		ActionImpl: clientgotesting.ActionImpl{Namespace: testNS, Verb: "delete", Resource: resource},
+		ActionImpl: clientgotesting.ActionImpl{Namespace: ns, Verb: "delete", Resource: resource},
 		Name:       name,
 	}
 }

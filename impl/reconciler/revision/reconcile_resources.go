@@ -49,12 +49,13 @@ func (r *Reconciler) sealTemplate(ctx context.Context, rev *v1.Revision, p *prog
 		return nil
 	}
 	req := SealRequest{
-		Namespace:  p.cfg.RouterNamespace,
-		Revision:   rev.Name,
-		Snapshot:   p.tmpl.SnapshotArtifact,
-		Execution:  p.tmpl.Execution,
-		Repository: p.cfg.TemplateRepository,
-		Mirrors:    p.cfg.RegistryMirrors,
+		Namespace:         p.cfg.RouterNamespace,
+		RevisionNamespace: rev.Namespace,
+		Revision:          rev.Name,
+		Snapshot:          p.tmpl.SnapshotArtifact,
+		Execution:         p.tmpl.Execution,
+		Repository:        p.cfg.TemplateRepository,
+		Mirrors:           p.cfg.RegistryMirrors,
 	}
 	if g, err := r.grants.Get(rev.Namespace, rev.Name); err == nil && metav1.IsControlledBy(g, rev) &&
 		g.Spec.Template != "" && g.Spec.SnapshotArtifact == req.Snapshot && equality.Semantic.DeepEqual(g.Spec.Execution, req.Execution) {
@@ -276,31 +277,32 @@ func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revisio
 	return nil
 }
 
-// publishRouterMetadata writes `<rev>-lampyr-route`, with ready=true only
-// when everything else is ready, so fiber-router never routes to a Revision
-// whose Home or backend is missing.
+// publishRouterMetadata writes route.<namespace>.<revision> in the Lampyr
+// namespace, with ready=true only when everything else is ready, so
+// fiber-router never routes to a Revision whose Home or backend is missing.
 func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision, p *progress) error {
 	p.routerReady = p.readyForRouting()
-	want := resources.MakeRouterMetadata(rev, p.tmpl, p.homeEndpoint(), p.routerReady)
-	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(want.Name)
+	ns := p.cfg.RouterNamespace
+	want := resources.MakeRouterMetadata(rev, p.tmpl, ns, p.home(), p.homeEndpoint(), p.routerReady)
+	got, err := r.routerMetadataLister.ConfigMaps(ns).Get(want.Name)
 	switch {
 	case apierrs.IsNotFound(err):
-		if _, err := r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+		if _, err := r.kubeclient.CoreV1().ConfigMaps(ns).Create(ctx, want, metav1.CreateOptions{}); err != nil {
 			if apierrs.IsAlreadyExists(err) {
 				// Exists without our label, so our filtered lister cannot see it.
-				p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", want.Name))
+				p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", ns+"/"+want.Name))
 				p.routerReady = false
 				return nil
 			}
-			return fmt.Errorf("creating ConfigMap %s: %w", want.Name, err)
+			return fmt.Errorf("creating ConfigMap %s/%s: %w", ns, want.Name, err)
 		}
-		logWrite(ctx, "Created", "router metadata ConfigMap", want.Name)
+		logWrite(ctx, "Created", "router metadata ConfigMap", ns+"/"+want.Name)
 		p.published = true
 		return nil
 	case err != nil:
-		return fmt.Errorf("reading ConfigMap %s: %w", want.Name, err)
-	case !metav1.IsControlledBy(got, rev):
-		p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", want.Name))
+		return fmt.Errorf("reading ConfigMap %s/%s: %w", ns, want.Name, err)
+	case !resources.IsRouterMetadataOf(got, rev):
+		p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", ns+"/"+want.Name))
 		p.routerReady = false
 		return nil
 	}
@@ -311,31 +313,44 @@ func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision
 	updated := got.DeepCopy()
 	updated.Labels = mergeLabels(got.Labels, want.Labels)
 	updated.Data = want.Data
-	if _, err := r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("updating ConfigMap %s: %w", want.Name, err)
+	if _, err := r.kubeclient.CoreV1().ConfigMaps(ns).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("updating ConfigMap %s/%s: %w", ns, want.Name, err)
 	}
-	logWrite(ctx, "Updated", "router metadata ConfigMap", want.Name+" (ready="+want.Data["ready"]+")")
+	logWrite(ctx, "Updated", "router metadata ConfigMap", ns+"/"+want.Name+" (ready="+want.Data["ready"]+")")
 	p.published = true
 	return nil
+}
+
+// routerMetadataOf returns rev's router metadata ConfigMap if it exists and
+// was written for rev.
+func (r *Reconciler) routerMetadataOf(rev *v1.Revision, ns string) (*corev1.ConfigMap, error) {
+	got, err := r.routerMetadataLister.ConfigMaps(ns).Get(routermeta.Name(rev.Namespace, rev.Name))
+	if err != nil {
+		return nil, err
+	}
+	if !resources.IsRouterMetadataOf(got, rev) {
+		return nil, apierrs.NewNotFound(corev1.Resource("configmaps"), got.Name)
+	}
+	return got, nil
 }
 
 // withdrawRouterMetadata marks existing metadata not ready when the
 // Revision is rejected (e.g. after an upgrade narrowed the subset), so
 // fiber-router stops routing to it. Nothing else is torn down: the
 // Revision may still be deleted or the controller downgraded.
-func (r *Reconciler) withdrawRouterMetadata(ctx context.Context, rev *v1.Revision) error {
-	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(routermeta.Name(rev.Name))
+func (r *Reconciler) withdrawRouterMetadata(ctx context.Context, rev *v1.Revision, ns string) error {
+	got, err := r.routerMetadataOf(rev, ns)
 	if apierrs.IsNotFound(err) {
 		return nil
 	} else if err != nil {
 		return err
 	}
-	if !metav1.IsControlledBy(got, rev) || got.Data["ready"] != "true" {
+	if got.Data["ready"] != "true" {
 		return nil
 	}
 	updated := got.DeepCopy()
 	updated.Data["ready"] = "false"
-	_, err = r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{})
+	_, err = r.kubeclient.CoreV1().ConfigMaps(ns).Update(ctx, updated, metav1.UpdateOptions{})
 	return err
 }
 
@@ -344,11 +359,14 @@ func (r *Reconciler) withdrawRouterMetadata(ctx context.Context, rev *v1.Revisio
 // an object someone else created under our name.
 
 func (r *Reconciler) deleteRouterMetadata(ctx context.Context, rev *v1.Revision) error {
-	got, err := r.routerMetadataLister.ConfigMaps(rev.Namespace).Get(routermeta.Name(rev.Name))
-	if skip, err := skipDelete(ctx, got, err, rev); skip {
+	ns := config.FromContext(ctx).Lampyr.RouterNamespace
+	got, err := r.routerMetadataOf(rev, ns)
+	if apierrs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
 		return err
 	}
-	return ignoreNotFound(r.kubeclient.CoreV1().ConfigMaps(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}))
+	return ignoreNotFound(r.kubeclient.CoreV1().ConfigMaps(ns).Delete(ctx, got.Name, metav1.DeleteOptions{}))
 }
 
 func (r *Reconciler) deleteEndpointSlice(ctx context.Context, rev *v1.Revision) error {

@@ -63,7 +63,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 	tmpl, rejection := Validate(rev, cfg)
 	if rejection != nil {
 		markRejected(&rev.Status, rejection)
-		return r.withdrawRouterMetadata(ctx, rev)
+		return r.withdrawRouterMetadata(ctx, rev, cfg.Lampyr.RouterNamespace)
 	}
 	recordContainerStatus(&rev.Status, tmpl)
 

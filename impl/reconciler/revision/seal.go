@@ -21,18 +21,24 @@ import (
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
-// Where the grant controller publishes the fleet public key
-// (impl/grant/keys.go; docs/contracts.md §6).
+// Where the grant controller publishes the fleet public key and keeps the
+// controller's sealer key (impl/grant/keys.go; docs/contracts.md §6,
+// docs/security.md §2).
 const (
 	fleetKeyConfigMap = "lampyr-fleet-key"
 	fleetPublicKeyKey = "public.pem"
+	sealerSecret      = "lampyr-controller-sealer"
+	sealerPrivateKey  = "private.pem"
 )
 
 // SealRequest is one image-mapped Revision's template to seal.
 type SealRequest struct {
 	// Namespace is the Lampyr namespace, where the fleet key is published.
 	Namespace string
-	Revision  string
+	// RevisionNamespace and Revision name the Revision the template is
+	// bound to.
+	RevisionNamespace string
+	Revision          string
 	// Snapshot is the digest-pinned snapshot artifact.
 	Snapshot   string
 	Execution  fiberdv1alpha1.ExecutionPolicy
@@ -49,10 +55,35 @@ type TemplateSealer interface {
 
 // RegistrySealer is the TemplateSealer of a running controller: it reads the
 // snapshot's config from the registry (not its files), the fleet public key
-// from its ConfigMap, seals as `ly deploy` does and pushes to the template
-// repository.
+// from its ConfigMap, seals as `ly deploy` does, signed with the
+// controller's sealer key (which the grant controller trusts for every
+// namespace), and pushes to the template repository.
 type RegistrySealer struct {
 	Kube kubernetes.Interface
+
+	mu     sync.Mutex
+	sealer *seal.SealerKey
+}
+
+// sealerKey reads the controller's sealer key once.
+func (s *RegistrySealer) sealerKey(ctx context.Context, ns string) (*seal.SealerKey, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sealer != nil {
+		return s.sealer, nil
+	}
+	sec, err := s.Kube.CoreV1().Secrets(ns).Get(ctx, sealerSecret, metav1.GetOptions{})
+	if apierrs.IsNotFound(err) {
+		return nil, fmt.Errorf("the controller's sealer key is not created yet (Secret %s/%s): is lampyr-grant-controller running?", ns, sealerSecret)
+	} else if err != nil {
+		return nil, fmt.Errorf("reading the controller's sealer key (Secret %s/%s): %w", ns, sealerSecret, err)
+	}
+	k, err := seal.ParseSealerKeyPEM(sec.Data[sealerPrivateKey])
+	if err != nil {
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, sealerSecret, sealerPrivateKey, err)
+	}
+	s.sealer = k
+	return k, nil
 }
 
 // Seal implements TemplateSealer.
@@ -80,12 +111,16 @@ func (s *RegistrySealer) Seal(ctx context.Context, req SealRequest) (string, err
 	if err != nil {
 		return "", fmt.Errorf("ConfigMap %s/%s %s: %w", req.Namespace, fleetKeyConfigMap, fleetPublicKeyKey, err)
 	}
-	snap, _ := artifact.ParseDigestRef(req.Snapshot)
-	sealed, err := seal.Seal(fleet, seal.NewTemplate(req.Revision, snap.DigestStr(), policyOf(req.Execution), cfg))
+	sealer, err := s.sealerKey(ctx, req.Namespace)
 	if err != nil {
 		return "", err
 	}
-	ref, err := artifact.PushTemplate(ctx, sealed, req.Repository, req.Revision, fleet.KeyID(), opts...)
+	snap, _ := artifact.ParseDigestRef(req.Snapshot)
+	sealed, err := seal.Seal(fleet, sealer, seal.NewTemplate(req.RevisionNamespace, req.Revision, snap.DigestStr(), policyOf(req.Execution), cfg))
+	if err != nil {
+		return "", err
+	}
+	ref, err := artifact.PushTemplate(ctx, sealed, req.Repository, req.RevisionNamespace, req.Revision, fleet.KeyID(), opts...)
 	if err != nil {
 		return "", fmt.Errorf("pushing the sealed template to %s (config-lampyr template-repository; the controller reaches the registry through registry-mirrors or home-registry-mirrors): %w", req.Repository, err)
 	}
@@ -112,7 +147,7 @@ type sealedTemplates struct {
 }
 
 func (c *sealedTemplates) key(rev *v1.Revision, req SealRequest) string {
-	return fmt.Sprintf("%s/%s/%s/%s/%s/%d", rev.UID, req.Revision, req.Snapshot, req.Repository, req.Execution.Mode, req.Execution.IdleTimeoutSeconds)
+	return fmt.Sprintf("%s/%s/%s/%s/%s/%s/%d", rev.UID, req.RevisionNamespace, req.Revision, req.Snapshot, req.Repository, req.Execution.Mode, req.Execution.IdleTimeoutSeconds)
 }
 
 func (c *sealedTemplates) get(k string) (string, bool) {

@@ -20,16 +20,14 @@ import (
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/server"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
 
 // TestRegistrySealer seals for real: the snapshot is read from an
 // in-process registry through a mirror (references name a host that does
 // not exist, as localhost:5002 does not inside a Pod), the template is
-// sealed to the published fleet key, pushed, and then fetched and opened
-// with the private key as fiberd does, and passes fiberd's own
-// CheckTemplate for a grant of that Revision.
+// sealed to the published fleet key and signed with the controller's sealer
+// key, pushed, and then fetched and opened as the grant controller does
+// (trusting the controller's key), and fits the Revision.
 func TestRegistrySealer(t *testing.T) {
 	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
 	defer srv.Close()
@@ -58,13 +56,17 @@ func TestRegistrySealer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	sealer, _ := seal.GenerateSealerKey()
 	kube := fakekube.NewSimpleClientset(&corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: fleetKeyConfigMap},
 		Data:       map[string]string{fleetPublicKeyKey: string(priv.Public().MarshalPEM())},
+	}, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: sealerSecret},
+		Data:       map[string][]byte{sealerPrivateKey: sealer.MarshalPEM()},
 	})
 	s := &RegistrySealer{Kube: kube}
 	req := SealRequest{
-		Namespace: "lampyr-system", Revision: "hello-00001", Snapshot: snapshot,
+		Namespace: "lampyr-system", RevisionNamespace: "apps", Revision: "hello-00001", Snapshot: snapshot,
 		Execution:  fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: fiberdv1alpha1.IdleActionRelease},
 		Repository: seen + "/lampyr/templates",
 		Mirrors:    []string{seen + "=" + host},
@@ -81,17 +83,16 @@ func TestRegistrySealer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tc.Revision != "hello-00001" || tc.FleetKeyID != priv.Public().KeyID() {
+	if tc.Revision != "hello-00001" || tc.Namespace != "apps" || tc.FleetKeyID != priv.Public().KeyID() {
 		t.Errorf("template config %+v", tc)
 	}
-	opened, err := seal.Open(priv, sealed)
+	trust := seal.NewTrust(seal.TrustedSealer{Name: "lampyr-controller", Key: sealer.Public(), Namespaces: []string{seal.AllNamespaces}})
+	opened, err := seal.Open([]*seal.PrivateKey{priv}, trust, sealed)
 	if err != nil {
-		t.Fatalf("fiberd could not open it: %v", err)
+		t.Fatalf("the grant controller could not open it: %v", err)
 	}
-	claims := signedgrant.Claims{Revision: "hello-00001", Template: ref, SnapshotArtifact: snapshot,
-		Execution: signedgrant.Execution{Mode: "reuse", IdleTimeoutSeconds: 30}}
-	if err := server.CheckTemplate(opened, claims, pushed.DigestStr()); err != nil {
-		t.Errorf("fiberd's CheckTemplate refuses it: %v", err)
+	if err := opened.Matches("apps", "hello-00001", pushed.DigestStr(), seal.ExecutionPolicy{Mode: "reuse", IdleTimeoutSeconds: 30}); err != nil {
+		t.Errorf("it does not fit the Revision it was sealed for: %v", err)
 	}
 	if opened.Helper.Port != 8080 || opened.Helper.HelperVersion != artifact.HelperProtocolVersion {
 		t.Errorf("helper facts %+v, want the snapshot's", opened.Helper)
@@ -104,10 +105,18 @@ func TestRegistrySealer(t *testing.T) {
 		t.Errorf("Seal(absent snapshot) = %v, want ArtifactMissingError", err)
 	}
 
-	// No fleet key yet: a retryable error that says where it should be.
+	// No fleet key or sealer key yet: a retryable error that says where it
+	// should be.
 	req.Snapshot = snapshot
-	s.Kube = fakekube.NewSimpleClientset()
+	s = &RegistrySealer{Kube: fakekube.NewSimpleClientset()}
 	if _, err := s.Seal(ctx, req); err == nil || !strings.Contains(err.Error(), "lampyr-system/lampyr-fleet-key") {
 		t.Errorf("Seal without a fleet key = %v", err)
+	}
+	s = &RegistrySealer{Kube: fakekube.NewSimpleClientset(&corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: fleetKeyConfigMap},
+		Data:       map[string]string{fleetPublicKeyKey: string(priv.Public().MarshalPEM())},
+	})}
+	if _, err := s.Seal(ctx, req); err == nil || !strings.Contains(err.Error(), "lampyr-system/lampyr-controller-sealer") {
+		t.Errorf("Seal without the controller's sealer key = %v", err)
 	}
 }

@@ -83,13 +83,20 @@ func (p *progress) grantCondition(t apis.ConditionType) *apis.Condition {
 	return p.grant.Status.GetCondition(t)
 }
 
-// homeEndpoint is set only while the grant is Ready: fiber-router must not
-// be pointed at a Home that has not loaded the template.
+// homeEndpoint and home are set only while the grant is Ready: fiber-router
+// must not be pointed at a Home that has not loaded the Revision.
 func (p *progress) homeEndpoint() string {
 	if !p.grantCondition(fiberdv1alpha1.GrantConditionReady).IsTrue() {
 		return ""
 	}
 	return p.grant.Status.HomeEndpoint
+}
+
+func (p *progress) home() string {
+	if !p.grantCondition(fiberdv1alpha1.GrantConditionReady).IsTrue() {
+		return ""
+	}
+	return p.grant.Status.Home
 }
 
 // backendReady is the backend Service plus, in the endpointslice strategy,
@@ -107,7 +114,7 @@ func (p *progress) readyForRouting() bool {
 	return p.artifactMissing == "" && len(p.notOwned) == 0 && p.grantInvalid == "" &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted).IsTrue() &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady).IsTrue() &&
-		p.homeEndpoint() != "" && p.backendReady()
+		p.homeEndpoint() != "" && p.home() != "" && p.backendReady()
 }
 
 // markConditions maps what was observed onto the stock Revision conditions:

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -241,7 +240,7 @@ func TestReconcile(t *testing.T) {
 				t.MaxFibers = 7
 				t.TimeoutSeconds = 900
 				t.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
-			}), "", false),
+			}), "lampyr-system", "", "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(
@@ -479,7 +478,7 @@ func TestReconcile(t *testing.T) {
 		},
 		Key: key(),
 		WantDeletes: []clientgotesting.DeleteActionImpl{
-			deleteAction(configMapsGVR, testRevName+"-lampyr-route"),
+			deleteActionIn("lampyr-system", configMapsGVR, "route."+testNS+"."+testRevName),
 			deleteAction(endpointSlicesGVR, testRevName),
 			deleteAction(servicesGVR, testRevName),
 			deleteAction(grantGVR, testRevName),
@@ -517,6 +516,12 @@ func TestReconcile(t *testing.T) {
 	table = append(table, probeRows()...)
 	table = append(table, imageMappedRows(t)...)
 	table = append(table, rejectionRows()...)
+	// Router metadata is written in the Lampyr namespace, not the
+	// Revision's: the table's check that every write lands in the key's
+	// namespace does not apply (each row states its objects' namespaces).
+	for i := range table {
+		table[i].SkipNamespaceValidation = true
+	}
 	table.Test(t, makeFactory())
 }
 
@@ -586,7 +591,8 @@ const testSealed = "registry.example/lampyr/templates@sha256:4444444444444444444
 // mapping is config-lampyr with testImage mapped to testArtifact.
 func mapping() *config.Lampyr {
 	l := testLampyr(config.BackendExternalName)
-	l.ImageSnapshots = map[string]string{"sha256:" + strings.Repeat("1", 64): testArtifact}
+	k, _ := config.ImageKey(testImage)
+	l.ImageSnapshots = map[string]string{k: testArtifact}
 	l.TemplateRepository = "registry.example/lampyr/templates"
 	l.RegistryMirrors = []string{"registry.example=lampyr-registry:5000"}
 	return l
@@ -612,7 +618,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 	plain := []revOption{withoutAnnotation(SnapshotArtifactAnnotation), withoutAnnotation(FiberdTemplateAnnotation)}
 	mapped := accepted(func(t *resources.Template) { t.FiberdTemplate = testSealed; t.SealByController = true })
 	req := SealRequest{
-		Namespace: "lampyr-system", Revision: testRevName, Snapshot: testArtifact,
+		Namespace: "lampyr-system", RevisionNamespace: testNS, Revision: testRevName, Snapshot: testArtifact,
 		Execution:  fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionFresh},
 		Repository: "registry.example/lampyr/templates", Mirrors: []string{"registry.example=lampyr-registry:5000"},
 	}

@@ -113,7 +113,7 @@ func validate(rev *v1.Revision, serving *apisconfig.Config, images map[string]st
 
 type validator struct {
 	serving *apisconfig.Config
-	// images is config-lampyr image-snapshots: image digest -> snapshot.
+	// images is config-lampyr image-snapshots: repository@digest -> snapshot.
 	images map[string]string
 	rej    Rejection
 }
@@ -436,16 +436,17 @@ type autoscalerDefaults struct {
 	minScale, maxScale int32
 }
 
-// mappedSnapshot looks the image's digest up in image-snapshots.
+// mappedSnapshot looks the image (repository and digest) up in
+// image-snapshots.
 func (v *validator) mappedSnapshot(image string) (string, bool) {
 	if image == "" || len(v.images) == 0 {
 		return "", false
 	}
-	d, err := name.NewDigest(image)
-	if err != nil {
+	k, ok := config.ImageKey(image)
+	if !ok {
 		return "", false
 	}
-	snap, ok := v.images[d.DigestStr()]
+	snap, ok := v.images[k]
 	return snap, ok
 }
 
@@ -453,7 +454,7 @@ func (v *validator) mappedSnapshot(image string) (string, bool) {
 func (v *validator) pinnedAnnotation(anns map[string]string, key, what string, field func(string) string) string {
 	ref, ok := anns[key]
 	if !ok || ref == "" {
-		v.reject("Missing"+what, field(key), "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots")
+		v.reject("Missing"+what, field(key), "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots")
 		return ""
 	}
 	if _, err := name.NewDigest(ref); err != nil {

@@ -185,14 +185,14 @@ func rejectionCases() []rejectionCase {
 		detail: `the image must be pinned by digest (repository@sha256:...): "registry.example/hello:v1": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello:v1`,
 	}, {
 		name: "a missing snapshot artifact", opts: []revOption{withoutAnnotation(SnapshotArtifactAnnotation)},
-		reason: "MissingSnapshotArtifact", field: annField(SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots",
+		reason: "MissingSnapshotArtifact", field: annField(SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
 		name: "a snapshot artifact pinned by tag", opts: ann(SnapshotArtifactAnnotation, "registry.example/hello-snapshot:latest"),
 		reason: "UnsupportedSnapshotArtifact", field: annField(SnapshotArtifactAnnotation),
 		detail: `must be pinned by digest (repository@sha256:...): "registry.example/hello-snapshot:latest": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello-snapshot:latest`,
 	}, {
 		name: "a missing fiberd template", opts: []revOption{withoutAnnotation(FiberdTemplateAnnotation)},
-		reason: "MissingFiberdTemplate", field: annField(FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image's digest is mapped to a snapshot artifact in config-lampyr image-snapshots",
+		reason: "MissingFiberdTemplate", field: annField(FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
 		name: "an unknown execution mode", opts: ann(ExecutionModeAnnotation, "park"),
 		reason: "UnsupportedExecutionMode", field: annField(ExecutionModeAnnotation), detail: `"park": use fresh or reuse`,
@@ -449,7 +449,7 @@ func FuzzValidate(f *testing.F) {
 			resources.MakeCapacityGrant(r, tmpl, lampyr)
 			resources.MakeService(r, tmpl, lampyr)
 			resources.MakeEndpointSlice(r, tmpl, nil)
-			resources.MakeRouterMetadata(r, tmpl, "", false)
+			resources.MakeRouterMetadata(r, tmpl, "lampyr-system", "", "", false)
 		}
 		check(r)
 		// And as the reconciler sees it, after defaulting.
@@ -494,5 +494,14 @@ func TestValidateImageMapped(t *testing.T) {
 	_, rej = validate(rev(unmapped...))
 	if rej == nil || rej.Reason() != "MissingSnapshotArtifact" || !strings.Contains(rej.Message(), "image-snapshots") {
 		t.Errorf("unmapped image: %v, want MissingSnapshotArtifact naming image-snapshots", rej)
+	}
+
+	// The mapped digest under another repository is another image.
+	otherRepo := append(plain, container(func(c *corev1.Container) {
+		c.Image = "registry.example/intruder@sha256:" + strings.Repeat("1", 64)
+	}))
+	_, rej = validate(rev(otherRepo...))
+	if rej == nil || rej.Reason() != "MissingSnapshotArtifact" {
+		t.Errorf("mapped digest under another repository: %v, want MissingSnapshotArtifact", rej)
 	}
 }

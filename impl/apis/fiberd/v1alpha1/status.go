@@ -33,6 +33,32 @@ const (
 	ReasonHomeFailed = "HomeFailed"
 	// ReasonNotAdmitted: HomeReady cannot become true before admission.
 	ReasonNotAdmitted = "NotAdmitted"
+	// ReasonHomeImageMissing: no Home image is configured.
+	ReasonHomeImageMissing = "HomeImageMissing"
+	// ReasonHomeImageNotPinned: home-image or helper-image is not a
+	// repository@sha256 reference.
+	ReasonHomeImageNotPinned = "HomeImageNotPinned"
+	// ReasonHomeNameTaken: an object the grant controller did not make holds
+	// the Home's name.
+	ReasonHomeNameTaken = "HomeNameTaken"
+
+	// Why the grant's sealed template cannot run (docs/security.md §2); the
+	// grant controller opens templates, so these never come from fiberd.
+
+	// ReasonTemplateUnavailable: the registry does not give the template.
+	ReasonTemplateUnavailable = "TemplateUnavailable"
+	// ReasonTemplateUnsealable: no fleet key of the installation opens it, or
+	// it was altered.
+	ReasonTemplateUnsealable = "TemplateUnsealable"
+	// ReasonTemplateUnauthenticated: it is not signed (format v1), or not by
+	// a sealer the installation trusts, or the signature does not verify.
+	ReasonTemplateUnauthenticated = "TemplateUnauthenticated"
+	// ReasonTemplateNotAuthorized: its sealer may not seal for its namespace.
+	ReasonTemplateNotAuthorized = "TemplateNotAuthorized"
+	// ReasonTemplateMismatch: it was sealed for another namespace, Revision,
+	// snapshot or execution policy (or, from fiberd, another port than the
+	// snapshot's).
+	ReasonTemplateMismatch = "TemplateMismatch"
 )
 
 // GetConditionSet implements apis.ConditionsAccessor's companion interface.

@@ -82,8 +82,8 @@ const (
 	// GrantConditionAdmitted: the grant controller accepted the request
 	// against the installation's capacity.
 	GrantConditionAdmitted apis.ConditionType = "Admitted"
-	// GrantConditionHomeReady: the Home runs, holds a valid signed grant and
-	// has loaded the sealed template.
+	// GrantConditionHomeReady: the template opened and fits the Revision, and
+	// the Home runs, holds a valid signed grant and has loaded the snapshot.
 	GrantConditionHomeReady apis.ConditionType = "HomeReady"
 )
 
@@ -97,6 +97,9 @@ type CapacityGrantStatus struct {
 	ExpiresAt *metav1.Time `json:"expiresAt,omitempty"`
 	// HomeEndpoint is host:port of fiberd's API in the Home, for fiber-router.
 	HomeEndpoint string `json:"homeEndpoint,omitempty"`
+	// Home names the Home's Pod, Service and Secret in the Homes namespace
+	// (lampyr-homes): the audience of the credentials fiber-router presents.
+	Home string `json:"home,omitempty"`
 }
 
 // CapacityGrantList is a list of CapacityGrants.

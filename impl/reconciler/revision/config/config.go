@@ -36,10 +36,11 @@ const (
 	// often cannot reach the registry the Homes pull from (Kind's
 	// localhost:5002 is not localhost inside a Pod).
 	VerifyArtifactsKey = "verify-artifacts"
-	// ImageSnapshotsKey maps runnable images, by digest, to the snapshot
-	// artifacts built from the same source (docs/contracts.md, "Image
-	// snapshots"): a Revision without Lampyr annotations whose image is
-	// mapped runs from that snapshot, and the controller seals its template.
+	// ImageSnapshotsKey maps runnable images, by repository@digest, to the
+	// snapshot artifacts built from the same source (docs/contracts.md,
+	// "Image snapshots"): a Revision without Lampyr annotations whose image
+	// is mapped runs from that snapshot, and the controller seals its
+	// template.
 	ImageSnapshotsKey = "image-snapshots"
 	// TemplateRepositoryKey is where sealed fiberd templates are pushed (by
 	// `ly deploy`, and by the controller for image-mapped Revisions).
@@ -87,8 +88,8 @@ type Lampyr struct {
 	BackendStrategy       BackendStrategy
 	DefaultMemoryPerFiber resource.Quantity
 	VerifyArtifacts       bool
-	// ImageSnapshots maps an image digest (sha256:...) to a digest-pinned
-	// snapshot artifact reference.
+	// ImageSnapshots maps an image (ImageKey: repository@sha256:...) to a
+	// digest-pinned snapshot artifact reference.
 	ImageSnapshots map[string]string
 	// TemplateRepository receives the templates the controller seals.
 	TemplateRepository string
@@ -176,31 +177,52 @@ func NewLampyrFromMap(data map[string]string) (*Lampyr, error) {
 	return l, nil
 }
 
-// ParseImageSnapshots parses image-snapshots: a YAML map from an image
-// digest to the digest-pinned snapshot artifact built from the same source,
+// ParseImageSnapshots parses image-snapshots: a YAML map from a
+// digest-pinned image reference to the digest-pinned snapshot artifact built
+// from the same image,
 //
-//	sha256:<64 hex>: localhost:5002/lampyr/snapshots/hello@sha256:<64 hex>
+//	localhost:5002/app@sha256:<64 hex>: localhost:5002/lampyr/snapshots/app@sha256:<64 hex>
 //
-// Errors name the entry and the fix.
+// Keys are the whole repository@digest, never a bare digest: the same bytes
+// pushed under another repository are another image and are not mapped
+// (docs/security.md §2). Keys are returned normalized (ImageKey). Errors
+// name the entry and the fix.
 func ParseImageSnapshots(v string) (map[string]string, error) {
 	m := map[string]string{}
 	if err := yaml.UnmarshalStrict([]byte(v), &m); err != nil {
-		return nil, fmt.Errorf("%s: want a YAML map of image digest (sha256:...) to snapshot artifact (repository@sha256:...): %w", ImageSnapshotsKey, err)
+		return nil, fmt.Errorf("%s: want a YAML map of image (repository@sha256:...) to snapshot artifact (repository@sha256:...): %w", ImageSnapshotsKey, err)
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	out := make(map[string]string, len(m))
 	for _, k := range keys {
-		if _, err := v1.NewHash(k); err != nil || !strings.HasPrefix(k, "sha256:") {
-			return nil, fmt.Errorf("%s: key %q: want an image digest such as sha256:<64 hex> (the part after @ in the image reference)", ImageSnapshotsKey, k)
+		if _, err := v1.NewHash(k); err == nil {
+			return nil, fmt.Errorf("%s: key %q is a bare digest: map the whole image, repository@%s (a bare digest would map the same bytes under any repository); `ly image-snapshot --register` writes such keys", ImageSnapshotsKey, k, k)
+		}
+		ik, ok := ImageKey(k)
+		if !ok {
+			return nil, fmt.Errorf("%s: key %q: want a digest-pinned image reference such as localhost:5002/app@sha256:<64 hex>", ImageSnapshotsKey, k)
 		}
 		if _, err := name.NewDigest(m[k]); err != nil {
 			return nil, fmt.Errorf("%s[%s]: %q: want a digest-pinned snapshot artifact reference (repository@sha256:...): %v", ImageSnapshotsKey, k, m[k], err)
 		}
+		out[ik] = m[k]
 	}
-	return m, nil
+	return out, nil
+}
+
+// ImageKey is the normalized repository@digest of a digest-pinned image
+// reference (docker.io's defaults spelled out), the form image-snapshots is
+// keyed by; ok is false if image is not pinned by digest.
+func ImageKey(image string) (string, bool) {
+	d, err := name.NewDigest(image)
+	if err != nil {
+		return "", false
+	}
+	return d.Context().Name() + "@" + d.DigestStr(), true
 }
 
 // NewLampyrFromConfigMap is the configmap.Constructor for config-lampyr.

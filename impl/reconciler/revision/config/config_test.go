@@ -38,13 +38,13 @@ func TestNewLampyrFromMap(t *testing.T) {
 	}, {
 		name: "image snapshots, template repository, mirrors from the Home setting",
 		data: map[string]string{
-			ImageSnapshotsKey:      "sha256:" + hex64("a") + ": localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b") + "\n",
+			ImageSnapshotsKey:      "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b") + "\n",
 			TemplateRepositoryKey:  "lampyr-registry:5000/tpl",
 			HomeRegistryMirrorsKey: "localhost:5002=lampyr-registry:5000, ",
 		},
 		want: func() *Lampyr {
 			l := DefaultLampyr()
-			l.ImageSnapshots = map[string]string{"sha256:" + hex64("a"): "localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b")}
+			l.ImageSnapshots = map[string]string{"localhost:5002/hello@sha256:" + hex64("a"): "localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b")}
 			l.TemplateRepository = "lampyr-registry:5000/tpl"
 			l.RegistryMirrors = []string{"localhost:5002=lampyr-registry:5000"}
 			return l
@@ -63,7 +63,11 @@ func TestNewLampyrFromMap(t *testing.T) {
 		wantErr: true,
 	}, {
 		name:    "image snapshot value is not pinned",
-		data:    map[string]string{ImageSnapshotsKey: "sha256:" + hex64("a") + ": localhost:5002/s:latest"},
+		data:    map[string]string{ImageSnapshotsKey: "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/s:latest"},
+		wantErr: true,
+	}, {
+		name:    "image snapshot key is a bare digest (any repository)",
+		data:    map[string]string{ImageSnapshotsKey: "sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b")},
 		wantErr: true,
 	}, {
 		name:    "bad mirror",
@@ -159,8 +163,17 @@ func hex64(c string) string {
 }
 
 func TestParseImageSnapshotsErrorsNameTheEntry(t *testing.T) {
-	_, err := ParseImageSnapshots("sha256:" + hex64("a") + ": localhost:5002/s:latest")
-	if err == nil || !strings.Contains(err.Error(), "image-snapshots[sha256:"+hex64("a")+"]") || !strings.Contains(err.Error(), "repository@sha256") {
+	_, err := ParseImageSnapshots("localhost:5002/app@sha256:" + hex64("a") + ": localhost:5002/s:latest")
+	if err == nil || !strings.Contains(err.Error(), "image-snapshots[localhost:5002/app@sha256:"+hex64("a")+"]") || !strings.Contains(err.Error(), "repository@sha256") {
 		t.Fatalf("err = %v, want it to name the entry and the fix", err)
+	}
+	_, err = ParseImageSnapshots("sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b"))
+	if err == nil || !strings.Contains(err.Error(), "bare digest") || !strings.Contains(err.Error(), "repository@sha256:"+hex64("a")) {
+		t.Fatalf("bare digest key: err = %v, want it to say so and give the fix", err)
+	}
+	// Normalized keys: docker.io's defaults spelled out.
+	m, err := ParseImageSnapshots("ubuntu@sha256:" + hex64("a") + ": localhost:5002/snap@sha256:" + hex64("b"))
+	if err != nil || m["index.docker.io/library/ubuntu@sha256:"+hex64("a")] == "" {
+		t.Fatalf("normalized keys: %v %v", m, err)
 	}
 }

@@ -153,23 +153,28 @@ func TestMakeCapacityGrant(t *testing.T) {
 func ptr64Quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
 
 func TestMakeRouterMetadataRoundTrips(t *testing.T) {
-	cm := MakeRouterMetadata(testRev(), testTemplate(routermeta.ProtocolH2C), "hello-00002-home.apps.svc:9090", true)
+	cm := MakeRouterMetadata(testRev(), testTemplate(routermeta.ProtocolH2C), "lampyr-system", "hello-00002-0123456789", "10.244.0.7:9090", true)
 	got, err := routermeta.FromConfigMap(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := routermeta.Metadata{
-		Revision: "hello-00002", Namespace: "apps", Ready: true, HomeEndpoint: "hello-00002-home.apps.svc:9090",
+		Revision: "hello-00002", Namespace: "apps", Ready: true, HomeEndpoint: "10.244.0.7:9090", Home: "hello-00002-0123456789",
 		MaxFibers: 4, TimeoutSeconds: 60, Mode: "reuse", IdleTimeoutSeconds: 30, Protocol: "h2c", Generation: 3,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if cm.Name != "hello-00002-lampyr-route" || cm.Labels[routermeta.LabelKey] != "true" || cm.Labels[routermeta.RevisionLabelKey] != "hello-00002" {
-		t.Errorf("name %s labels %v", cm.Name, cm.Labels)
+	if cm.Name != "route.apps.hello-00002" || cm.Namespace != "lampyr-system" || cm.Labels[routermeta.LabelKey] != "true" || cm.Labels[routermeta.RevisionLabelKey] != "hello-00002" {
+		t.Errorf("name %s/%s labels %v", cm.Namespace, cm.Name, cm.Labels)
 	}
-	if len(cm.OwnerReferences) != 1 || cm.OwnerReferences[0].Name != "hello-00002" {
-		t.Errorf("owner references %+v", cm.OwnerReferences)
+	if len(cm.OwnerReferences) != 0 || !IsRouterMetadataOf(cm, testRev()) {
+		t.Errorf("owner references %+v (none can cross namespaces), labels %v", cm.OwnerReferences, cm.Labels)
+	}
+	other := testRev()
+	other.Namespace = "intruder"
+	if IsRouterMetadataOf(cm, other) {
+		t.Error("another namespace's Revision of the same name claims the metadata")
 	}
 }
 
@@ -182,7 +187,7 @@ func TestLabelsAreValid(t *testing.T) {
 		"grant":         MakeCapacityGrant(rev, tmpl, cfg).Labels,
 		"service":       MakeService(rev, tmpl, cfg).Labels,
 		"endpointslice": MakeEndpointSlice(rev, tmpl, nil).Labels,
-		"metadata":      MakeRouterMetadata(rev, tmpl, "", false).Labels,
+		"metadata":      MakeRouterMetadata(rev, tmpl, "lampyr-system", "", "", false).Labels,
 	} {
 		for k, v := range l {
 			if errs := validation.IsQualifiedName(k); len(errs) > 0 {

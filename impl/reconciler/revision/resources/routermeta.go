@@ -3,18 +3,24 @@ package resources
 import (
 	corev1 "k8s.io/api/core/v1"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
+
 	"lampyr.dev/serving/impl/routermeta"
 )
 
 // MakeRouterMetadata renders the Revision's router metadata through the
-// routermeta codec (docs/contracts.md §2). ready must be true only when
-// every other part of the Revision is ready: fiber-router routes on it.
-func MakeRouterMetadata(rev *v1.Revision, t *Template, homeEndpoint string, ready bool) *corev1.ConfigMap {
-	cm := routermeta.MakeConfigMap(routermeta.Metadata{
+// routermeta codec (docs/contracts.md §2) as a ConfigMap in the Lampyr
+// namespace, where tenants cannot write (docs/security.md §4). ready must be
+// true only when every other part of the Revision is ready: fiber-router
+// routes on it. No owner reference can reach across namespaces: the
+// Revision's finalizer deletes it, and a sweep removes any whose Revision is
+// gone.
+func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace, home, homeEndpoint string, ready bool) *corev1.ConfigMap {
+	cm := routermeta.MakeConfigMap(systemNamespace, routermeta.Metadata{
 		Revision:           rev.Name,
 		Namespace:          rev.Namespace,
 		Ready:              ready,
 		HomeEndpoint:       homeEndpoint,
+		Home:               home,
 		MaxFibers:          t.MaxFibers,
 		TimeoutSeconds:     t.TimeoutSeconds,
 		Mode:               string(t.Execution.Mode),
@@ -27,6 +33,13 @@ func MakeRouterMetadata(rev *v1.Revision, t *Template, homeEndpoint string, read
 			cm.Labels[k] = v
 		}
 	}
-	cm.OwnerReferences = OwnerReferences(rev)
 	return cm
+}
+
+// IsRouterMetadataOf reports whether a router metadata ConfigMap (by its
+// labels) was written for rev: same namespace, name and UID.
+func IsRouterMetadataOf(cm *corev1.ConfigMap, rev *v1.Revision) bool {
+	l := cm.Labels
+	return l[routermeta.LabelKey] == "true" && l[routermeta.NamespaceLabelKey] == rev.Namespace &&
+		l[routermeta.RevisionLabelKey] == rev.Name && l[ManagedByLabelKey] == ManagedByLabelValue
 }

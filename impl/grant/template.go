@@ -1,0 +1,109 @@
+package grant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/fiberd/signedgrant"
+)
+
+// TemplateFetcher fetches a sealed template by its digest-pinned reference.
+type TemplateFetcher interface {
+	Fetch(ctx context.Context, ref string, opts ...remote.Option) ([]byte, error)
+}
+
+// RegistryTemplates fetches templates from their registry (verifying the
+// artifact's digests).
+type RegistryTemplates struct{}
+
+// Fetch implements TemplateFetcher.
+func (RegistryTemplates) Fetch(ctx context.Context, ref string, opts ...remote.Option) ([]byte, error) {
+	b, _, err := artifact.FetchTemplate(ctx, ref, opts...)
+	return b, err
+}
+
+// templateRetry is when a grant whose template could not be fetched is
+// looked at again.
+const templateRetry = 10 * time.Second
+
+// templateBlobs remembers fetched templates by digest-pinned reference (the
+// bytes behind a digest never change), so renewals and restarts of the
+// reconcile loop do not ask the registry again. Bounded: templates are a
+// few hundred bytes, and a full cache is simply cleared.
+type templateBlobs struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+const maxCachedTemplates = 4096
+
+func (c *templateBlobs) get(ref string) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.m[ref]
+	return b, ok
+}
+
+func (c *templateBlobs) put(ref string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxCachedTemplates {
+		c.m = map[string][]byte{}
+	}
+	c.m[ref] = b
+}
+
+// templateRefusal is why a grant's template cannot run, as a condition.
+type templateRefusal struct {
+	reason, message string
+	// retry: the cause may go away by itself (the registry answers again).
+	retry bool
+}
+
+// openTemplate fetches, authenticates, opens and checks g's template
+// against g (docs/security.md §2) and returns what the Home needs of it.
+func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, fleet []*seal.PrivateKey, trust *seal.Trust, opts []remote.Option) (signedgrant.Helper, *templateRefusal) {
+	blob, ok := r.blobs.get(g.Spec.Template)
+	if !ok {
+		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		b, err := r.templates.Fetch(fctx, g.Spec.Template, opts...)
+		if err != nil {
+			return signedgrant.Helper{}, &templateRefusal{v1alpha1.ReasonTemplateUnavailable,
+				fmt.Sprintf("cannot fetch the sealed template %s: %v", g.Spec.Template, err), true}
+		}
+		r.blobs.put(g.Spec.Template, b)
+		blob = b
+	}
+	opened, err := seal.Open(fleet, trust, blob)
+	if err != nil {
+		reason := v1alpha1.ReasonTemplateUnsealable
+		switch {
+		case errors.Is(err, seal.ErrUnsigned), errors.Is(err, seal.ErrUnknownSealer), errors.Is(err, seal.ErrBadSignature):
+			reason = v1alpha1.ReasonTemplateUnauthenticated
+		case errors.Is(err, seal.ErrNotAuthorized):
+			reason = v1alpha1.ReasonTemplateNotAuthorized
+		}
+		return signedgrant.Helper{}, &templateRefusal{reason: reason, message: "sealed template " + g.Spec.Template + ": " + err.Error()}
+	}
+	snap, err := artifact.ParseDigestRef(g.Spec.SnapshotArtifact)
+	if err != nil {
+		return signedgrant.Helper{}, &templateRefusal{reason: v1alpha1.ReasonTemplateMismatch, message: "spec.snapshotArtifact: " + err.Error()}
+	}
+	want := seal.ExecutionPolicy{Mode: string(g.Spec.Execution.Mode)}
+	if g.Spec.Execution.Mode == v1alpha1.ExecutionReuse {
+		want.IdleTimeoutSeconds = g.Spec.Execution.IdleTimeoutSeconds
+	}
+	if err := opened.Matches(g.Namespace, g.Spec.RevisionName, snap.DigestStr(), want); err != nil {
+		return signedgrant.Helper{}, &templateRefusal{reason: v1alpha1.ReasonTemplateMismatch, message: err.Error()}
+	}
+	return signedgrant.Helper{Port: opened.Helper.Port, Protocol: opened.Helper.Protocol}, nil
+}
