@@ -140,12 +140,13 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGra
 	}
 	if msg := validate(g, cfg); msg != "" {
 		g.Status.MarkNotAdmitted(v1alpha1.ReasonInvalidSpec, "%s", msg)
-		return 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
+		return 0, nil
 	}
 	if !r.admit(g, cfg) {
-		// A refused grant runs nothing: a Home left from an earlier
-		// admission stops now, not at its grant's expiry.
-		return 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
+		// A grant that lost its admission is not renewed: its Home stops
+		// serving at its grant's expiry (and the Revision stops being
+		// routed to at once, since it is no longer Ready).
+		return 0, nil
 	}
 	// An admitted grant always names its Home and where it is reached (its
 	// Service until the Pod is Ready), even when a later step fails in this
