@@ -108,9 +108,16 @@ test-lampyr-conformance: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json
 
+# Two tenants holding only namespace `edit`, under Pod Security restricted, try
+# every attack of docs/security.md against Lampyr, stock Knative as a reference.
+# The hostile-tenant suite on the paired clusters (table: _artifacts/tenancy/report.md).
+test-tenancy: tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 100m ./conformance/tenancy/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json
+
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance test-feasibility test-knative-portability
+test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance test-tenancy test-feasibility test-knative-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.

@@ -1,0 +1,829 @@
+package tenancy
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"fmt"
+	"net"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/routermeta"
+)
+
+// platforms an attack applies to.
+type platforms int
+
+const (
+	onLampyr platforms = 1 << iota
+	onStock
+	onBoth = onLampyr | onStock
+)
+
+// attack is one row of the table: what tenant-a tries, what Lampyr must
+// answer, and how to try it on one side. run returns what it observed and
+// whether the attempt was refused (for a control: whether the path it
+// proves open was not). It may abortf when it could not be carried out.
+type attack struct {
+	name      string
+	appliesTo platforms
+	expected  string
+	// control rows prove a path works (so the refusals around them mean
+	// something): on Lampyr they fail when refused.
+	control bool
+	// timeout bounds the It (default 8 minutes).
+	timeout time.Duration
+	run     func(ctx context.Context, s *side) (observed string, refused bool)
+}
+
+// B's selection headers: how fiber-router and Knative's activator pick a
+// Revision.
+var selectB = []string{"Knative-Serving-Namespace: " + nsB, "Knative-Serving-Revision: " + victimRev}
+
+var attacks = []attack{
+	{
+		name:      "0 tenant namespaces enforce Pod Security restricted and every victim Service runs",
+		appliesTo: onBoth, control: true,
+		expected: "restricted in both; victims Ready; no platform Pod in them",
+		run:      checkTenantNamespaces,
+	},
+	{
+		name:      "1a A reads every Secret and ConfigMap in its own namespace",
+		appliesTo: onBoth,
+		expected:  "no Lampyr key or token",
+		run:       readOwnNamespace,
+	},
+	{
+		name:      "1b administrator: no Secret outside lampyr-system and lampyr-homes holds a Lampyr key or token",
+		appliesTo: onLampyr,
+		expected:  "none found",
+		run:       sweepSecrets,
+	},
+	{
+		name:      "2 A reads Secrets and ConfigMaps in lampyr-system and lampyr-homes",
+		appliesTo: onLampyr,
+		expected:  "Forbidden (but lampyr-fleet-key, config-lampyr ConfigMaps)",
+		run:       readPlatformNamespaces,
+	},
+	{
+		name:      "3a A creates a CapacityGrant, or writes its own grant's status",
+		appliesTo: onLampyr,
+		expected:  "Forbidden",
+		run:       forgeGrant,
+	},
+	{
+		name:      "3b A creates a KIngress claiming B's host",
+		appliesTo: onBoth,
+		expected:  "Forbidden",
+		run:       forgeKIngress,
+	},
+	{
+		name:      "3c A creates a Pod in lampyr-homes",
+		appliesTo: onLampyr,
+		expected:  "Forbidden",
+		run:       podInHomes,
+	},
+	{
+		name:      "3d A labels its namespace as a gateway namespace (lampyr.dev/gateway=true)",
+		appliesTo: onLampyr,
+		expected:  "Forbidden",
+		run:       labelGatewayNamespace,
+	},
+	{
+		name:      "4 A runs a privileged Pod in its namespace",
+		appliesTo: onBoth,
+		expected:  "Forbidden by Pod Security",
+		run:       privilegedPod,
+	},
+	{
+		name:      "5a from a Pod, A calls fiber-router (stock: the activator) with B's selection headers",
+		appliesTo: onBoth,
+		expected:  "no answer (timeout or refused)",
+		run:       callRouterAsB,
+	},
+	{
+		name:      "5b A smuggles selection headers through the gateway in a request to its own Service",
+		appliesTo: onBoth,
+		expected:  "5/5 answered by A's own handler (the gateway sets the headers)",
+		run:       smuggleSelection,
+	},
+	{
+		name:      "6a from a Pod, A calls B's Home API on 9090 (stock: B's Pod)",
+		appliesTo: onBoth,
+		expected:  "no answer (timeout or refused)",
+		run:       callHome,
+	},
+	{
+		name:      "6b from a Pod, A calls fiber-router's admin port 9091 (stock: the activator's metrics)",
+		appliesTo: onBoth,
+		expected:  "no answer (timeout or refused)",
+		run:       callRouterAdmin,
+	},
+	{
+		name:      "7a B's Home, port-forwarded: no credential",
+		appliesTo: onLampyr,
+		expected:  "401 missing bearer credential",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			return homeVerdict(homeCall(ctx, s, ""))
+		},
+	},
+	{
+		name:      "7b B's Home, port-forwarded: tenant-a's service-account token",
+		appliesTo: onLampyr,
+		expected:  "401 credential refused: not a router credential",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			return homeVerdict(homeCall(ctx, s, serviceAccountToken(ctx, s)))
+		},
+	},
+	{
+		name:      "7c B's Home, port-forwarded: a real router credential minted for A's Home",
+		appliesTo: onLampyr,
+		expected:  "401 credential refused: … for another Home",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			return homeVerdict(homeCall(ctx, s, mint(routerKey(ctx, s), s.a.home)))
+		},
+	},
+	{
+		name:      "7d control: B's Home, port-forwarded: a router credential minted for B's Home",
+		appliesTo: onLampyr, control: true,
+		expected: "200",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			code, msg := homeCall(ctx, s, mint(routerKey(ctx, s), s.b.home))
+			return fmt.Sprintf("%d %s", code, short(msg, 60)), code != 200
+		},
+	},
+	{
+		name:      "7e B's Home, port-forwarded: a credential for B's Home signed with a key A generated",
+		appliesTo: onLampyr,
+		expected:  "401 credential refused: signature does not verify",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			_, own, err := ed25519.GenerateKey(rand.Reader)
+			must(err, "generating A's key")
+			return homeVerdict(homeCall(ctx, s, mint(own, s.b.home)))
+		},
+	},
+	{
+		name:      "8 A writes router metadata in its namespace pointing A's and B's Revisions at its forged Home",
+		appliesTo: onLampyr,
+		expected:  "40/40 answered by the handlers; forged Home sees 0",
+		run:       forgeRouterMetadata,
+	},
+	{
+		name:      "9 A replays B's template and snapshot annotations in its own Service",
+		appliesTo: onLampyr, timeout: 10 * time.Minute,
+		expected: "ContainerHealthy=False TemplateMismatch (namespace); never served",
+		run:      replayB,
+	},
+	{
+		name:      "10a A seals a template for B's snapshot with a key it generated",
+		appliesTo: onLampyr, timeout: 10 * time.Minute,
+		expected: "ContainerHealthy=False TemplateUnauthenticated",
+		run:      sealWithOwnKey,
+	},
+	{
+		name:      "10b A seals, with its authorized key, a template claiming namespace tenancy-b",
+		appliesTo: onLampyr, timeout: 10 * time.Minute,
+		expected: "ContainerHealthy=False TemplateNotAuthorized (or TemplateMismatch)",
+		run:      sealForB,
+	},
+	{
+		name:      "11 A copies B's mapped image into its repository and deploys it without Lampyr annotations",
+		appliesTo: onLampyr, timeout: 15 * time.Minute,
+		expected: "Ready=False MissingSnapshotArtifact (B's own mapped image runs)",
+		run:      copyMappedImage,
+	},
+}
+
+var _ = Describe("hostile tenant", Label("cluster", "tenancy"), Ordered, ContinueOnFailure, func() {
+	for _, a := range attacks {
+		timeout := a.timeout
+		if timeout == 0 {
+			timeout = 8 * time.Minute
+		}
+		It(a.name, func(ctx SpecContext) {
+			r := &result{attack: a}
+			addResult(r)
+			var wg sync.WaitGroup
+			if a.appliesTo&onLampyr != 0 {
+				wg.Go(func() { r.lampyr = attempt(ctx, a, lampyr) })
+			}
+			if a.appliesTo&onStock != 0 {
+				if stock.err != nil {
+					r.stock = outcome{ran: true, err: "stock not set up: " + stock.err.Error()}
+				} else {
+					wg.Go(func() { r.stock = attempt(ctx, a, stock) })
+				}
+			}
+			wg.Wait()
+			fmt.Fprintf(GinkgoWriter, "%s\n  expected: %s\n  lampyr:   %s\n  stock:    %s\n", a.name, a.expected, r.lampyrCell(), r.stockCell())
+			if err := writeReport(); err != nil {
+				fmt.Fprintf(GinkgoWriter, "writing the report: %v\n", err)
+			}
+			if a.appliesTo&onLampyr == 0 {
+				return
+			}
+			Expect(r.lampyr.err).To(BeEmpty(), "%s: could not be carried out on Lampyr, so it proves nothing", a.name)
+			if a.control {
+				Expect(r.lampyr.refused).To(BeFalse(), "control %q failed on Lampyr (%s): the refusals it backs prove nothing", a.name, r.lampyr.observed)
+			} else {
+				Expect(r.lampyr.refused).To(BeTrue(), "attack %q succeeded on Lampyr: %s (expected %s)", a.name, r.lampyr.observed, a.expected)
+			}
+		}, NodeTimeout(timeout))
+	}
+
+	AfterAll(func() {
+		fmt.Fprint(GinkgoWriter, "\n"+renderReport(reportHeader(), snapshotResults()))
+	})
+})
+
+// attempt runs a on s, turning an abortf (or any panic: this runs on its
+// own goroutine) into a "not run" outcome.
+func attempt(ctx context.Context, a attack, s *side) (o outcome) {
+	o.ran = true
+	defer func() {
+		if p := recover(); p != nil {
+			if ie, ok := p.(inconclusive); ok {
+				o.err = ie.msg
+				return
+			}
+			o.err = fmt.Sprintf("panic: %v", p)
+			fmt.Fprintf(GinkgoWriter, "%s on %s panicked: %v\n%s", a.name, s.name, p, debug.Stack())
+		}
+	}()
+	o.observed, o.refused = a.run(ctx, s)
+	return o
+}
+
+// ---- 0 ----
+
+func checkTenantNamespaces(ctx context.Context, s *side) (string, bool) {
+	var levels, problems []string
+	platformPods := 0
+	for _, t := range s.tenants() {
+		ns, err := s.admin.Kube.CoreV1().Namespaces().Get(ctx, t.ns, metav1.GetOptions{})
+		must(err, "reading namespace "+t.ns)
+		enforced := ns.Labels["pod-security.kubernetes.io/enforce"]
+		levels = append(levels, t.ns+": "+enforced)
+		if s == lampyr && enforced != "restricted" {
+			problems = append(problems, t.ns+" enforces "+enforced)
+		}
+		u, err := t.c.Dynamic.Resource(e2eutil.KServices).Namespace(t.ns).Get(ctx, victim, metav1.GetOptions{})
+		if err != nil || !e2eutil.IsReady(u) {
+			problems = append(problems, t.ns+"/"+victim+" not Ready")
+		}
+		pods, err := s.admin.Kube.CoreV1().Pods(t.ns).List(ctx, metav1.ListOptions{LabelSelector: "!" + roleLabel})
+		must(err, "listing Pods in "+t.ns)
+		platformPods += len(pods.Items)
+		if s == lampyr {
+			for _, p := range pods.Items {
+				problems = append(problems, "platform Pod "+t.ns+"/"+p.Name)
+			}
+		}
+	}
+	obs := strings.Join(levels, ", ")
+	if s == stock {
+		for _, t := range s.tenants() {
+			if v := s.podSecurity[t.ns]; v != "restricted" {
+				obs += "; " + t.ns + " " + v
+			}
+		}
+		obs += fmt.Sprintf("; victims Ready; %d Knative Pods in them", platformPods)
+	} else {
+		obs += "; victims Ready; no platform Pod in them"
+	}
+	if len(problems) > 0 {
+		return strings.Join(problems, "; "), true
+	}
+	return obs, false
+}
+
+// ---- 1 ----
+
+func readOwnNamespace(ctx context.Context, s *side) (string, bool) {
+	t := s.a
+	secrets, err := t.c.Kube.CoreV1().Secrets(t.ns).List(ctx, metav1.ListOptions{})
+	must(err, "tenant-a listing its Secrets")
+	cms, err := t.c.Kube.CoreV1().ConfigMaps(t.ns).List(ctx, metav1.ListOptions{})
+	must(err, "tenant-a listing its ConfigMaps")
+	var found []string
+	for _, sec := range secrets.Items {
+		for k, v := range sec.Data {
+			if why := lampyrMaterial(k, v, true, nil); why != "" {
+				found = append(found, "Secret "+sec.Name+"/"+k+": "+why)
+			}
+		}
+	}
+	for _, cm := range cms.Items {
+		for k, v := range cm.Data {
+			if why := lampyrMaterial(k, []byte(v), true, nil); why != "" {
+				found = append(found, "ConfigMap "+cm.Name+"/"+k+": "+why)
+			}
+		}
+		for k, v := range cm.BinaryData {
+			if why := lampyrMaterial(k, v, true, nil); why != "" {
+				found = append(found, "ConfigMap "+cm.Name+"/"+k+": "+why)
+			}
+		}
+	}
+	if len(found) > 0 {
+		return "found " + strings.Join(found, "; "), false
+	}
+	return fmt.Sprintf("%d Secrets, %d ConfigMaps: no Lampyr key or token", len(secrets.Items), len(cms.Items)), true
+}
+
+// lampyrSecretNames are the Secrets that hold Lampyr's keys (docs/security.md
+// "Where things live"), plus the shared token of old: a Secret of one of
+// these names anywhere else is a copy.
+var lampyrSecretNames = []string{"fiber-router-key", "lampyr-fleet-key", "lampyr-grant-signing-key", "lampyr-controller-sealer", "router-token", "fiber-router-token"}
+
+func sweepSecrets(ctx context.Context, s *side) (string, bool) {
+	needles, err := needlesOf(ctx, s.admin, e2eutil.LampyrSystemNamespace)
+	must(err, "administrator reading lampyr-system's Secrets")
+	if len(needles) == 0 {
+		abortf("lampyr-system holds no Secret value to look for: is the grant controller running?")
+	}
+	all, err := s.admin.Kube.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
+	must(err, "administrator listing every Secret")
+	var found []string
+	checked, nss := 0, map[string]bool{}
+	for _, sec := range all.Items {
+		if sec.Namespace == e2eutil.LampyrSystemNamespace || sec.Namespace == e2eutil.LampyrHomesNamespace {
+			continue
+		}
+		checked++
+		nss[sec.Namespace] = true
+		if slices.Contains(lampyrSecretNames, sec.Name) {
+			found = append(found, sec.Namespace+"/"+sec.Name+": a Lampyr key Secret's name")
+		}
+		for k, v := range sec.Data {
+			if why := lampyrMaterial(k, v, false, needles); why != "" {
+				found = append(found, sec.Namespace+"/"+sec.Name+"/"+k+": "+why)
+			}
+		}
+	}
+	if len(found) > 0 {
+		return "found " + strings.Join(found, "; "), false
+	}
+	return fmt.Sprintf("%d Secrets in %d other namespaces: none (compared with %d lampyr-system values)", checked, len(nss), len(needles)), true
+}
+
+// ---- 2 ----
+
+func readPlatformNamespaces(ctx context.Context, s *side) (string, bool) {
+	core := s.a.c.Kube.CoreV1()
+	sys, homes := e2eutil.LampyrSystemNamespace, e2eutil.LampyrHomesNamespace
+	lo, gets := metav1.ListOptions{}, metav1.GetOptions{}
+	calls := []struct {
+		what string
+		do   func() error
+	}{
+		{"list Secrets " + sys, func() error { _, err := core.Secrets(sys).List(ctx, lo); return err }},
+		{"list Secrets " + homes, func() error { _, err := core.Secrets(homes).List(ctx, lo); return err }},
+		{"list ConfigMaps " + sys, func() error { _, err := core.ConfigMaps(sys).List(ctx, lo); return err }},
+		{"list ConfigMaps " + homes, func() error { _, err := core.ConfigMaps(homes).List(ctx, lo); return err }},
+		{"watch Secrets " + sys, func() error {
+			w, err := core.Secrets(sys).Watch(ctx, lo)
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		}},
+		{"get Secret " + sys + "/fiber-router-key", func() error { _, err := core.Secrets(sys).Get(ctx, "fiber-router-key", gets); return err }},
+		{"get Secret " + sys + "/lampyr-fleet-key", func() error { _, err := core.Secrets(sys).Get(ctx, "lampyr-fleet-key", gets); return err }},
+		{"get Secret " + sys + "/lampyr-grant-signing-key", func() error {
+			_, err := core.Secrets(sys).Get(ctx, "lampyr-grant-signing-key", gets)
+			return err
+		}},
+		{"get Secret " + sys + "/lampyr-controller-sealer", func() error {
+			_, err := core.Secrets(sys).Get(ctx, "lampyr-controller-sealer", gets)
+			return err
+		}},
+		{"get B's Home Secret " + homes + "/" + s.b.home, func() error { _, err := core.Secrets(homes).Get(ctx, s.b.home, gets); return err }},
+		{"get ConfigMap " + sys + "/" + sealersConfigMap, func() error { _, err := core.ConfigMaps(sys).Get(ctx, sealersConfigMap, gets); return err }},
+		{"get B's router metadata", func() error {
+			_, err := core.ConfigMaps(sys).Get(ctx, e2eutil.RouterMetadataName(nsB, victimRev), gets)
+			return err
+		}},
+	}
+	var allowed []string
+	for _, c := range calls {
+		if err := c.do(); !apierrors.IsForbidden(err) {
+			allowed = append(allowed, fmt.Sprintf("%s: %s", c.what, errText(err)))
+		}
+	}
+	// The two public ConfigMaps are readable on purpose (ly seals with
+	// them); recorded, not judged.
+	var public []string
+	for _, n := range []string{ly.FleetKeyConfigMap, ly.ConfigLampyr} {
+		_, err := core.ConfigMaps(sys).Get(ctx, n, gets)
+		public = append(public, n+" "+errText(err))
+	}
+	if len(allowed) > 0 {
+		return "not Forbidden: " + strings.Join(allowed, "; "), false
+	}
+	return fmt.Sprintf("Forbidden (%d/%d calls); public %s", len(calls), len(calls), strings.Join(public, ", ")), true
+}
+
+// errText is "ok" or the API error's reason.
+func errText(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	if r := apierrors.ReasonForError(err); r != metav1.StatusReasonUnknown {
+		return string(r)
+	}
+	return short(err.Error(), 60)
+}
+
+// ---- 3 ----
+
+// dryRun: a create the defence would let through must not leave anything
+// behind. Authorization and admission run for dry-run requests as for real
+// ones.
+var dryRun = []string{metav1.DryRunAll}
+
+func forgeGrant(ctx context.Context, s *side) (string, bool) {
+	// A plausible grant: A's own, copied by the administrator (tenants
+	// cannot read grants), renamed, asking for more capacity.
+	g, err := s.admin.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA).Get(ctx, victimRev, metav1.GetOptions{})
+	must(err, "reading A's CapacityGrant")
+	spec, _, _ := unstructured.NestedMap(g.Object, "spec")
+	if spec == nil {
+		abortf("A's CapacityGrant has no spec")
+	}
+	spec["maxFibers"] = int64(100)
+	forged := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": g.GetAPIVersion(), "kind": g.GetKind(),
+		"metadata": map[string]any{"name": "forged-grant", "namespace": nsA},
+		"spec":     spec,
+	}}
+	grants := s.a.c.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA)
+	_, createErr := grants.Create(ctx, forged, metav1.CreateOptions{DryRun: dryRun})
+	patch := []byte(`{"status":{"homeEndpoint":"` + net.JoinHostPort(s.forgedHomeIP, "8080") + `","home":"forged-home"}}`)
+	_, statusErr := grants.Patch(ctx, victimRev, types.MergePatchType, patch, metav1.PatchOptions{DryRun: dryRun}, "status")
+	obs := fmt.Sprintf("create: %s; patch status: %s", errText(createErr), errText(statusErr))
+	return obs, apierrors.IsForbidden(createErr) && apierrors.IsForbidden(statusErr)
+}
+
+func forgeKIngress(ctx context.Context, s *side) (string, bool) {
+	ing := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "networking.internal.knative.dev/v1alpha1", "kind": "Ingress",
+		"metadata": map[string]any{"name": "forged-ingress", "namespace": nsA},
+		"spec": map[string]any{"rules": []any{map[string]any{
+			"hosts":      []any{host(victim, nsB)},
+			"visibility": "ExternalIP",
+			"http": map[string]any{"paths": []any{map[string]any{"splits": []any{map[string]any{
+				"serviceName": victimRev, "serviceNamespace": nsA, "servicePort": int64(80), "percent": int64(100),
+			}}}}},
+		}}},
+	}}
+	_, err := s.a.c.Dynamic.Resource(e2eutil.Ingresses).Namespace(nsA).Create(ctx, ing, metav1.CreateOptions{DryRun: dryRun})
+	return errText(err), apierrors.IsForbidden(err)
+}
+
+func podInHomes(ctx context.Context, s *side) (string, bool) {
+	p := restrictedPod(e2eutil.LampyrHomesNamespace, "forged-home-", "forged-home", corev1.Container{Name: "home", Image: s.attacker, Args: []string{"listen"}})
+	_, err := s.a.c.Kube.CoreV1().Pods(e2eutil.LampyrHomesNamespace).Create(ctx, p, metav1.CreateOptions{DryRun: dryRun})
+	return errText(err), apierrors.IsForbidden(err)
+}
+
+// gatewayLabel is the namespace label fiber-router's NetworkPolicy admits
+// (impl/config/networkpolicy/100-lampyr-system.yaml): a tenant who could set
+// it on its namespace would reach fiber-router from its Pods.
+const gatewayLabel = "lampyr.dev/gateway"
+
+func labelGatewayNamespace(ctx context.Context, s *side) (string, bool) {
+	patch := []byte(`{"metadata":{"labels":{"` + gatewayLabel + `":"true"}}}`)
+	_, err := s.a.c.Kube.CoreV1().Namespaces().Patch(ctx, nsA, types.MergePatchType, patch, metav1.PatchOptions{DryRun: dryRun})
+	return errText(err), apierrors.IsForbidden(err)
+}
+
+// ---- 4 ----
+
+func privilegedPod(ctx context.Context, s *side) (string, bool) {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "privileged-", Namespace: nsA, Labels: map[string]string{roleLabel: "privileged"}},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{
+				Name: "root", Image: s.attacker, Args: []string{"listen"},
+				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
+			}},
+		},
+	}
+	// For real, as an attacker would (not a dry run): if it is admitted,
+	// it is deleted at once.
+	created, err := s.a.c.Kube.CoreV1().Pods(nsA).Create(ctx, p, metav1.CreateOptions{})
+	if err == nil {
+		_ = s.admin.Kube.CoreV1().Pods(nsA).Delete(ctx, created.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		return "admitted: privileged Pod " + created.Name + " created", false
+	}
+	msg := err.Error()
+	if _, after, ok := strings.Cut(msg, "violates PodSecurity "); ok {
+		return "Forbidden: violates PodSecurity " + short(after, 90), apierrors.IsForbidden(err)
+	}
+	return errText(err) + ": " + short(msg, 90), false
+}
+
+// ---- 5, 6 ----
+
+const routerService = "fiber-router.lampyr-system.svc.cluster.local"
+const activatorService = "activator-service.knative-serving.svc.cluster.local"
+
+func callRouterAsB(ctx context.Context, s *side) (string, bool) {
+	var ps []probe
+	if s == stock {
+		ps = []probe{{target: "activator-service", url: "http://" + activatorService + "/", headers: selectB}}
+	} else {
+		ps = []probe{{target: "fiber-router Service", url: "http://" + routerService + "/", headers: selectB}}
+		for _, ip := range s.routerIPs {
+			for _, port := range []string{"80", "81"} {
+				hp := net.JoinHostPort(ip, port)
+				ps = append(ps, probe{target: hp, url: "http://" + hp + "/", headers: selectB})
+			}
+		}
+	}
+	return summarize(runProbes(ctx, s, "router", ps))
+}
+
+// smuggleSelection sends, through the gateway to A's own host, selection
+// headers naming a Revision of B that does not exist. If the gateway's own
+// headers did not replace them (or fiber-router preferred the client's),
+// the router would look for that Revision and A's handler could not answer;
+// with B's real Revision named, B's handler would.
+func smuggleSelection(ctx context.Context, s *side) (string, bool) {
+	want := helloBody
+	if s == stock {
+		want = stockBody(nsA)
+	}
+	smuggled := map[string]string{"Knative-Serving-Namespace": nsB, "Knative-Serving-Revision": "absent-00001"}
+	counts := map[string]int{}
+	handled := 0
+	for range 5 {
+		code, body, err := gatewayGet(ctx, s, host(victim, nsA), "/", smuggled)
+		switch {
+		case err != nil:
+			counts["error "+classify(err.Error())]++
+		case code == 200 && body == want:
+			handled++
+			counts[fmt.Sprintf("%d %q", code, firstLine(body))]++
+		default:
+			counts[fmt.Sprintf("%d %q", code, short(firstLine(body), 40))]++
+		}
+	}
+	return fmt.Sprintf("%d/5 answered by A's handler (%s)", handled, tallyText(counts)), handled == 5
+}
+
+func callHome(ctx context.Context, s *side) (string, bool) {
+	var ps []probe
+	if s == stock {
+		ip := s.victimPodB.Status.PodIP
+		ps = []probe{
+			{target: "B's Pod queue-proxy :8012", url: "http://" + net.JoinHostPort(ip, "8012") + "/"},
+			{target: "B's Pod handler :8080", url: "http://" + net.JoinHostPort(ip, "8080") + "/"},
+		}
+	} else {
+		u := "http://" + net.JoinHostPort(s.homeB.Status.PodIP, "9090") + "/v1/fibers"
+		ps = []probe{
+			{target: "GET " + net.JoinHostPort(s.homeB.Status.PodIP, "9090") + "/v1/fibers", url: u},
+			{target: "POST …/v1/fibers", url: u, method: "POST"},
+		}
+	}
+	return summarize(runProbes(ctx, s, "home", ps))
+}
+
+func callRouterAdmin(ctx context.Context, s *side) (string, bool) {
+	var ps []probe
+	if s == stock {
+		ps = []probe{{target: "activator-service:9090/metrics", url: "http://" + activatorService + ":9090/metrics"}}
+	} else {
+		ps = []probe{{target: "fiber-router Service :9091", url: "http://" + routerService + ":9091/metrics"}}
+		for _, ip := range s.routerIPs {
+			hp := net.JoinHostPort(ip, "9091")
+			ps = append(ps, probe{target: hp, url: "http://" + hp + "/metrics"})
+		}
+	}
+	return summarize(runProbes(ctx, s, "admin", ps))
+}
+
+// ---- 7 ----
+
+// homeVerdict: a credential not minted for this Home is refused with 401.
+func homeVerdict(code int, msg string) (string, bool) {
+	return fmt.Sprintf("%d %s", code, short(msg, 100)), code == 401
+}
+
+// routerKey is fiber-router's private key, as the administrator reads it.
+func routerKey(ctx context.Context, s *side) ed25519.PrivateKey {
+	sec, err := s.admin.Kube.CoreV1().Secrets(e2eutil.LampyrSystemNamespace).Get(ctx, "fiber-router-key", metav1.GetOptions{})
+	must(err, "administrator reading Secret lampyr-system/fiber-router-key")
+	k, err := routercred.ParsePrivateKey(sec.Data["private.pem"])
+	must(err, "parsing fiber-router-key private.pem")
+	return k
+}
+
+// mint is a router credential for home, valid for a minute.
+func mint(key ed25519.PrivateKey, home string) string {
+	c, err := routercred.Mint(key, home, time.Now(), time.Minute)
+	must(err, "minting a router credential for "+home)
+	return c
+}
+
+// serviceAccountToken is a token of tenancy-a's default service account,
+// requested by tenant-a (edit lets it; failing that, the administrator
+// requests it: tenant-a could read the same from any Pod it runs).
+func serviceAccountToken(ctx context.Context, s *side) string {
+	req := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](600)}}
+	tr, err := s.a.c.Kube.CoreV1().ServiceAccounts(nsA).CreateToken(ctx, "default", req, metav1.CreateOptions{})
+	if err != nil {
+		fmt.Fprintf(GinkgoWriter, "tenant-a requesting its own token: %v; the administrator requests it instead\n", err)
+		tr, err = s.admin.Kube.CoreV1().ServiceAccounts(nsA).CreateToken(ctx, "default", req, metav1.CreateOptions{})
+		must(err, "requesting a token of tenancy-a/default")
+	}
+	return tr.Status.Token
+}
+
+// ---- 8 ----
+
+func forgeRouterMetadata(ctx context.Context, s *side) (string, bool) {
+	before, _, err := seenCount(ctx, s)
+	must(err, "reading the forged Home's record")
+	forged := func(ns string) routermeta.Metadata {
+		return routermeta.Metadata{
+			Revision: victimRev, Namespace: ns, Ready: true,
+			HomeEndpoint: net.JoinHostPort(s.forgedHomeIP, "8080"), Home: "forged-home",
+			MaxFibers: 2, TimeoutSeconds: 300, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1, Generation: 1,
+		}
+	}
+	// The current name for A's and for B's Revision, and the name router
+	// metadata had when it lived in the Revision's own namespace.
+	cms := []*corev1.ConfigMap{
+		routermeta.MakeConfigMap(nsA, forged(nsA)),
+		routermeta.MakeConfigMap(nsA, forged(nsB)),
+	}
+	old := routermeta.MakeConfigMap(nsA, forged(nsA))
+	old.Name = victimRev + "-lampyr-route"
+	cms = append(cms, old)
+	api := s.a.c.Kube.CoreV1().ConfigMaps(nsA)
+	for _, cm := range cms {
+		_, err := api.Create(ctx, cm, metav1.CreateOptions{})
+		must(err, "tenant-a creating ConfigMap "+cm.Name)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, cm := range cms {
+			_ = api.Delete(dctx, cm.Name, metav1.DeleteOptions{})
+		}
+	}()
+	// A reader that watched tenant namespaces would hold them within
+	// moments; give it a few seconds before asking.
+	time.Sleep(5 * time.Second)
+	handledA, tallyA := gatewayTally(ctx, s, victim, nsA, 20, helloBody)
+	handledB, tallyB := gatewayTally(ctx, s, victim, nsB, 20, helloBody)
+	after, raw, err := seenCount(ctx, s)
+	must(err, "reading the forged Home's record")
+	seen := after - before
+	if seen > 0 {
+		fmt.Fprintf(GinkgoWriter, "the forged Home saw %d requests: %s\n", seen, raw)
+	}
+	obs := fmt.Sprintf("%d/40 answered by the handlers (A: %s; B: %s); forged Home saw %d", handledA+handledB, tallyA, tallyB, seen)
+	return obs, handledA+handledB == 40 && seen == 0
+}
+
+// ---- 9, 10 ----
+
+// deployRefused has tenant-a deploy Service svc from snapshot with
+// template, waits for Lampyr's verdict on its first Revision, checks that
+// nothing of it answers through the gateway, and deletes it. refused: the
+// Revision is not Ready, never answered, and its ContainerHealthy reason is
+// one of reasons (and the message contains mention, if set).
+func deployRefused(ctx context.Context, s *side, svc string, snapshot, template string, mention string, reasons ...string) (string, bool) {
+	t := s.a
+	must(t.c.Apply(ctx, e2eutil.KServices, lampyrService(svc, nsA, snapshot, snapshot, template), fieldManager), "tenant-a applying Service "+svc)
+	defer deleteService(t.c, nsA, svc)
+	rev := svc + "-00001"
+	c, err := refusedOrRan(ctx, t.c, nsA, rev)
+	must(err, "Lampyr's verdict")
+	handled, tally := gatewayTally(ctx, s, svc, nsA, 5, helloBody)
+	obs := fmt.Sprintf("%v: %s; %d/5 answered (%s)", c, short(c.message, 140), handled, tally)
+	ok := c.typ == "ContainerHealthy" && slices.Contains(reasons, c.reason) && handled == 0 && strings.Contains(c.message, mention)
+	return obs, ok
+}
+
+func replayB(ctx context.Context, s *side) (string, bool) {
+	// A cannot read B's objects: the administrator hands the annotations
+	// over, as a leaked manifest would.
+	rev, err := s.admin.Dynamic.Resource(e2eutil.Revisions).Namespace(nsB).Get(ctx, victimRev, metav1.GetOptions{})
+	must(err, "reading B's Revision")
+	ann := rev.GetAnnotations()
+	tmpl, snap := ann[ly.AnnotationFiberdTemplate], ann[ly.AnnotationSnapshotArtifact]
+	if tmpl == "" || snap == "" {
+		abortf("B's Revision lacks %s or %s", ly.AnnotationFiberdTemplate, ly.AnnotationSnapshotArtifact)
+	}
+	return deployRefused(ctx, s, "replayed", snap, tmpl, "namespace", "TemplateMismatch")
+}
+
+func sealWithOwnKey(ctx context.Context, s *side) (string, bool) {
+	own, err := seal.GenerateSealerKey()
+	must(err, "generating A's own sealer key")
+	inst, err := readInstallation(ctx, s.a.c)
+	must(err, "tenant-a reading the installation")
+	tmpl, err := sealAndPush(ctx, inst, own, nsA, "forged-key-00001", s.b.snapshot)
+	must(err, "tenant-a sealing and pushing its template")
+	return deployRefused(ctx, s, "forged-key", s.b.snapshot.String(), tmpl.String(), "", "TemplateUnauthenticated")
+}
+
+func sealForB(ctx context.Context, s *side) (string, bool) {
+	inst, err := readInstallation(ctx, s.a.c)
+	must(err, "tenant-a reading the installation")
+	tmpl, err := sealAndPush(ctx, inst, s.a.sealer, nsB, "cross-ns-00001", s.a.snapshot)
+	must(err, "tenant-a sealing and pushing its template")
+	return deployRefused(ctx, s, "cross-ns", s.a.snapshot.String(), tmpl.String(), "", "TemplateNotAuthorized", "TemplateMismatch")
+}
+
+// ---- 11 ----
+
+func copyMappedImage(ctx context.Context, s *side) (string, bool) {
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := restoreImageSnapshots(rctx, s.admin); err != nil {
+			fmt.Fprintf(GinkgoWriter, "restoring config-lampyr image-snapshots: %v\n", err)
+		}
+	}()
+	imageB := s.b.runnable // <registry>/tenancy-b/handler@sha256:D
+	must(mapImageSnapshot(ctx, s.admin, imageB, s.b.snapshot.String()), "administrator mapping B's image in config-lampyr")
+
+	// Control first: B's own image, mapped, runs. It also proves the
+	// controller has loaded the mapping, so A's refusal below is the
+	// repository rule, not a mapping not yet seen.
+	u := lampyrService("mapped", nsB, imageB, "", "")
+	stripLampyrAnnotations(u)
+	must(s.b.c.Apply(ctx, e2eutil.KServices, u, fieldManager), "tenant-b applying Service mapped")
+	defer deleteService(s.b.c, nsB, "mapped")
+	if _, err := s.b.c.WaitReady(ctx, e2eutil.KServices, nsB, "mapped", 4*time.Minute); err != nil {
+		abortf("control failed: B's own mapped image did not run, so A's refusal would prove nothing: %v", err)
+	}
+	if handled, tally := gatewayTally(ctx, s, "mapped", nsB, 3, helloBody); handled == 0 {
+		abortf("control failed: B's mapped Service is Ready but does not answer through the gateway (%s)", tally)
+	}
+
+	// A copies the same bytes under its own repository.
+	src, err := name.NewDigest(imageB)
+	must(err, "parsing B's image")
+	img, err := remote.Image(src, remote.WithContext(ctx))
+	must(err, "tenant-a pulling B's image")
+	dst, err := name.NewTag(s.registry + "/" + nsA + "/handler:copied")
+	must(err, "naming A's copy")
+	must(remote.Write(dst, img, remote.WithContext(ctx)), "tenant-a pushing its copy")
+	imageA := dst.Context().Name() + "@" + src.DigestStr()
+
+	u = lampyrService("copied", nsA, imageA, "", "")
+	stripLampyrAnnotations(u)
+	must(s.a.c.Apply(ctx, e2eutil.KServices, u, fieldManager), "tenant-a applying Service copied")
+	defer deleteService(s.a.c, nsA, "copied")
+	c, err := readySettled(ctx, s.a.c, nsA, "copied-00001", 3*time.Minute)
+	must(err, "Lampyr's verdict on A's copy")
+	_, gerr := s.admin.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA).Get(ctx, "copied-00001", metav1.GetOptions{})
+	grant := "no grant"
+	if gerr == nil {
+		grant = "a CapacityGrant exists"
+	}
+	handled, tally := gatewayTally(ctx, s, "copied", nsA, 5, helloBody)
+	obs := fmt.Sprintf("%v: %s; %s; %d/5 answered (%s); B's own mapped image: Ready", c, short(c.message, 120), grant, handled, tally)
+	return obs, c.status == "False" && c.reason == "MissingSnapshotArtifact" && handled == 0 && apierrors.IsNotFound(gerr)
+}
+
+// stripLampyrAnnotations leaves an image-only Service: no snapshot, no
+// template.
+func stripLampyrAnnotations(u *unstructured.Unstructured) {
+	ann, _, _ := unstructured.NestedStringMap(u.Object, "spec", "template", "metadata", "annotations")
+	delete(ann, ly.AnnotationSnapshotArtifact)
+	delete(ann, ly.AnnotationFiberdTemplate)
+	m := map[string]any{}
+	for k, v := range ann {
+		m[k] = v
+	}
+	_ = unstructured.SetNestedMap(u.Object, m, "spec", "template", "metadata", "annotations")
+}
