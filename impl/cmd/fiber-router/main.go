@@ -1,18 +1,19 @@
 // Command fiber-router is Lampyr's shared data plane: every Revision's backend
 // Service leads here, and each request runs in a fiber leased from the
-// Revision's Home (docs/contracts.md §2-§4).
+// Revision's Home (docs/contracts.md §2-§4). It reads router metadata only in
+// Lampyr's own namespace and presents each Home a credential minted for that
+// Home alone (docs/security.md §3, §4).
 package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
@@ -39,21 +41,36 @@ func main() {
 // options are the command line.
 type options struct {
 	httpPort, h2cPort, adminPort int
-	tokenFile, kubeconfig        string
-	resync                       time.Duration
-	proxy                        proxy.Config
-	drainDelay, drainTimeout     time.Duration
-	logLevel                     string
+	routerKeyFile, kubeconfig    string
+	// metadataNamespace holds the router metadata; homesNamespace the Home
+	// Services a Home endpoint may name.
+	metadataNamespace, homesNamespace string
+	maxRevisions                      int
+	resync                            time.Duration
+	proxy                             proxy.Config
+	drainDelay, drainTimeout          time.Duration
+	logLevel                          string
 }
+
+// defaultSystemNamespace is Lampyr's namespace when SYSTEM_NAMESPACE (set
+// from the Pod's namespace, as Knative components do) is not.
+const defaultSystemNamespace = "lampyr-system"
 
 func parseFlags(args []string) (options, error) {
 	def := proxy.DefaultConfig()
 	var o options
+	systemNamespace := os.Getenv("SYSTEM_NAMESPACE")
+	if systemNamespace == "" {
+		systemNamespace = defaultSystemNamespace
+	}
 	fs := flag.NewFlagSet("fiber-router", flag.ContinueOnError)
 	fs.IntVar(&o.httpPort, "http-port", 80, "port for HTTP/1.1 (and h2c) traffic; the backend Service's port 80 targets it")
 	fs.IntVar(&o.h2cPort, "h2c-port", 81, "port for h2c (gRPC) traffic; the backend Service's port 81 targets it")
 	fs.IntVar(&o.adminPort, "admin-port", 9091, "port for /healthz, /readyz and /metrics")
-	fs.StringVar(&o.tokenFile, "token-file", "/var/run/lampyr/fiber-router-token/token", "file holding the router's fiberd service token (Secret lampyr-system/fiber-router-token); re-read every minute")
+	fs.StringVar(&o.routerKeyFile, "router-key-file", "/var/run/lampyr/fiber-router-key/private.pem", "PEM file of the router key (Secret lampyr-system/fiber-router-key, key private.pem) with which the router mints each Home's credential; read at start, so a rotated key needs a restart")
+	fs.StringVar(&o.metadataNamespace, "metadata-namespace", systemNamespace, "the only namespace whose router metadata ConfigMaps are read (Lampyr's own, where tenants cannot write); default $SYSTEM_NAMESPACE, else "+defaultSystemNamespace)
+	fs.StringVar(&o.homesNamespace, "homes-namespace", "lampyr-homes", "namespace of the Home Services; router metadata naming a Home endpoint that is neither an IP address nor a Service there is refused")
+	fs.IntVar(&o.maxRevisions, "max-revisions", 10000, "most Revisions the router holds; metadata of further Revisions is refused (logged, counted in lampyr_router_metadata_refused_total{reason=\"full\"}) until some are deleted")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")
 	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "informer resync period for router metadata ConfigMaps")
 	fs.DurationVar(&o.proxy.DefaultTimeout, "default-timeout", def.DefaultTimeout, "request/stream/WebSocket lifetime for Revisions whose metadata has timeoutSeconds 0")
@@ -69,6 +86,17 @@ func parseFlags(args []string) (options, error) {
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case o.metadataNamespace == "":
+		// An informer reads every namespace when given none.
+		return o, errors.New("--metadata-namespace is empty; pass Lampyr's system namespace (router metadata is never read cluster-wide)")
+	case o.homesNamespace == "":
+		return o, errors.New("--homes-namespace is empty; pass the namespace of the Home Services")
+	case o.maxRevisions < 1:
+		return o, fmt.Errorf("--max-revisions %d: want at least 1", o.maxRevisions)
+	case o.routerKeyFile == "":
+		return o, errors.New("--router-key-file is empty; pass the mounted router key (Secret lampyr-system/fiber-router-key, key private.pem)")
 	}
 	return o, nil
 }
@@ -94,29 +122,28 @@ func run() error {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
 
-	token, err := watchToken(o.tokenFile, logger)
+	key, err := readRouterKey(o.routerKeyFile)
 	if err != nil {
 		return err
 	}
-
-	src := revision.NewConfigMapSource(kube, o.resync)
-	src.OnError = func(err error) { logger.Warn("unusable router metadata", "err", err) }
 
 	srv := server.New(server.Options{
 		HTTPAddr:     fmt.Sprintf(":%d", o.httpPort),
 		H2CAddr:      fmt.Sprintf(":%d", o.h2cPort),
 		AdminAddr:    fmt.Sprintf(":%d", o.adminPort),
 		Proxy:        o.proxy,
-		Source:       src,
-		Client:       fibers.NewFiberdClient(token),
+		Source:       revision.NewConfigMapSource(kube, o.metadataNamespace, o.homesNamespace, o.resync),
+		Client:       fibers.NewFiberdClient(routercred.NewMinter(key)),
 		Logger:       logger,
+		MaxRevisions: o.maxRevisions,
 		DrainDelay:   o.drainDelay,
 		DrainTimeout: o.drainTimeout,
 	})
 	if err := srv.Start(); err != nil {
 		return err
 	}
-	logger.Info("fiber-router serving", "http", srv.HTTPAddr(), "h2c", srv.H2CAddr(), "admin", srv.AdminAddr())
+	logger.Info("fiber-router serving", "http", srv.HTTPAddr(), "h2c", srv.H2CAddr(), "admin", srv.AdminAddr(),
+		"metadataNamespace", o.metadataNamespace, "homesNamespace", o.homesNamespace, "routerKeyID", routercred.KeyID(key.Public().(ed25519.PublicKey))[:16])
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
@@ -145,35 +172,17 @@ func kubeConfig(path string) (*rest.Config, error) {
 	return cfg, nil
 }
 
-// watchToken reads the token now (a missing token is fatal: every fiberd
-// call would be refused) and re-reads it every minute, because kubelet
-// updates a mounted Secret in place when it rotates.
-func watchToken(path string, logger *slog.Logger) (func() string, error) {
-	read := func() (string, error) {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return "", fmt.Errorf("--token-file: %w", err)
-		}
-		tok := strings.TrimSpace(string(b))
-		if tok == "" {
-			return "", fmt.Errorf("--token-file %s is empty", path)
-		}
-		return tok, nil
-	}
-	tok, err := read()
+// readRouterKey reads the router key. Without it no Home would let the
+// router in, so a missing or unreadable key is fatal rather than a router
+// that is ready and fails every request.
+func readRouterKey(path string) (ed25519.PrivateKey, error) {
+	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--router-key-file: %w (mount Secret lampyr-system/fiber-router-key, which the grant controller creates)", err)
 	}
-	var cur atomic.Value
-	cur.Store(tok)
-	go func() {
-		for range time.Tick(time.Minute) {
-			if t, err := read(); err != nil {
-				logger.Warn("keeping the previous fiberd token", "err", err)
-			} else {
-				cur.Store(t)
-			}
-		}
-	}()
-	return func() string { return cur.Load().(string) }, nil
+	key, err := routercred.ParsePrivateKey(b)
+	if err != nil {
+		return nil, fmt.Errorf("--router-key-file %s: %w", path, err)
+	}
+	return key, nil
 }

@@ -11,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/fiberd/routercred"
 )
 
 // The manifests are what an installer applies; these checks keep them in
@@ -80,14 +82,23 @@ func TestDeploymentMatchesBinaryAndContracts(t *testing.T) {
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.ReadinessProbe.HTTPGet.Port.String() != "admin" {
 		t.Fatalf("readiness probe %+v, want /readyz on the admin port", c.ReadinessProbe)
 	}
-	var mounted bool
+	if o.metadataNamespace != "lampyr-system" || o.homesNamespace != "lampyr-homes" {
+		t.Fatalf("metadata namespace %q, homes namespace %q: want lampyr-system (the Role's) and lampyr-homes", o.metadataNamespace, o.homesNamespace)
+	}
+	var keyVolume string
 	for _, m := range c.VolumeMounts {
-		if strings.HasPrefix(o.tokenFile, m.MountPath+"/") {
-			mounted = true
+		if strings.HasPrefix(o.routerKeyFile, m.MountPath+"/") {
+			keyVolume = m.Name
 		}
 	}
-	if !mounted {
-		t.Fatalf("--token-file %s is not under any volume mount", o.tokenFile)
+	var keySecret string
+	for _, v := range d.Spec.Template.Spec.Volumes {
+		if v.Name == keyVolume && v.Secret != nil {
+			keySecret = v.Secret.SecretName
+		}
+	}
+	if keySecret != "fiber-router-key" || filepath.Base(o.routerKeyFile) != "private.pem" {
+		t.Fatalf("--router-key-file %s is in volume %q of Secret %q, want key private.pem of Secret fiber-router-key", o.routerKeyFile, keyVolume, keySecret)
 	}
 	grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds
 	if grace == nil || float64(*grace) <= (o.drainDelay+o.drainTimeout).Seconds() {
@@ -119,23 +130,86 @@ func TestServicePorts(t *testing.T) {
 	}
 }
 
-func TestRBACIsReadOnlyConfigMaps(t *testing.T) {
+// The router reads ConfigMaps of lampyr-system only: a Role there, nothing
+// cluster-wide (docs/security.md §4, §6).
+func TestRBACIsReadOnlyConfigMapsInLampyrSystem(t *testing.T) {
 	docs := loadDocs(t)
-	var r rbacv1.ClusterRole
-	decodeStrict(t, docs["ClusterRole/lampyr-fiber-router"], &r)
-	if len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"configmaps"}) {
-		t.Fatalf("rules %+v", r.Rules)
+	for k := range docs {
+		if strings.HasPrefix(k, "ClusterRole") {
+			t.Fatalf("%s: fiber-router must hold no cluster-wide permission", k)
+		}
+	}
+	var r rbacv1.Role
+	decodeStrict(t, docs["Role/lampyr-fiber-router"], &r)
+	if r.Namespace != "lampyr-system" || len(r.Rules) != 1 || !slices.Equal(r.Rules[0].Resources, []string{"configmaps"}) || !slices.Equal(r.Rules[0].APIGroups, []string{""}) {
+		t.Fatalf("role %s rules %+v", r.Namespace, r.Rules)
 	}
 	for _, v := range r.Rules[0].Verbs {
 		if v != "get" && v != "list" && v != "watch" {
 			t.Fatalf("verb %q: the router only reads", v)
 		}
 	}
-	var b rbacv1.ClusterRoleBinding
-	decodeStrict(t, docs["ClusterRoleBinding/lampyr-fiber-router"], &b)
-	if b.RoleRef.Name != r.Name || len(b.Subjects) != 1 || b.Subjects[0].Name != "fiber-router" || b.Subjects[0].Namespace != "lampyr-system" {
+	var b rbacv1.RoleBinding
+	decodeStrict(t, docs["RoleBinding/lampyr-fiber-router"], &b)
+	if b.Namespace != "lampyr-system" || b.RoleRef.Kind != "Role" || b.RoleRef.Name != r.Name ||
+		len(b.Subjects) != 1 || b.Subjects[0].Name != "fiber-router" || b.Subjects[0].Namespace != "lampyr-system" {
 		t.Fatalf("binding %+v", b)
 	}
 	var sa corev1.ServiceAccount
 	decodeStrict(t, docs["ServiceAccount/fiber-router"], &sa)
+}
+
+func TestFlagDefaultsAndRefusals(t *testing.T) {
+	t.Setenv("SYSTEM_NAMESPACE", "")
+	o, err := parseFlags(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.metadataNamespace != "lampyr-system" || o.homesNamespace != "lampyr-homes" || o.maxRevisions != 10000 ||
+		o.routerKeyFile != "/var/run/lampyr/fiber-router-key/private.pem" {
+		t.Fatalf("defaults %+v", o)
+	}
+	t.Setenv("SYSTEM_NAMESPACE", "lampyr-dev")
+	if o, err := parseFlags(nil); err != nil || o.metadataNamespace != "lampyr-dev" {
+		t.Fatalf("with SYSTEM_NAMESPACE: %q, %v", o.metadataNamespace, err)
+	}
+	for _, args := range [][]string{
+		{"--metadata-namespace="}, // "" would make the informer watch every namespace
+		{"--homes-namespace="},
+		{"--max-revisions=0"},
+		{"--router-key-file="},
+		{"--token-file=/x"}, // the shared token is gone
+	} {
+		if _, err := parseFlags(args); err == nil {
+			t.Errorf("%q accepted", args)
+		}
+	}
+}
+
+func TestReadRouterKey(t *testing.T) {
+	_, key, err := routercred.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemKey, err := routercred.MarshalPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	good := filepath.Join(dir, "private.pem")
+	if err := os.WriteFile(good, pemKey, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readRouterKey(good); err != nil || !got.Equal(key) {
+		t.Fatalf("read back %v, %v", got, err)
+	}
+	bad := filepath.Join(dir, "bad.pem")
+	if err := os.WriteFile(bad, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{bad, filepath.Join(dir, "missing.pem")} {
+		if _, err := readRouterKey(p); err == nil || !strings.Contains(err.Error(), "--router-key-file") {
+			t.Errorf("%s: %v, want an error naming --router-key-file", p, err)
+		}
+	}
 }

@@ -13,31 +13,48 @@ import (
 	"lampyr.dev/serving/impl/fiberd/client"
 )
 
+// Credentials mints the credential the router presents to one Home, by the
+// Home's name (routercred.Minter; docs/security.md §3).
+type Credentials interface {
+	// For returns a credential valid now for home. It is asked on every
+	// call: credentials are short-lived and re-minted as they age.
+	For(home string) (string, error)
+	// Forget drops what is cached for home.
+	Forget(home string)
+}
+
 // FiberdClient implements Client with fiberd's own Go client
 // (lampyr.dev/serving/impl/fiberd/client), one per Home, sharing one
-// connection pool.
+// connection pool. Every call carries a credential minted for the Home it
+// goes to, so a Home never sees a credential that would let it into another.
 type FiberdClient struct {
-	// token returns the router's service token (Secret
-	// lampyr-system/fiber-router-token). A function, so a rotated Secret is
-	// picked up without a restart.
-	token func() string
+	creds Credentials
 	api   *http.Client
 
-	mu      sync.Mutex
-	tok     string
-	clients map[string]*client.Client
+	mu    sync.Mutex
+	homes map[Home]homeClient
+	names map[string]int // Home name -> entries in homes with that name
 
 	// Tunnels (reuse mode): the Home of every fiber this client leased, so
 	// a tunnel dial finds it from the request's host alone, and the Homes
 	// that turned out to have no tunnel endpoint (an older fiberd).
 	tmu      sync.Mutex
-	leased   map[string]string
-	noTunnel map[string]time.Time // Home -> until when not to ask again
+	leased   map[string]Home
+	noTunnel map[Home]time.Time // until when not to ask again
 	tunnelRT *tunnelTransport
 }
 
-// NewFiberdClient returns a Client for every Home, authenticating with token.
-func NewFiberdClient(token func() string) *FiberdClient {
+// homeClient is a fiberd client bound to the credential it was made with.
+// client.Client holds its token for its life, so a re-minted credential
+// means a new client (a parsed URL; the connections are shared).
+type homeClient struct {
+	cred string
+	c    *client.Client
+}
+
+// NewFiberdClient returns a Client for every Home, authenticating to each
+// with the credential creds mints for it.
+func NewFiberdClient(creds Credentials) *FiberdClient {
 	t := &http.Transport{
 		Proxy:       nil, // fiberd is always in-cluster; never follow HTTP_PROXY
 		DialContext: (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -47,35 +64,85 @@ func NewFiberdClient(token func() string) *FiberdClient {
 		IdleConnTimeout:     90 * time.Second,
 	}
 	c := &FiberdClient{
-		token: token, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, clients: map[string]*client.Client{},
-		leased: map[string]string{}, noTunnel: map[string]time.Time{},
+		creds: creds, api: &http.Client{Transport: t, Timeout: 30 * time.Second}, homes: map[Home]homeClient{}, names: map[string]int{},
+		leased: map[string]Home{}, noTunnel: map[Home]time.Time{},
 	}
 	c.tunnelRT = newTunnelTransport(c.dialTunnel)
 	return c
 }
 
-func (c *FiberdClient) home(home string) (*client.Client, error) {
-	tok := c.token()
+// credential mints home's current credential.
+func (c *FiberdClient) credential(home Home) (string, error) {
+	if home.Name == "" {
+		return "", fmt.Errorf("home %s has no name (router metadata data.home): no credential can be minted for it", home.Endpoint)
+	}
+	cred, err := c.creds.For(home.Name)
+	if err != nil {
+		return "", fmt.Errorf("credential for home %s at %s: %w", home.Name, home.Endpoint, err)
+	}
+	return cred, nil
+}
+
+// home returns a fiberd client for home carrying home's current credential.
+// adopt says the caller is a route that uses home (Acquire), so its client
+// is kept; a call that only finishes what a fiber started (a release, a
+// proxied request, a tunnel) must not bring back the state of a Home that
+// Forget already dropped, or every replaced Home with a fiber in flight
+// would leave some behind for the router's life.
+func (c *FiberdClient) home(home Home, adopt bool) (*client.Client, error) {
+	cred, err := c.credential(home)
+	if err != nil {
+		return nil, err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if tok != c.tok {
-		c.tok, c.clients = tok, map[string]*client.Client{}
+	hc, known := c.homes[home]
+	if known && hc.cred == cred {
+		return hc.c, nil
 	}
-	if cl, ok := c.clients[home]; ok {
-		return cl, nil
-	}
-	cl, err := client.New(home, tok)
+	cl, err := client.New(home.Endpoint, cred)
 	if err != nil {
 		return nil, err
 	}
 	cl.HTTP = c.api
-	c.clients[home] = cl
+	switch {
+	case known || adopt:
+		if !known {
+			c.names[home.Name]++
+		}
+		c.homes[home] = homeClient{cred: cred, c: cl}
+	case c.names[home.Name] == 0:
+		// Minting cached the credential again; drop it as Forget did.
+		c.creds.Forget(home.Name)
+	}
 	return cl, nil
 }
 
+// Forget implements Forgetter. The credential goes too unless another
+// endpoint of the same Home name is still in use (a Home Pod that moved).
+func (c *FiberdClient) Forget(home Home) {
+	c.mu.Lock()
+	_, known := c.homes[home]
+	delete(c.homes, home)
+	if known {
+		c.names[home.Name]--
+	}
+	named := c.names[home.Name] > 0
+	if !named {
+		delete(c.names, home.Name)
+	}
+	c.mu.Unlock()
+	c.tmu.Lock()
+	delete(c.noTunnel, home)
+	c.tmu.Unlock()
+	if !named {
+		c.creds.Forget(home.Name)
+	}
+}
+
 // Acquire implements Client.
-func (c *FiberdClient) Acquire(ctx context.Context, home string) (Fiber, error) {
-	cl, err := c.home(home)
+func (c *FiberdClient) Acquire(ctx context.Context, home Home) (Fiber, error) {
+	cl, err := c.home(home, true)
 	if err != nil {
 		return Fiber{}, err
 	}
@@ -99,12 +166,23 @@ func (c *FiberdClient) Acquire(ctx context.Context, home string) (Fiber, error) 
 			// Transport error: the Home is down or being replaced.
 			return Fiber{}, &UnavailableError{Home: home, Reason: err.Error()}
 		}
-		return Fiber{}, err
+		return Fiber{}, refused(home, err)
 	}
 	c.tmu.Lock()
 	c.leased[f.ID] = home
 	c.tmu.Unlock()
 	return Fiber{ID: f.ID, Home: home, StartedAt: f.StartedAt}, nil
+}
+
+// refused explains fiberd's 401, which says the router key and the Home's
+// copy of its public key disagree (or the metadata names another Home).
+func refused(home Home, err error) error {
+	var fe *client.Error
+	if !errors.As(err, &fe) || fe.Status != http.StatusUnauthorized {
+		return err
+	}
+	return fmt.Errorf("home %s at %s refused the router's credential (%w): the router public key in the Home's Secret does not match --router-key-file (Secret lampyr-system/fiber-router-key; after a rotation Homes follow at their next grant renewal), or the Home's grant names another Home than the metadata's data.home",
+		home.Name, home.Endpoint, err)
 }
 
 // Release implements Client.
@@ -115,29 +193,29 @@ func (c *FiberdClient) Release(ctx context.Context, f Fiber) error {
 	delete(c.leased, f.ID)
 	c.tmu.Unlock()
 	c.tunnelRT.drop(f.ID)
-	cl, err := c.home(f.Home)
+	cl, err := c.home(f.Home, false)
 	if err != nil {
 		return err
 	}
-	return cl.Release(ctx, f.ID)
+	return refused(f.Home, cl.Release(ctx, f.ID))
 }
 
 // PrepareProxy implements Client.
 func (c *FiberdClient) PrepareProxy(out *http.Request, f Fiber) {
 	out.URL.Scheme = "http"
-	out.URL.Host = f.Home
+	out.URL.Host = f.Home.Endpoint
+	// This cannot fail: minting fails only for a nameless Home, and the
+	// fiber was acquired from this Home with a credential minted for it.
+	// Should it ever, the empty credential earns fiberd's 401, never
+	// another Home's way in.
+	var cred string
+	if cl, err := c.home(f.Home, false); err == nil {
+		cred = cl.Token()
+	}
 	// Set, never Add: a client-supplied Lampyr-Fiber must not pick a fiber,
-	// and the router token travels in its own header so the client's
+	// and the router credential travels in its own header so the client's
 	// Authorization reaches the handler.
-	client.SetFiberHeaders(out.Header, f.ID, c.token())
-}
-
-// Holds reports whether fiber id was leased through c and not released.
-func (c *FiberdClient) Holds(id string) bool {
-	c.tmu.Lock()
-	defer c.tmu.Unlock()
-	_, ok := c.leased[id]
-	return ok
+	client.SetFiberHeaders(out.Header, f.ID, cred)
 }
 
 // TunnelFiberID returns the fiber id of a request prepared by PrepareTunnel.
@@ -182,7 +260,7 @@ func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, err
 	case no:
 		return nil, &NoTunnelError{Home: home}
 	}
-	cl, err := c.home(home)
+	cl, err := c.home(home, false)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +288,7 @@ func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, err
 			}
 			wait = min(2*wait, 50*time.Millisecond)
 		default:
-			return nil, err
+			return nil, refused(home, err)
 		}
 	}
 }

@@ -20,19 +20,34 @@ import (
 // before the handler sees the request.
 const FiberHeader = client.FiberHeader
 
+// Home is one Home's fiberd as the router reaches it, from the Revision's
+// router metadata.
+type Home struct {
+	// Endpoint is host:port of its fiberd API (metadata homeEndpoint).
+	Endpoint string
+	// Name is the Home's name in the Homes namespace (metadata home). fiberd
+	// accepts only credentials minted for its own name, so the router needs
+	// it to be let in at all (docs/security.md §3).
+	Name string
+}
+
+// String is the endpoint: what logs and errors about a Home need, and what
+// they said before Homes had names.
+func (h Home) String() string { return h.Endpoint }
+
 // Fiber is one leased sandbox in one Home.
 type Fiber struct {
 	ID string
-	// Home is host:port of the fiberd API that owns the fiber; a fiber is only
-	// ever addressed through the Home that created it.
-	Home      string
+	// Home is the fiberd that owns the fiber; a fiber is only ever addressed
+	// through the Home that created it, with that Home's credential.
+	Home      Home
 	StartedAt time.Time
 }
 
 // Client talks to fiberd in any Home.
 type Client interface {
-	// Acquire leases a never-used fiber from the Home at home.
-	Acquire(ctx context.Context, home string) (Fiber, error)
+	// Acquire leases a never-used fiber from home.
+	Acquire(ctx context.Context, home Home) (Fiber, error)
 	// Release kills the fiber and destroys its sandbox. Releasing a fiber
 	// fiberd no longer knows is not an error: the goal state is reached.
 	Release(ctx context.Context, f Fiber) error
@@ -56,10 +71,18 @@ type Tunnels interface {
 	TunnelTransport() http.RoundTripper
 }
 
+// Forgetter is implemented by a Client that keeps per-Home state (a client
+// and a credential). Forget drops it once no Revision uses home any more, so
+// a long-lived router does not keep state for every Home it ever served; a
+// later call for home simply builds it again.
+type Forgetter interface {
+	Forget(home Home)
+}
+
 // NoTunnelError says a Home has no tunnel endpoint (a fiberd older than the
 // router); its fibers are reached through the proxy path.
 type NoTunnelError struct {
-	Home  string
+	Home  Home
 	Cause error
 }
 
@@ -72,7 +95,7 @@ func (e *NoTunnelError) Error() string {
 
 // CapacityError is fiberd's 429: the grant's maxFibers are all live.
 type CapacityError struct {
-	Home       string
+	Home       Home
 	RetryAfter time.Duration
 }
 
@@ -83,7 +106,7 @@ func (e *CapacityError) Error() string {
 // UnavailableError is fiberd's 503: the Home's grant is missing or expired,
 // or the Home cannot be reached at all.
 type UnavailableError struct {
-	Home   string
+	Home   Home
 	Reason string
 }
 

@@ -3,13 +3,11 @@ package integration
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
@@ -28,15 +27,17 @@ import (
 const handlerPackage = "lampyr.dev/serving/impl/router/internal/testhandler"
 
 // env is one real fiberd (process backend, loopback) and one fiber-router
-// in front of it, fed the Revision's metadata directly.
+// in front of it, fed the Revision's metadata directly. The router holds
+// the fiberd's router key (fd.RouterKey) and mints its credentials as in a
+// cluster; another Home started with Options.RouterKey = fd.RouterKey
+// belongs to the same installation.
 type env struct {
-	t     testing.TB
-	fd    *fiberdtest.Instance
-	srv   *server.Server
-	meta  routermeta.Metadata
-	key   revision.Key
-	http  *http.Client
-	homes *homeClients
+	t    testing.TB
+	fd   *fiberdtest.Instance
+	srv  *server.Server
+	meta routermeta.Metadata
+	key  revision.Key
+	http *http.Client
 }
 
 type envOptions struct {
@@ -46,7 +47,6 @@ type envOptions struct {
 	proxy func(*proxy.Config)
 	// addrs pins the router's ports (router replacement test).
 	httpAddr, h2cAddr, adminAddr string
-	homes                        *homeClients
 }
 
 func startEnv(t testing.TB, o envOptions) *env {
@@ -61,6 +61,7 @@ func startEnv(t testing.TB, o envOptions) *env {
 		Namespace:          fd.Claims.Namespace,
 		Ready:              true,
 		HomeEndpoint:       fd.Endpoint,
+		Home:               fd.Home,
 		MaxFibers:          fd.Claims.MaxFibers,
 		TimeoutSeconds:     fd.Claims.MaxRequestSeconds,
 		Mode:               fd.Claims.Execution.Mode,
@@ -74,8 +75,7 @@ func startEnv(t testing.TB, o envOptions) *env {
 	if o.meta != nil {
 		o.meta(&meta)
 	}
-	o.homes = &homeClients{byHome: map[string]fibers.Client{}}
-	e := &env{t: t, fd: fd, meta: meta, key: revision.Key{Namespace: meta.Namespace, Name: meta.Revision}, homes: o.homes}
+	e := &env{t: t, fd: fd, meta: meta, key: revision.Key{Namespace: meta.Namespace, Name: meta.Revision}}
 	e.srv = startRouter(t, fd, o, revision.NewStatic(meta))
 	e.http = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	t.Cleanup(e.http.CloseIdleConnections)
@@ -93,16 +93,11 @@ func startRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revisi
 // waiting for readiness.
 func startRouterUnready(t testing.TB, e *env, addrs envOptions, src revision.Source) *server.Server {
 	t.Helper()
-	addrs.homes = e.homes
 	return newRouter(t, e.fd, addrs, src)
 }
 
 func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision.Source) *server.Server {
 	t.Helper()
-	homes := o.homes
-	if homes == nil {
-		homes = &homeClients{byHome: map[string]fibers.Client{}}
-	}
 	pc := proxy.DefaultConfig()
 	pc.QueueTimeout = 2 * time.Second
 	if o.proxy != nil {
@@ -122,7 +117,7 @@ func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision
 		HTTPAddr: addr(o.httpAddr), H2CAddr: addr(o.h2cAddr), AdminAddr: addr(o.adminAddr),
 		Proxy:        pc,
 		Source:       src,
-		Client:       homes.add(fd),
+		Client:       fibers.NewFiberdClient(routercred.NewMinter(fd.RouterKey)),
 		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})),
 		DrainTimeout: 5 * time.Second,
 	})
@@ -300,64 +295,4 @@ func value(m prometheus.Metric) float64 {
 		return d.Gauge.GetValue()
 	}
 	panic("not a counter or gauge")
-}
-
-// homeClients routes each call to a client holding that Home's token. In a
-// cluster every Home accepts the one router token; each fiberdtest instance
-// makes up its own, so a router in front of two test Homes needs both.
-type homeClients struct {
-	mu     sync.Mutex
-	byHome map[string]fibers.Client
-}
-
-func (h *homeClients) add(fd *fiberdtest.Instance) *homeClients {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	tok := fd.Token
-	h.byHome[fd.Endpoint] = fibers.NewFiberdClient(func() string { return tok })
-	return h
-}
-
-func (h *homeClients) get(home string) fibers.Client {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.byHome[home]
-}
-
-func (h *homeClients) Acquire(ctx context.Context, home string) (fibers.Fiber, error) {
-	return h.get(home).Acquire(ctx, home)
-}
-
-func (h *homeClients) Release(ctx context.Context, f fibers.Fiber) error {
-	return h.get(f.Home).Release(ctx, f)
-}
-
-func (h *homeClients) PrepareProxy(out *http.Request, f fibers.Fiber) {
-	h.get(f.Home).PrepareProxy(out, f)
-}
-
-// homeClients carries tunnels too, so reuse-mode tests take the path a
-// cluster's router takes.
-func (h *homeClients) PrepareTunnel(out *http.Request, f fibers.Fiber) {
-	h.get(f.Home).(fibers.Tunnels).PrepareTunnel(out, f)
-}
-
-func (h *homeClients) TunnelTransport() http.RoundTripper { return homeTunnels{h} }
-
-type homeTunnels struct{ h *homeClients }
-
-func (t homeTunnels) RoundTrip(req *http.Request) (*http.Response, error) {
-	id, _ := fibers.TunnelFiberID(req)
-	t.h.mu.Lock()
-	var rt http.RoundTripper
-	for _, c := range t.h.byHome {
-		if fc := c.(*fibers.FiberdClient); fc.Holds(id) {
-			rt = fc.TunnelTransport()
-		}
-	}
-	t.h.mu.Unlock()
-	if rt == nil {
-		return nil, fmt.Errorf("no test Home holds fiber %q", id)
-	}
-	return rt.RoundTrip(req)
 }

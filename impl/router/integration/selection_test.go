@@ -13,17 +13,19 @@ import (
 	"lampyr.dev/serving/impl/router/revision"
 )
 
-// Two Revisions, each with its own Home (a real fiberd). Every request must
-// run in a fiber of exactly the Revision the gateway selected, and a
-// selection that names no routable Revision must reach no fiber at all.
+// Two Revisions, each with its own Home (a real fiberd) of one installation
+// (one router key). Every request must run in a fiber of exactly the
+// Revision the gateway selected, each Home must let the router in with the
+// credential minted for it, and a selection that names no routable Revision
+// must reach no fiber at all.
 func TestSelectionNeverCrossesRevisions(t *testing.T) {
 	e := startEnv(t, envOptions{})
 	other := fiberdtest.StartInstance(t, fiberdtest.Options{
 		Namespace: "team-b", Revision: "other-00001", HandlerPackage: handlerPackage, Logf: func(string, ...any) {},
+		RouterKey: e.fd.RouterKey,
 	})
-	e.homes.add(other)
 	b := e.meta
-	b.Namespace, b.Revision, b.HomeEndpoint = "team-b", "other-00001", other.Endpoint
+	b.Namespace, b.Revision, b.HomeEndpoint, b.Home = "team-b", "other-00001", other.Endpoint, other.Home
 	e.srv.Table.Upsert(b)
 	down := e.meta
 	down.Revision, down.Ready = "down-00001", false
@@ -76,6 +78,24 @@ func TestSelectionNeverCrossesRevisions(t *testing.T) {
 	if a := e.counter("acquired"); a != 3 {
 		t.Fatalf("hello-00001 acquired %v fibers for its 3 requests", a)
 	}
+	for _, fd := range []*fiberdtest.Instance{e.fd, other} {
+		if n := fd.Metric(t, "fiberd_refused_credentials_total"); n != 0 {
+			t.Fatalf("Home %s refused %v router credentials", fd.Home, n)
+		}
+	}
+
+	// Metadata pairing B's endpoint with A's name gets A's credential,
+	// which B refuses: a Home is reached only with its own.
+	crossed := b
+	crossed.Revision, crossed.Home = "crossed-00001", e.fd.Home
+	e.srv.Table.Upsert(crossed)
+	if code, body := ask("team-b", "crossed-00001"); code != http.StatusBadGateway {
+		t.Fatalf("A's credential at B's endpoint: %d %q, want 502", code, body)
+	}
+	if n := other.Metric(t, "fiberd_refused_credentials_total"); n == 0 {
+		t.Fatal("B did not refuse A's credential")
+	}
+	e.srv.Table.Delete(revision.Key{Namespace: "team-b", Name: "crossed-00001"})
 
 	// A probe through the router answers without a fiber.
 	req := e.request(context.Background(), http.MethodGet, "/healthz", nil)

@@ -24,6 +24,7 @@ type Metrics struct {
 	QueueDepth      *prometheus.GaugeVec
 	InFlight        prometheus.Gauge
 	Revisions       prometheus.Gauge
+	MetadataRefused *prometheus.CounterVec
 }
 
 // Label names. Revision-level labels only: per-request values such as paths
@@ -78,9 +79,13 @@ func New() *Metrics {
 			Name: "lampyr_router_revisions",
 			Help: "Revisions in the routing table.",
 		}),
+		MetadataRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_metadata_refused_total",
+			Help: "Router metadata not used, once per Revision and cause, by reason: malformed (or name, labels and data disagree, or too big), endpoint (a Home endpoint the router does not dial), full (--max-revisions reached).",
+		}, []string{"reason"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.FibersReleased, m.FibersLeaked,
-		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions,
+		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions, m.MetadataRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -25,7 +25,10 @@ const (
 // Config is what a pool needs from the Revision's metadata and the router's
 // flags.
 type Config struct {
-	Home string
+	// Home is where the Revision's fibers come from. A different Home
+	// (another endpoint or another name) is a replaced Home: idle fibers of
+	// the old one are not reused.
+	Home fibers.Home
 	Mode Mode
 	// MaxFibers caps fibers alive at once (busy + idle + being acquired);
 	// 0 leaves the cap to fiberd's own 429.
@@ -254,7 +257,7 @@ type acquired struct {
 // fiber would be leased to nobody and live until fiberd's own reaper finds
 // it. If the request gives up first it returns at once, and the fiber,
 // when it arrives, is released in the slot it already holds.
-func (p *Pool) acquireDetached(ctx context.Context, home string) (fibers.Fiber, error) {
+func (p *Pool) acquireDetached(ctx context.Context, home fibers.Home) (fibers.Fiber, error) {
 	res := make(chan acquired, 1)
 	p.releases.Add(1) // Close waits for orphaned acquisitions too
 	go func() {

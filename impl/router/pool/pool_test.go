@@ -25,9 +25,11 @@ type memFiberd struct {
 	releaseOK atomic.Int64
 }
 
+var testHome = fibers.Home{Endpoint: "home:9090", Name: "home"}
+
 func newMem() *memFiberd { return &memFiberd{live: map[string]bool{}} }
 
-func (m *memFiberd) Acquire(ctx context.Context, home string) (fibers.Fiber, error) {
+func (m *memFiberd) Acquire(ctx context.Context, home fibers.Home) (fibers.Fiber, error) {
 	m.mu.Lock()
 	gate := m.gate
 	m.mu.Unlock()
@@ -75,8 +77,8 @@ func (o *countObs) QueueDepth(delta int)   { o.queue.Add(int64(delta)) }
 
 func newPool(t *testing.T, cfg Config) (*Pool, *memFiberd, *countObs) {
 	t.Helper()
-	if cfg.Home == "" {
-		cfg.Home = "home:9090"
+	if cfg.Home == (fibers.Home{}) {
+		cfg.Home = testHome
 	}
 	if cfg.Mode == "" {
 		cfg.Mode = Fresh
@@ -255,7 +257,7 @@ func TestCancelWhileAcquiringReleasesTheOrphan(t *testing.T) {
 func TestFailedReleaseIsCountedAsLeak(t *testing.T) {
 	var errs atomic.Int64
 	m, o := newMem(), &countObs{}
-	p := New(Config{Home: "h", Mode: Fresh, QueueTimeout: time.Second, MaxQueue: 1}, m, o, func(error) { errs.Add(1) })
+	p := New(Config{Home: testHome, Mode: Fresh, QueueTimeout: time.Second, MaxQueue: 1}, m, o, func(error) { errs.Add(1) })
 	defer p.Close(context.Background())
 	m.failRel.Store(true)
 	l, _ := p.Get(context.Background())
@@ -268,7 +270,7 @@ func TestFailedReleaseIsCountedAsLeak(t *testing.T) {
 
 func TestCloseFailsWaitersAndReleasesIdle(t *testing.T) {
 	m, o := newMem(), &countObs{}
-	p := New(Config{Home: "h", Mode: Reuse, MaxFibers: 2, QueueTimeout: time.Minute, MaxQueue: 5}, m, o, nil)
+	p := New(Config{Home: testHome, Mode: Reuse, MaxFibers: 2, QueueTimeout: time.Minute, MaxQueue: 5}, m, o, nil)
 	a, _ := p.Get(context.Background())
 	b, _ := p.Get(context.Background())
 	a.Done(true) // idle
@@ -305,9 +307,32 @@ func TestRaisingMaxFibersWakesWaiters(t *testing.T) {
 		got <- err
 	}()
 	waitQueued(t, p, 1)
-	p.Update(Config{Home: "home:9090", Mode: Fresh, MaxFibers: 2, QueueTimeout: time.Minute, MaxQueue: 10})
+	p.Update(Config{Home: testHome, Mode: Fresh, MaxFibers: 2, QueueTimeout: time.Minute, MaxQueue: 10})
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
 	a.Done(false)
+}
+
+// A Home with another name at the same endpoint is another Home (the old
+// one was replaced and its address reused): idle fibers of the old one are
+// released, not offered, and a busy one ending later is not kept.
+func TestRenamedHomeIsAReplacedHome(t *testing.T) {
+	p, m, _ := newPool(t, Config{Mode: Reuse})
+	idle, _ := p.Get(context.Background())
+	busy, _ := p.Get(context.Background())
+	idle.Done(true)
+	renamed := testHome
+	renamed.Name = "home-2"
+	p.Update(Config{Home: renamed, Mode: Reuse, QueueTimeout: time.Minute, MaxQueue: 10})
+	busy.Done(true)
+	settle(t, p)
+	if m.liveCount() != 0 || p.Stats().Idle != 0 {
+		t.Fatalf("%d fibers of the replaced Home still live, %d idle", m.liveCount(), p.Stats().Idle)
+	}
+	l, err := p.Get(context.Background())
+	if err != nil || l.Reused || l.Fiber.Home != renamed {
+		t.Fatalf("lease %+v, %v: want a new fiber of %v", l, err, renamed)
+	}
+	l.Done(false)
 }

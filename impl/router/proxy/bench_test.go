@@ -71,12 +71,17 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		handler.report(b, lat{}, "")
 	})
 	b.Run("fiberd", func(b *testing.B) {
-		fd := fakefiberd.Start("tok", hello)
+		pub, minter := routerKey(b)
+		fd := fakefiberd.Start("bench-00001-home", pub, hello)
 		defer fd.Close()
-		c := fibers.NewFiberdClient(func() string { return "tok" })
+		c := fibers.NewFiberdClient(minter)
+		cred, err := minter.For(fd.Home)
+		if err != nil {
+			b.Fatal(err)
+		}
 		ids := make(chan string, conc)
 		for i := 0; i < conc; i++ {
-			f, err := c.Acquire(context.Background(), fd.Endpoint())
+			f, err := c.Acquire(context.Background(), fibers.Home{Endpoint: fd.Endpoint(), Name: fd.Home})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -86,7 +91,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 			id := <-ids
 			defer func() { ids <- id }()
 			h := http.Header{}
-			client.SetFiberHeaders(h, id, "tok")
+			client.SetFiberHeaders(h, id, cred)
 			return get(fd.URL+"/", h)()
 		}
 		viaFiberd = measure(b, conc, do)
@@ -94,12 +99,13 @@ func BenchmarkRouterOverhead(b *testing.B) {
 	})
 	for _, mode := range []string{"reuse", "fresh"} {
 		b.Run("router-"+mode, func(b *testing.B) {
-			fd := fakefiberd.Start("tok", hello)
+			pub, minter := routerKey(b)
+			fd := fakefiberd.Start("bench-00001-home", pub, hello)
 			defer fd.Close()
 			fd.Tunnels.Store(true) // reuse goes through a tunnel per fiber
-			rt := proxy.New(proxy.DefaultConfig(), fibers.NewFiberdClient(func() string { return "tok" }), metrics.New(), nil)
+			rt := proxy.New(proxy.DefaultConfig(), fibers.NewFiberdClient(minter), metrics.New(), nil)
 			revision.NewTable(rt).Upsert(routermeta.Metadata{
-				Revision: "bench-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(),
+				Revision: "bench-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
 				MaxFibers: 64, TimeoutSeconds: 60, Mode: mode, IdleTimeoutSeconds: 60, Protocol: routermeta.ProtocolHTTP1,
 			})
 			front := httptest.NewServer(rt)

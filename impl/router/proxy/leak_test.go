@@ -31,7 +31,8 @@ func TestNoFiberLeaks10k(t *testing.T) {
 	if testing.Short() {
 		n = 2000
 	}
-	fd := fakefiberd.Start("tok", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	pub, minter := routerKey(t)
+	fd := fakefiberd.Start("leak-00001-home", pub, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ms, _ := strconv.Atoi(r.URL.Query().Get("ms"))
 		select {
 		case <-time.After(time.Duration(ms) * time.Millisecond):
@@ -44,9 +45,9 @@ func TestNoFiberLeaks10k(t *testing.T) {
 	cfg.DefaultTimeout = 50 * time.Millisecond
 	cfg.QueueTimeout = 10 * time.Second
 	m := metrics.New()
-	rt := proxy.New(cfg, fibers.NewFiberdClient(func() string { return "tok" }), m, nil)
+	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), m, nil)
 	revision.NewTable(rt).Upsert(routermeta.Metadata{
-		Revision: "leak-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(),
+		Revision: "leak-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
 		MaxFibers: 8, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1,
 	})
 	front := httptest.NewServer(rt)

@@ -70,6 +70,9 @@ type Router struct {
 
 	mu     sync.RWMutex
 	routes map[revision.Key]*route
+	// homes counts the routes naming each Home, so the client's per-Home
+	// state is dropped when the last of them goes (fibers.Forgetter).
+	homes map[fibers.Home]int
 
 	// hardStop ends every request still running when draining gives up.
 	hardStop context.Context
@@ -98,7 +101,7 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Router{
 		cfg: cfg, client: client, metrics: m, log: logger,
-		routes:   map[revision.Key]*route{},
+		routes: map[revision.Key]*route{}, homes: map[fibers.Home]int{},
 		hardStop: ctx, stopAll: cancel,
 	}
 	h1 := busyRetry{newHTTP1Transport()}
@@ -186,8 +189,12 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 		r.mu.Lock()
 		rt := r.routes[k]
 		delete(r.routes, k)
+		unused, ok := r.unuseHome(rt)
 		r.mu.Unlock()
 		r.retire(rt)
+		if ok {
+			r.forgetHome(unused)
+		}
 		r.metrics.Forget(k.Namespace, k.Name)
 		r.metrics.Revisions.Set(float64(r.routeCount()))
 		return
@@ -216,10 +223,51 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 	} else if prev != nil {
 		retire = prev
 	}
+	// The new Home is counted before the old one is let go, so a Home
+	// that stays is never forgotten in between.
+	r.useHome(nr)
+	unused, forget := r.unuseHome(prev)
 	r.routes[k] = nr
 	r.mu.Unlock()
 	r.retire(retire)
+	if forget {
+		r.forgetHome(unused)
+	}
 	r.metrics.Revisions.Set(float64(r.routeCount()))
+}
+
+// homeOf is the Home a Revision's metadata names.
+func homeOf(m routermeta.Metadata) fibers.Home {
+	return fibers.Home{Endpoint: m.HomeEndpoint, Name: m.Home}
+}
+
+// useHome counts rt's use of its Home; r.mu is held.
+func (r *Router) useHome(rt *route) {
+	if rt != nil && rt.meta.HomeEndpoint != "" {
+		r.homes[homeOf(rt.meta)]++
+	}
+}
+
+// unuseHome undoes useHome and returns rt's Home when no route names it
+// any more; r.mu is held.
+func (r *Router) unuseHome(rt *route) (fibers.Home, bool) {
+	if rt == nil || rt.meta.HomeEndpoint == "" {
+		return fibers.Home{}, false
+	}
+	h := homeOf(rt.meta)
+	if r.homes[h]--; r.homes[h] > 0 {
+		return h, false
+	}
+	delete(r.homes, h)
+	return h, true
+}
+
+// forgetHome drops the client's state for a Home no route names. Fibers it
+// still serves finish and are released all the same.
+func (r *Router) forgetHome(h fibers.Home) {
+	if f, ok := r.client.(fibers.Forgetter); ok {
+		f.Forget(h)
+	}
 }
 
 func (r *Router) retire(rt *route) {
@@ -250,7 +298,7 @@ func (r *Router) poolConfig(m routermeta.Metadata) pool.Config {
 		mode = pool.Reuse
 	}
 	return pool.Config{
-		Home:         m.HomeEndpoint,
+		Home:         homeOf(m),
 		Mode:         mode,
 		MaxFibers:    max,
 		IdleTimeout:  routerIdleTimeout(time.Duration(m.IdleTimeoutSeconds) * time.Second),

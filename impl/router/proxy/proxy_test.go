@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"crypto/ed25519"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"knative.dev/networking/pkg/http/header"
 
 	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
@@ -22,22 +24,35 @@ import (
 
 type fixture struct {
 	fd     *fakefiberd.Server
+	minter *routercred.Minter
 	router *proxy.Router
 	table  *revision.Table
 	front  *httptest.Server
 	meta   routermeta.Metadata
 }
 
+// routerKey makes an installation's router key: the Minter the router signs
+// with and the public key fake Homes trust.
+func routerKey(t testing.TB) (ed25519.PublicKey, *routercred.Minter) {
+	t.Helper()
+	pub, key, err := routercred.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub, routercred.NewMinter(key)
+}
+
 func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata)) *fixture {
 	t.Helper()
-	fd := fakefiberd.Start("tok", h)
+	pub, minter := routerKey(t)
+	fd := fakefiberd.Start("hello-00001-home", pub, h)
 	t.Cleanup(fd.Close)
 	cfg := proxy.DefaultConfig()
 	cfg.QueueTimeout = 200 * time.Millisecond
-	rt := proxy.New(cfg, fibers.NewFiberdClient(func() string { return "tok" }), metrics.New(), nil)
+	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), metrics.New(), nil)
 	tbl := revision.NewTable(rt)
 	m := routermeta.Metadata{
-		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(),
+		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
 		MaxFibers: 5, TimeoutSeconds: 30, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1, Generation: 1,
 	}
 	if mutate != nil {
@@ -51,7 +66,11 @@ func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata))
 		defer cancel()
 		_ = rt.Drain(ctx)
 	})
-	return &fixture{fd: fd, router: rt, table: tbl, front: front, meta: m}
+	return &fixture{fd: fd, minter: minter, router: rt, table: tbl, front: front, meta: m}
+}
+
+func (f *fixture) home() fibers.Home {
+	return fibers.Home{Endpoint: f.meta.HomeEndpoint, Name: f.meta.Home}
 }
 
 func (f *fixture) get(t *testing.T, path string, hdr map[string]string) (*http.Response, string) {
@@ -94,14 +113,18 @@ func TestHeadersAsFiberdReceivesThem(t *testing.T) {
 		t.Fatalf("%d %q", resp.StatusCode, body)
 	}
 	h := f.fd.LastProxied()
+	cred, err := f.minter.For(f.fd.Home)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{
 		"X-Forwarded-For":             "203.0.113.7, 127.0.0.1",
 		"X-Forwarded-Proto":           "https",
 		"X-Forwarded-Host":            "hello.demo.example.com",
 		"Forwarded":                   "for=203.0.113.7;host=hello.demo.example.com;proto=https",
 		"Authorization":               "Bearer user",
-		"Lampyr-Fiber":                "f1",
-		"Lampyr-Fiberd-Authorization": "Bearer tok",
+		"Lampyr-Fiber":                f.fd.Home + "-f1",
+		"Lampyr-Fiberd-Authorization": "Bearer " + cred,
 	}
 	for k, v := range want {
 		if got := h.Values(k); len(got) != 1 || got[0] != v {
@@ -210,8 +233,8 @@ func TestFiberdAt429IsRetriedThen503(t *testing.T) {
 	f := newFixture(t, http.HandlerFunc(ok), nil)
 	// fiberd's cap is 1 and another router "holds" it: acquire directly.
 	f.fd.MaxFibers.Store(1)
-	c := fibers.NewFiberdClient(func() string { return "tok" })
-	held, err := c.Acquire(context.Background(), f.fd.Endpoint())
+	c := fibers.NewFiberdClient(f.minter)
+	held, err := c.Acquire(context.Background(), f.home())
 	if err != nil {
 		t.Fatal(err)
 	}

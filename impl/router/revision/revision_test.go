@@ -2,10 +2,14 @@ package revision
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -14,9 +18,14 @@ import (
 	"lampyr.dev/serving/impl/routermeta"
 )
 
+const (
+	system = "lampyr-system"
+	homes  = "lampyr-homes"
+)
+
 func meta(ns, rev string) routermeta.Metadata {
 	return routermeta.Metadata{
-		Revision: rev, Namespace: ns, Ready: true, HomeEndpoint: rev + "-home." + ns + ".svc:9090",
+		Revision: rev, Namespace: ns, Ready: true, HomeEndpoint: rev + "-home." + homes + ".svc:9090", Home: rev + "-home",
 		MaxFibers: 3, TimeoutSeconds: 60, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1, Generation: 1,
 	}
 }
@@ -56,25 +65,107 @@ func TestTableTellsListenerOnlyAboutChanges(t *testing.T) {
 	tbl.Delete(Key{"demo", "a-00001"})
 	tbl.Delete(Key{"demo", "a-00001"})
 	want := []string{"add demo/a-00001", "update demo/a-00001", "delete demo/a-00001"}
-	if got := rec.list(); len(got) != len(want) || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+	if got := rec.list(); !slices.Equal(got, want) {
 		t.Fatalf("changes %v, want %v", got, want)
 	}
 }
 
-func TestDecodeRefusesForgedMetadata(t *testing.T) {
-	good := routermeta.MakeConfigMap(meta("demo", "a-00001"))
-	if _, err := Decode(good); err != nil {
-		t.Fatalf("genuine metadata refused: %v", err)
+func TestTableBoundsRevisions(t *testing.T) {
+	rec := &recorder{}
+	tbl := NewTable(rec)
+	tbl.MaxRevisions = 2
+	var refusals []*RefusedError
+	tbl.OnRefused = func(e *RefusedError) { refusals = append(refusals, e) }
+	a, b, c := meta("demo", "a-00001"), meta("demo", "b-00001"), meta("demo", "c-00001")
+	tbl.Upsert(a)
+	tbl.Upsert(b)
+	tbl.Upsert(c)
+	tbl.Upsert(c) // a resync: refused again, reported once
+	if _, ok := tbl.Lookup(Key{"demo", "c-00001"}); ok || tbl.Len() != 2 {
+		t.Fatalf("a third Revision was taken beyond MaxRevisions 2 (len %d)", tbl.Len())
 	}
-	otherNS := routermeta.MakeConfigMap(meta("victim", "a-00001"))
-	otherNS.Namespace = "attacker"
-	if _, err := Decode(otherNS); err == nil {
-		t.Fatal("a ConfigMap in namespace attacker claiming namespace victim was accepted")
+	if len(refusals) != 1 || refusals[0].Reason != RefusedFull || refusals[0].Key != (Key{"demo", "c-00001"}) ||
+		!strings.Contains(refusals[0].Error(), "--max-revisions=2") {
+		t.Fatalf("refusals %v, want one full refusal of demo/c-00001 naming the flag", refusals)
 	}
-	renamed := routermeta.MakeConfigMap(meta("demo", "a-00001"))
-	renamed.Name = "b-00001" + routermeta.NameSuffix
-	if _, err := Decode(renamed); err == nil {
-		t.Fatal("a ConfigMap named for another Revision was accepted")
+	// Known Revisions still take updates when the table is full.
+	a.Ready = false
+	tbl.Upsert(a)
+	if m, _ := tbl.Lookup(Key{"demo", "a-00001"}); m.Ready {
+		t.Fatal("an update of a known Revision was refused because the table is full")
+	}
+	// A deletion frees a slot for the refused Revision's next delivery.
+	tbl.Delete(Key{"demo", "b-00001"})
+	tbl.Upsert(c)
+	if _, ok := tbl.Lookup(Key{"demo", "c-00001"}); !ok {
+		t.Fatal("a freed slot was not used")
+	}
+	want := []string{"add demo/a-00001", "add demo/b-00001", "update demo/a-00001", "delete demo/b-00001", "add demo/c-00001"}
+	if got := rec.list(); !slices.Equal(got, want) {
+		t.Fatalf("listener saw %v, want %v", got, want)
+	}
+	// Refused again later (a new episode): reported again.
+	tbl.Upsert(b)
+	if len(refusals) != 2 {
+		t.Fatalf("%d refusals, want a second one for b after it was refused anew", len(refusals))
+	}
+}
+
+func TestRefuseForgetsAndReportsOnce(t *testing.T) {
+	rec := &recorder{}
+	tbl := NewTable(rec)
+	var n int
+	tbl.OnRefused = func(*RefusedError) { n++ }
+	k := Key{"demo", "a-00001"}
+	tbl.Upsert(meta("demo", "a-00001"))
+	bad := &RefusedError{Key: k, Reason: RefusedMalformed, Err: errors.New("data.mode")}
+	tbl.Refuse(bad)
+	tbl.Refuse(bad)
+	if _, ok := tbl.Lookup(k); ok || n != 1 {
+		t.Fatalf("after refusals: still held %v, reported %d times (want gone, once)", ok, n)
+	}
+	tbl.Refuse(&RefusedError{Key: k, Reason: RefusedEndpoint, Err: errors.New("evil:1")})
+	if n != 2 {
+		t.Fatal("a different refusal of the same Revision was not reported")
+	}
+	tbl.Upsert(meta("demo", "a-00001"))
+	tbl.Refuse(bad)
+	if n != 3 {
+		t.Fatal("a refusal after the Revision was accepted again was not reported")
+	}
+	if got := rec.list(); !slices.Equal(got, []string{"add demo/a-00001", "delete demo/a-00001", "add demo/a-00001", "delete demo/a-00001"}) {
+		t.Fatalf("listener saw %v", got)
+	}
+}
+
+func TestDecodeRefusesWhatTheRouterMustNotUse(t *testing.T) {
+	good := routermeta.MakeConfigMap(system, meta("demo", "a-00001"))
+	if m, err := Decode(good, homes); err != nil || m.Home != "a-00001-home" {
+		t.Fatalf("genuine metadata: %+v, %v", m, err)
+	}
+	for name, c := range map[string]struct {
+		mutate func(*corev1.ConfigMap)
+		reason string
+		key    Key
+	}{
+		"claims another namespace":       {func(cm *corev1.ConfigMap) { cm.Data["namespace"] = "victim" }, RefusedMalformed, Key{"demo", "a-00001"}},
+		"named for another Revision":     {func(cm *corev1.ConfigMap) { cm.Name = routermeta.Name("demo", "b-00001") }, RefusedMalformed, Key{"demo", "b-00001"}},
+		"not a metadata name":            {func(cm *corev1.ConfigMap) { cm.Name = "a-00001-lampyr-route" }, RefusedMalformed, Key{Name: "a-00001-lampyr-route"}},
+		"endpoint in a tenant namespace": {func(cm *corev1.ConfigMap) { cm.Data["homeEndpoint"] = "evil.demo.svc:9090" }, RefusedEndpoint, Key{"demo", "a-00001"}},
+		"endpoint on loopback":           {func(cm *corev1.ConfigMap) { cm.Data["homeEndpoint"] = "127.0.0.1:9090" }, RefusedEndpoint, Key{"demo", "a-00001"}},
+	} {
+		cm := routermeta.MakeConfigMap(system, meta("demo", "a-00001"))
+		c.mutate(cm)
+		_, err := Decode(cm, homes)
+		if err == nil || err.Reason != c.reason || err.Key != c.key {
+			t.Errorf("%s: %v, want a %s refusal of %s", name, err, c.reason, c.key)
+		}
+	}
+	// Not ready yet: no endpoint to check.
+	notReady := meta("demo", "a-00001")
+	notReady.Ready, notReady.HomeEndpoint, notReady.Home = false, "", ""
+	if _, err := Decode(routermeta.MakeConfigMap(system, notReady), homes); err != nil {
+		t.Fatalf("metadata of a Revision that is not ready: %v", err)
 	}
 }
 
@@ -90,12 +181,17 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
-	a := routermeta.MakeConfigMap(meta("demo", "a-00001"))
-	unlabelled := routermeta.MakeConfigMap(meta("demo", "x-00001"))
+	a := routermeta.MakeConfigMap(system, meta("demo", "a-00001"))
+	unlabelled := routermeta.MakeConfigMap(system, meta("demo", "x-00001"))
 	unlabelled.Labels = nil
-	forged := routermeta.MakeConfigMap(meta("victim", "v-00001"))
-	forged.Namespace = "attacker"
-	kube := fake.NewClientset(a, unlabelled, forged)
+	// A tenant's own labelled ConfigMap, consistent in every other way: the
+	// router must never read it, let alone report it.
+	tenant := routermeta.MakeConfigMap(system, meta("victim", "v-00001"))
+	tenant.Namespace = "attacker"
+	tenant.Data["homeEndpoint"] = "10.0.0.66:9090"
+	evil := routermeta.MakeConfigMap(system, meta("demo", "e-00001"))
+	evil.Data["homeEndpoint"] = "listener.attacker.svc:9090"
+	kube := fake.NewClientset(a, unlabelled, tenant, evil)
 	// The fake API server drops events between the informer's list and its
 	// watch (it has no resourceVersion history), so mutate only once the
 	// watch is established.
@@ -106,10 +202,21 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 		return false, nil, nil
 	})
 
-	var errs sync.Map
-	src := NewConfigMapSource(kube, 0)
-	src.OnError = func(err error) { errs.Store(err.Error(), true) }
+	var mu sync.Mutex
+	refused := map[Key]string{}
+	src := NewConfigMapSource(kube, system, homes, 0)
 	tbl := NewTable(nil)
+	tbl.MaxRevisions = 2
+	tbl.OnRefused = func(e *RefusedError) {
+		mu.Lock()
+		refused[e.Key] = e.Reason
+		mu.Unlock()
+	}
+	refusedAs := func(k Key) string {
+		mu.Lock()
+		defer mu.Unlock()
+		return refused[k]
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error)
@@ -127,22 +234,26 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 	if _, ok := tbl.Lookup(Key{"demo", "x-00001"}); ok {
 		t.Fatal("a ConfigMap without the router-metadata label was used")
 	}
-	if _, ok := tbl.Lookup(Key{"victim", "v-00001"}); ok {
-		t.Fatal("forged cross-namespace metadata was used")
+	if _, ok := tbl.Lookup(Key{"victim", "v-00001"}); ok || refusedAs(Key{"victim", "v-00001"}) != "" {
+		t.Fatal("a ConfigMap outside the metadata namespace was read")
+	}
+	if _, ok := tbl.Lookup(Key{"demo", "e-00001"}); ok || refusedAs(Key{"demo", "e-00001"}) != RefusedEndpoint {
+		t.Fatalf("metadata naming a Home outside %s: refusal %q", homes, refusedAs(Key{"demo", "e-00001"}))
 	}
 	if tbl.Len() != 1 {
 		t.Fatalf("table has %d entries", tbl.Len())
 	}
-	var sawForged bool
-	errs.Range(func(k, _ any) bool { sawForged = true; return false })
-	if !sawForged {
-		t.Fatal("forged metadata was not reported")
+	for _, act := range kube.Actions() {
+		if act.GetResource().Resource == "configmaps" && act.GetNamespace() != system {
+			t.Fatalf("%s of configmaps in namespace %q: the router reads only %s", act.GetVerb(), act.GetNamespace(), system)
+		}
 	}
 
+	cms := kube.CoreV1().ConfigMaps(system)
 	// Updates and deletions flow through.
 	upd := a.DeepCopy()
 	upd.Data["ready"] = "false"
-	if _, err := kube.CoreV1().ConfigMaps("demo").Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
+	if _, err := cms.Update(ctx, upd, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "update", func() bool { m, ok := tbl.Lookup(Key{"demo", "a-00001"}); return ok && !m.Ready })
@@ -151,23 +262,68 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 	bad := upd.DeepCopy()
 	bad.Data["ready"] = "true"
 	bad.Data["mode"] = "park"
-	if _, err := kube.CoreV1().ConfigMaps("demo").Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
+	if _, err := cms.Update(ctx, bad, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, "malformed metadata to remove the entry", func() bool { _, ok := tbl.Lookup(Key{"demo", "a-00001"}); return !ok })
+	if r := refusedAs(Key{"demo", "a-00001"}); r != RefusedMalformed {
+		t.Fatalf("malformed metadata refused as %q", r)
+	}
 
-	b := routermeta.MakeConfigMap(meta("other", "b-00001"))
-	if _, err := kube.CoreV1().ConfigMaps("other").Create(ctx, b, metav1.CreateOptions{}); err != nil {
+	// Two Revisions fill the table; a third waits for a free slot.
+	if _, err := cms.Update(ctx, a, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "add", func() bool { _, ok := tbl.Lookup(Key{"other", "b-00001"}); return ok })
-	if err := kube.CoreV1().ConfigMaps("other").Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil {
+	b := routermeta.MakeConfigMap(system, meta("other", "b-00001"))
+	c := routermeta.MakeConfigMap(system, meta("other", "c-00001"))
+	for _, cm := range []*corev1.ConfigMap{b, c} {
+		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "a third Revision to be refused", func() bool { return refusedAs(Key{"other", "c-00001"}) == RefusedFull })
+	if _, ok := tbl.Lookup(Key{"other", "b-00001"}); !ok || tbl.Len() != 2 {
+		t.Fatalf("b missing or table at %d entries", tbl.Len())
+	}
+	if _, ok := tbl.Lookup(Key{"demo", "a-00001"}); !ok {
+		t.Fatal("a not restored")
+	}
+
+	// A deletion finds its Revision by the ConfigMap's name even when its
+	// data and labels are gone.
+	gutted := b.DeepCopy()
+	gutted.Data, gutted.Labels = nil, map[string]string{routermeta.LabelKey: "true"}
+	if _, err := cms.Update(ctx, gutted, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "delete", func() bool { _, ok := tbl.Lookup(Key{"other", "b-00001"}); return !ok })
+	waitUntil(t, "gutted metadata to be refused", func() bool { return refusedAs(Key{"other", "b-00001"}) == RefusedMalformed })
+	if err := cms.Delete(ctx, b.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cms.Delete(ctx, a.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "delete", func() bool { _, ok := tbl.Lookup(Key{"demo", "a-00001"}); return !ok })
+	// The freed slots go to c at its next delivery.
+	c.Data["generation"] = "2"
+	if _, err := cms.Update(ctx, c, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "c in a freed slot", func() bool { _, ok := tbl.Lookup(Key{"other", "c-00001"}); return ok })
 
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestConfigMapSourceRefusesToWatchEverything(t *testing.T) {
+	for _, src := range []*ConfigMapSource{
+		NewConfigMapSource(fake.NewClientset(), "", homes, 0),
+		NewConfigMapSource(fake.NewClientset(), system, "", 0),
+	} {
+		if err := src.Run(context.Background(), NewTable(nil)); err == nil {
+			t.Fatal("a source without a namespace ran")
+		}
 	}
 }

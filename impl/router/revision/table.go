@@ -5,6 +5,7 @@ package revision
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 
@@ -18,12 +19,42 @@ type Key struct {
 
 func (k Key) String() string { return k.Namespace + "/" + k.Name }
 
+// Reasons router metadata is refused (RefusedError.Reason), the reason label
+// of lampyr_router_metadata_refused_total.
+const (
+	// RefusedMalformed: routermeta.FromConfigMap refused it (a field missing
+	// or malformed; name, labels and data disagree; too big).
+	RefusedMalformed = "malformed"
+	// RefusedEndpoint: its homeEndpoint is not one the router may dial
+	// (routermeta.CheckHomeEndpoint).
+	RefusedEndpoint = "endpoint"
+	// RefusedFull: the table already holds MaxRevisions Revisions.
+	RefusedFull = "full"
+)
+
+// RefusedError says why a Revision's metadata is not used.
+type RefusedError struct {
+	Key    Key
+	Reason string
+	Err    error
+}
+
+func (e *RefusedError) Error() string {
+	return fmt.Sprintf("router metadata of revision %s refused (%s): %v", e.Key, e.Reason, e.Err)
+}
+
+func (e *RefusedError) Unwrap() error { return e.Err }
+
 // Sink receives metadata changes. Table is the router's Sink; a Source feeds it.
 type Sink interface {
 	// Upsert records the current metadata of a Revision.
 	Upsert(m routermeta.Metadata)
 	// Delete forgets a Revision.
 	Delete(k Key)
+	// Refuse forgets the Revision e names, whose metadata exists but must
+	// not be used, and reports why. Forgetting matters: an older, usable
+	// version must not stay routable as if nothing had changed.
+	Refuse(e *RefusedError)
 }
 
 // Source feeds a Sink until ctx ends. Production uses the ConfigMap informer
@@ -46,15 +77,30 @@ type Listener interface {
 // Table is the set of known Revisions. Lookups are lock-light because every
 // proxied request does one.
 type Table struct {
+	// MaxRevisions bounds the Revisions held (each costs a pool, metric
+	// series and per-Home state); 0 means no bound. Beyond it new Revisions
+	// are refused (RefusedFull) while known ones still take updates. A
+	// Revision refused so is taken at its next update or informer resync
+	// once a deletion has freed a slot.
+	MaxRevisions int
+	// OnRefused is told about refusals, once per Revision and cause: an
+	// informer's resync repeats them, an operator needs each once. Calls
+	// are serialized with the listener's; neither may call back into the
+	// Table. Set both fields before the Table is fed.
+	OnRefused func(*RefusedError)
+
 	mu       sync.RWMutex
 	m        map[Key]routermeta.Metadata
 	listener Listener
 	changeMu sync.Mutex // serializes listener calls in Upsert/Delete order
+	// refused holds the last reported refusal of each Revision whose
+	// metadata is refused now; cleared when it is used or deleted.
+	refused map[Key]string
 }
 
 // NewTable returns an empty table that tells l (may be nil) about changes.
 func NewTable(l Listener) *Table {
-	return &Table{m: map[Key]routermeta.Metadata{}, listener: l}
+	return &Table{m: map[Key]routermeta.Metadata{}, listener: l, refused: map[Key]string{}}
 }
 
 // Lookup returns the metadata of a Revision.
@@ -72,8 +118,15 @@ func (t *Table) Upsert(m routermeta.Metadata) {
 	k := Key{m.Namespace, m.Revision}
 	t.mu.Lock()
 	old, had := t.m[k]
+	if !had && t.MaxRevisions > 0 && len(t.m) >= t.MaxRevisions {
+		t.mu.Unlock()
+		t.report(&RefusedError{Key: k, Reason: RefusedFull, Err: fmt.Errorf(
+			"fiber-router already holds --max-revisions=%d Revisions; raise it, or delete Revisions", t.MaxRevisions)})
+		return
+	}
 	t.m[k] = m
 	t.mu.Unlock()
+	delete(t.refused, k)
 	if t.listener != nil {
 		if had {
 			if old == m {
@@ -90,12 +143,39 @@ func (t *Table) Upsert(m routermeta.Metadata) {
 func (t *Table) Delete(k Key) {
 	t.changeMu.Lock()
 	defer t.changeMu.Unlock()
+	delete(t.refused, k)
+	t.remove(k)
+}
+
+// Refuse implements Sink.
+func (t *Table) Refuse(e *RefusedError) {
+	t.changeMu.Lock()
+	defer t.changeMu.Unlock()
+	t.remove(e.Key)
+	t.report(e)
+}
+
+// remove forgets k and tells the listener; changeMu is held.
+func (t *Table) remove(k Key) {
 	t.mu.Lock()
 	old, had := t.m[k]
 	delete(t.m, k)
 	t.mu.Unlock()
 	if had && t.listener != nil {
 		t.listener.Changed(&old, nil)
+	}
+}
+
+// report passes e to OnRefused unless it was the Revision's last reported
+// refusal too; changeMu is held.
+func (t *Table) report(e *RefusedError) {
+	msg := e.Error()
+	if t.refused[e.Key] == msg {
+		return
+	}
+	t.refused[e.Key] = msg
+	if t.OnRefused != nil {
+		t.OnRefused(e)
 	}
 }
 

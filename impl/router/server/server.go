@@ -34,6 +34,10 @@ type Options struct {
 	Client fibers.Client
 	Logger *slog.Logger
 
+	// MaxRevisions bounds the Revisions the router holds (revision.Table);
+	// 0 means no bound.
+	MaxRevisions int
+
 	// DrainDelay keeps serving after SIGTERM while readiness already fails,
 	// so endpoints (and EndpointSlice mirrors) drop this pod before it stops
 	// accepting connections.
@@ -67,7 +71,22 @@ func New(opts Options) *Server {
 	}
 	m := metrics.New()
 	rt := proxy.New(opts.Proxy, opts.Client, m, opts.Logger)
-	return &Server{opts: opts, Router: rt, Table: revision.NewTable(rt), Metrics: m}
+	s := &Server{opts: opts, Router: rt, Table: revision.NewTable(rt), Metrics: m}
+	s.Table.MaxRevisions = opts.MaxRevisions
+	s.Table.OnRefused = s.metadataRefused
+	// Every reason from the start, so an alert on a rate sees 0 rather
+	// than no series.
+	for _, reason := range []string{revision.RefusedMalformed, revision.RefusedEndpoint, revision.RefusedFull} {
+		m.MetadataRefused.WithLabelValues(reason)
+	}
+	return s
+}
+
+// metadataRefused logs and counts router metadata the table refused; the
+// table reports each Revision's refusal once, not at every resync.
+func (s *Server) metadataRefused(e *revision.RefusedError) {
+	s.Metrics.MetadataRefused.WithLabelValues(e.Reason).Inc()
+	s.opts.Logger.Warn("router metadata refused", "revision", e.Key.String(), "reason", e.Reason, "err", e.Err)
 }
 
 // Start binds all ports and starts serving; readiness waits for the metadata

@@ -4,14 +4,22 @@
 // show what they need: exactly which headers arrive at fiberd, fiberd
 // answers that are hard to provoke (429, 503), and router overhead measured
 // without process-sandbox costs.
+//
+// Like the real fiberd it lets in only router credentials minted for its own
+// Home name with the router key it trusts (impl/fiberd/routercred), on API
+// calls, tunnels and proxied requests, and answers 401 otherwise; so every
+// router test that gets a fiber proves the router sent that Home's
+// credential.
 package fakefiberd
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +27,16 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/fiberd/routercred"
 )
 
 // Server is a fake fiberd.
 type Server struct {
 	*httptest.Server
-	Token string
+	// Home is this Home's name: the audience its credentials must name.
+	Home string
+	// RouterKey is the router public key whose credentials it accepts.
+	RouterKey ed25519.PublicKey
 	// Handler runs "inside" every fiber.
 	Handler http.Handler
 	// MaxFibers answers 429 beyond that many leased fibers (0: no cap).
@@ -44,6 +56,9 @@ type Server struct {
 	acquired    atomic.Int64
 	released    atomic.Int64
 	tunnels     atomic.Int64
+	refused     atomic.Int64
+	// creds are the distinct credentials let in, in order of first use.
+	creds []string
 }
 
 type fiber struct {
@@ -51,9 +66,10 @@ type fiber struct {
 	started     time.Time
 }
 
-// Start serves a fake fiberd on 127.0.0.1 with h2c enabled.
-func Start(token string, h http.Handler) *Server {
-	s := &Server{Token: token, Handler: h, fibers: map[string]*fiber{}}
+// Start serves a fake fiberd for the Home named home, trusting credentials
+// signed with routerKey's private half, on 127.0.0.1 with h2c enabled.
+func Start(home string, routerKey ed25519.PublicKey, h http.Handler) *Server {
+	s := &Server{Home: home, RouterKey: routerKey, Handler: h, fibers: map[string]*fiber{}}
 	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
 	s.Server.Config.Protocols = new(http.Protocols)
 	s.Server.Config.Protocols.SetHTTP1(true)
@@ -65,13 +81,29 @@ func Start(token string, h http.Handler) *Server {
 // Endpoint is host:port, as in router metadata.
 func (s *Server) Endpoint() string { return strings.TrimPrefix(s.URL, "http://") }
 
+// authorized checks a "Bearer <credential>" header value as fiberd does, and
+// answers 401 itself when the credential is not for this Home.
+func (s *Server) authorized(w http.ResponseWriter, header string) bool {
+	cred, _ := strings.CutPrefix(header, "Bearer ")
+	if _, err := routercred.Verify([]ed25519.PublicKey{s.RouterKey}, cred, s.Home, time.Now()); err != nil {
+		s.refused.Add(1)
+		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "credential refused: "+err.Error())
+		return false
+	}
+	s.mu.Lock()
+	if !slices.Contains(s.creds, cred) {
+		s.creds = append(s.creds, cred)
+	}
+	s.mu.Unlock()
+	return true
+}
+
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get(client.FiberHeader); id != "" {
 		s.proxy(w, r, id)
 		return
 	}
-	if r.Header.Get("Authorization") != "Bearer "+s.Token {
-		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "bad token")
+	if !s.authorized(w, r.Header.Get("Authorization")) {
 		return
 	}
 	switch {
@@ -89,7 +121,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.next++
-		id := "f" + strconv.Itoa(s.next)
+		// Fiber ids are unique across Homes, as fiberd's random ones are:
+		// one router client holds fibers of several Homes.
+		id := s.Home + "-f" + strconv.Itoa(s.next)
 		f := &fiber{started: time.Now()}
 		s.fibers[id] = f
 		s.mu.Unlock()
@@ -131,8 +165,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
-	if r.Header.Get(client.ProxyAuthHeader) != "Bearer "+s.Token {
-		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "bad proxy token")
+	if !s.authorized(w, r.Header.Get(client.ProxyAuthHeader)) {
 		return
 	}
 	free, ok := s.claim(w, id)
@@ -225,6 +258,16 @@ func (l *oneConn) Accept() (net.Conn, error) {
 
 func (l *oneConn) Close() error   { return nil }
 func (l *oneConn) Addr() net.Addr { return l.c.LocalAddr() }
+
+// Refused is how many calls and requests were refused for their credential.
+func (s *Server) Refused() int64 { return s.refused.Load() }
+
+// Credentials are the distinct credentials let in, in order of first use.
+func (s *Server) Credentials() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.creds)
+}
 
 // TunnelsOpened is how many tunnels were opened.
 func (s *Server) TunnelsOpened() int64 { return s.tunnels.Load() }
