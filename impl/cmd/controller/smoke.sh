@@ -123,7 +123,7 @@ spec:
 EOF
 wait_for "CapacityGrant demo/hello-00001" 60 K -n demo get capacitygrant hello-00001
 wait_for "ExternalName Service demo/hello-00001" 30 K -n demo get svc hello-00001
-wait_for "router metadata demo/hello-00001-lampyr-route" 30 K -n demo get cm hello-00001-lampyr-route
+wait_for "router metadata lampyr-system/route.demo.hello-00001" 30 K -n lampyr-system get cm route.demo.hello-00001
 [[ $(K -n demo get revision hello-00001 -o jsonpath='{.status.conditions[?(@.type=="Ready")].reason}') == WaitingForCapacityGrant ]] ||
   fail "Revision not waiting for its grant"
 
@@ -131,13 +131,13 @@ echo "== the grant controller's part, by hand: admit and ready the Home"
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 gen=$(K -n demo get capacitygrant hello-00001 -o jsonpath='{.metadata.generation}')
 K -n demo patch capacitygrant hello-00001 --subresource=status --type=merge -p "{\"status\":{\"observedGeneration\":$gen,
-  \"homeEndpoint\":\"hello-00001-home.demo.svc:9090\",\"conditions\":[
+  \"homeEndpoint\":\"hello-00001-0123456789.lampyr-homes.svc:9090\",\"home\":\"hello-00001-0123456789\",\"conditions\":[
   {\"type\":\"Admitted\",\"status\":\"True\",\"reason\":\"Admitted\",\"lastTransitionTime\":\"$now\"},
   {\"type\":\"HomeReady\",\"status\":\"True\",\"lastTransitionTime\":\"$now\"},
   {\"type\":\"Ready\",\"status\":\"True\",\"lastTransitionTime\":\"$now\"}]}}" >/dev/null
 wait_for "Revision Ready" 60 K -n demo wait --for condition=Ready revision/hello-00001 --timeout=1s
 wait_for "Configuration Ready" 60 K -n demo wait --for condition=Ready configuration/hello --timeout=1s
-[[ $(K -n demo get cm hello-00001-lampyr-route -o jsonpath='{.data.ready}') == true ]] || fail "router metadata not ready"
+[[ $(K -n lampyr-system get cm route.demo.hello-00001 -o jsonpath='{.data.ready}') == true ]] || fail "router metadata not ready"
 [[ $(K -n demo get ingresses.networking.internal.knative.dev hello -o jsonpath='{.spec.rules[0].http.paths[0].splits[0].serviceName}') == hello-00001 ]] ||
   fail "the Route's KIngress does not target Service hello-00001"
 
@@ -168,9 +168,10 @@ K -n demo delete configuration hello --wait=false >/dev/null
 K -n demo delete route hello --wait=false >/dev/null
 K -n demo delete revision hello-00001 --wait=false >/dev/null
 wait_for "Revision hello-00001 to be finalized" 60 bash -c "! kubectl --kubeconfig $WORK/admin.kubeconfig -n demo get revision hello-00001"
-for obj in capacitygrant/hello-00001 svc/hello-00001 cm/hello-00001-lampyr-route; do
+for obj in capacitygrant/hello-00001 svc/hello-00001; do
   K -n demo get "$obj" >/dev/null 2>&1 && fail "$obj survived finalization of Revision $uid"
 done
+K -n lampyr-system get cm route.demo.hello-00001 >/dev/null 2>&1 && fail "router metadata lampyr-system/route.demo.hello-00001 survived finalization of Revision $uid"
 if grep -q '"severity":"ERROR"' controller.log; then
   grep '"severity":"ERROR"' controller.log | head -5 >&2
   fail "the controller logged errors"
