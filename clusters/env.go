@@ -14,6 +14,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -105,6 +106,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		CgroupV1:          !cgroupV2(),
 		DisableDefaultCNI: true,
 		PodSubnet:         inputs.PodSubnet,
+		ServiceSubnet:     inputs.ServiceSubnet,
 		// Test clusters: etcd on the node's tmpfs unless asked otherwise
 		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
 		EtcdOnTmpfs: os.Getenv("LAMPYR_ETCD_ON_DISK") != "1",
@@ -112,7 +114,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 }
 
 // Up builds the inputs and creates or reuses the named clusters in parallel,
-// each connected to the local registry.
+// each connected to the local registry and enforcing NetworkPolicies.
 func (e *Env) Up(ctx context.Context, names []string, keep bool) ([]kindcluster.Info, error) {
 	res, err := e.Inputs(ctx)
 	if err != nil {
@@ -120,11 +122,33 @@ func (e *Env) Up(ctx context.Context, names []string, keep bool) ([]kindcluster.
 	}
 	m := e.Manager()
 	m.Registry = &kindcluster.Registry{Container: RegistryContainer, Image: res.RegistryImage, HostPort: kindcluster.DefaultRegistryPort}
+	m.Setup = func(ctx context.Context, info kindcluster.Info) error {
+		return e.installEnforcer(ctx, info, res.NetworkPolicyImage)
+	}
 	specs := make([]kindcluster.Spec, len(names))
 	for i, n := range names {
 		specs[i] = e.Spec(n, res.NodeImage)
 	}
 	return m.Up(ctx, specs, kindcluster.UpOptions{Keep: keep})
+}
+
+// NetworkPolicyEnforcer describes the enforcer every cluster runs.
+func NetworkPolicyEnforcer(image string) netpol.Options {
+	return netpol.Options{Image: image, Version: inputs.KubeRouterVersion, ServiceSubnet: inputs.ServiceSubnet}
+}
+
+// installEnforcer puts the NetworkPolicy enforcer on a cluster and waits for
+// it to enforce: the offline CNI (ptp) enforces no policy, and Lampyr's
+// trust model relies on NetworkPolicies being enforced.
+func (e *Env) installEnforcer(ctx context.Context, info kindcluster.Info, image string) error {
+	o := NetworkPolicyEnforcer(image)
+	return e.Log.Step(fmt.Sprintf("Installing the %s on %s, waiting until it enforces", o.Describe(), info.Name), func() error {
+		c, err := e2eutil.NewClients(info.Kubeconfig)
+		if err != nil {
+			return err
+		}
+		return netpol.Install(ctx, c.Config, e.Log, o, netpol.DefaultTimeout)
+	})
 }
 
 func cgroupV2() bool {

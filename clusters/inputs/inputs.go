@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,6 +53,9 @@ type Result struct {
 	RegistryImage string
 	// ControlPlaneImages maps kubeadm's image names to their tarballs.
 	ControlPlaneImages map[string]string
+	// NetworkPolicyImage is the NetworkPolicy enforcer's image (kube-router's
+	// netpol controller), preloaded into the node image's containerd.
+	NetworkPolicyImage string
 }
 
 // Builder builds every offline cluster input.
@@ -99,7 +103,7 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	rootTar := rootDir + ".tar"
 
 	var (
-		k8sBins, etcdBins, dnsBins, crictlBins, regBins []gobuild.Binary
+		k8sBins, etcdBins, dnsBins, crictlBins, regBins, netpolBins []gobuild.Binary
 	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -135,7 +139,10 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 		if crictlBins, err = b.GoBuild(gctx, CrictlSpec()); err != nil {
 			return err
 		}
-		regBins, err = b.GoBuild(gctx, RegistrySpec())
+		if regBins, err = b.GoBuild(gctx, RegistrySpec()); err != nil {
+			return err
+		}
+		netpolBins, err = b.GoBuild(gctx, NetworkPolicySpec())
 		return err
 	})
 	if err := g.Wait(); err != nil {
@@ -181,16 +188,17 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 		"/usr/bin/kubelet": bin(k8sBins, "kubelet"), "/usr/bin/kubeadm": bin(k8sBins, "kubeadm"),
 		"/usr/bin/kubectl": bin(k8sBins, "kubectl"), "/usr/local/bin/crictl": bin(crictlBins, "crictl"),
 	}
+	addonBins := map[string]string{"kube-router-netpol": bin(netpolBins, "kube-router-netpol")}
 	// A warm run finds the node image it made last time without
 	// re-assembling (and re-compressing) the control-plane images.
-	memo, err := newNodeMemo(imgDir, rootKey, required, cpBins, nodeBins)
+	memo, err := newNodeMemo(imgDir, rootKey, required, cpBins, nodeBins, addonBins)
 	if err != nil {
 		return nil, err
 	}
 	if m, ok := memo.load(ctx); ok {
-		res.NodeImage, res.ControlPlaneImages = m.NodeImage, m.ControlPlaneImages
+		res.NodeImage, res.ControlPlaneImages, res.NetworkPolicyImage = m.NodeImage, m.ControlPlaneImages, m.NetworkPolicyImage
 	} else {
-		if err := b.nodeAndImages(ctx, res, rootDir, rootTar, rootKey, rootSpec, required, cpBins, nodeBins); err != nil {
+		if err := b.nodeAndImages(ctx, res, rootDir, rootTar, rootKey, rootSpec, required, cpBins, nodeBins, addonBins); err != nil {
 			return nil, err
 		}
 		if err := memo.save(res); err != nil {
@@ -206,8 +214,9 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	return res, nil
 }
 
-// nodeAndImages assembles the control-plane images and the node image.
-func (b *Builder) nodeAndImages(ctx context.Context, res *Result, rootDir, rootTar, rootKey string, rootSpec nodeimage.RootfsSpec, required, cpBins, nodeBins map[string]string) error {
+// nodeAndImages assembles the control-plane images, the NetworkPolicy
+// enforcer's image and the node image that holds them all.
+func (b *Builder) nodeAndImages(ctx context.Context, res *Result, rootDir, rootTar, rootKey string, rootSpec nodeimage.RootfsSpec, required, cpBins, nodeBins, addonBins map[string]string) error {
 	imgDir := filepath.Join(b.Cache, "images")
 	var nodeKeyParts []string
 	err := b.Log.Step(fmt.Sprintf("Assembling %d control-plane images", len(required)), func() error {
@@ -234,9 +243,34 @@ func (b *Builder) nodeAndImages(ctx context.Context, res *Result, rootDir, rootT
 	if err != nil {
 		return err
 	}
+	preload := maps.Clone(res.ControlPlaneImages)
+	err = b.Log.Step("Assembling the NetworkPolicy enforcer's image (kube-router "+KubeRouterVersion+")", func() error {
+		img, err := networkPolicyImage(ctx, rootDir, addonBins["kube-router-netpol"])
+		if err != nil {
+			return err
+		}
+		d, err := img.Digest()
+		if err != nil {
+			return err
+		}
+		ref := NetworkPolicyImageRef(d.Hex)
+		file := filepath.Join(imgDir, "kube-router-netpol-"+d.Hex[:16]+".tar")
+		if _, err := os.Stat(file); err != nil {
+			if err := image.WriteTarball(file, ref, img); err != nil {
+				return err
+			}
+		}
+		res.NetworkPolicyImage = ref
+		preload[ref] = file
+		nodeKeyParts = append(nodeKeyParts, ref+"="+d.String())
+		return nil
+	})
+	if err != nil {
+		return err
+	}
 	node, err := b.nodeImage(ctx, nodeImageInputs{
 		rootTar: rootTar, rootKey: rootKey, kindFiles: rootSpec.KindFiles, required: required,
-		images: res.ControlPlaneImages, imageKeys: nodeKeyParts, binaries: nodeBins,
+		images: preload, imageKeys: nodeKeyParts, binaries: nodeBins,
 	})
 	if err != nil {
 		return err

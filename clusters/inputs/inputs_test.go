@@ -2,6 +2,7 @@ package inputs
 
 import (
 	"context"
+	"go/format"
 	"go/parser"
 	"go/token"
 	"os"
@@ -74,8 +75,12 @@ func TestNodeMemoKey(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("one"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	enforcer := filepath.Join(dir, "kube-router-netpol")
+	if err := os.WriteFile(enforcer, []byte("one"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	key := func(required map[string]string) string {
-		m, err := newNodeMemo(dir, "root", required, map[string]string{"etcd": bin}, map[string]string{"/usr/bin/kubelet": bin})
+		m, err := newNodeMemo(dir, "root", required, map[string]string{"etcd": bin}, map[string]string{"/usr/bin/kubelet": bin}, map[string]string{"kube-router-netpol": enforcer})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,8 +97,15 @@ func TestNodeMemoKey(t *testing.T) {
 	if err := os.WriteFile(bin, []byte("longer"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if b := key(req); a == b {
+	b := key(req)
+	if a == b {
 		t.Error("a different binary kept the key")
+	}
+	if err := os.WriteFile(enforcer, []byte("longer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if c := key(req); c == b {
+		t.Error("a different NetworkPolicy enforcer binary kept the key")
 	}
 	if _, ok := (&nodeMemo{file: filepath.Join(dir, "absent.json")}).load(context.Background()); ok {
 		t.Error("an absent memo loaded")
@@ -123,5 +135,49 @@ func TestCoreDNSMain(t *testing.T) {
 	s := CoreDNSSpec()
 	if len(s.Packages) != 1 || s.Packages[0] != s.ScratchPath() || gobuild.BinaryName(s.Packages[0]) != "coredns" {
 		t.Errorf("CoreDNS must build the scratch module's own main into a binary named coredns: %+v", s.Packages)
+	}
+}
+
+// The enforcer's main is embedded as text (it imports kube-router, which
+// this module does not require): it must parse, be gofmt-clean, and be the
+// scratch module's program, stamped with the pinned version.
+func TestNetworkPolicyMain(t *testing.T) {
+	f, err := parser.ParseFile(token.NewFileSet(), "main.go", netpolMain, parser.ParseComments)
+	if err != nil {
+		t.Fatalf("enforcer main does not parse: %v", err)
+	}
+	if f.Name.Name != "main" {
+		t.Errorf("enforcer main is package %s", f.Name.Name)
+	}
+	formatted, err := format.Source([]byte(netpolMain))
+	if err != nil || string(formatted) != netpolMain {
+		t.Errorf("netpol_main.go.txt is not gofmt-clean (err %v)", err)
+	}
+	var imports []string
+	for _, i := range f.Imports {
+		imports = append(imports, strings.Trim(i.Path.Value, `"`))
+	}
+	for _, want := range []string{KubeRouterModule + "/pkg/controllers/netpol", KubeRouterModule + "/pkg/healthcheck"} {
+		if !slices.Contains(imports, want) {
+			t.Errorf("enforcer main does not import %s", want)
+		}
+	}
+	for _, i := range imports {
+		if strings.HasPrefix(i, KubeRouterModule+"/pkg/controllers/") && !strings.HasSuffix(i, "/netpol") {
+			t.Errorf("enforcer main links another kube-router controller: %s", i)
+		}
+	}
+	s := NetworkPolicySpec()
+	if len(s.Packages) != 1 || s.Packages[0] != s.ScratchPath() || gobuild.BinaryName(s.Packages[0]) != "kube-router-netpol" {
+		t.Errorf("the enforcer must build the scratch module's main into kube-router-netpol: %+v", s.Packages)
+	}
+	if !strings.Contains(s.LDFlags, "main.kubeRouterVersion="+KubeRouterVersion) {
+		t.Errorf("ldflags do not stamp the version: %s", s.LDFlags)
+	}
+	if s.Require["golang.org/x/net"] == "" || s.Require["k8s.io/client-go"] == "" {
+		t.Errorf("the build must raise kube-router's pinned x/net and client-go: %v", s.Require)
+	}
+	if ref := NetworkPolicyImageRef("0123456789abcdef0123"); ref != NetworkPolicyImageRepo+":"+strings.TrimPrefix(KubeRouterVersion, "v")+"-0123456789ab" {
+		t.Errorf("NetworkPolicyImageRef = %s", ref)
 	}
 }

@@ -22,17 +22,22 @@ import (
 // separate Docker network namespaces, so clusters may share it).
 const PodSubnet = "10.244.0.0/16"
 
+// ServiceSubnet is the Service range of every offline cluster (kind's
+// default, set explicitly because the NetworkPolicy enforcer is told it).
+const ServiceSubnet = "10.96.0.0/16"
+
 // NodeImageRepo is the repository of the offline Kind node image.
 const NodeImageRepo = "lampyr.dev/kind-node"
 
 // nodeRecipe is bumped when the node image's assembly changes (2: images
-// preloaded into containerd at build time instead of at every boot).
-const nodeRecipe = "2"
+// preloaded into containerd at build time instead of at every boot; 3: the
+// NetworkPolicy enforcer's image preloaded too).
+const nodeRecipe = "3"
 
 type nodeImageInputs struct {
 	rootTar, rootKey, kindFiles string
 	required                    map[string]string
-	images                      map[string]string // ref -> tarball
+	images                      map[string]string // ref -> tarball, every image preloaded into containerd
 	imageKeys                   []string
 	binaries                    map[string]string // path in node -> file
 }
@@ -200,11 +205,12 @@ type nodeMemo struct {
 type nodeMemoBody struct {
 	NodeImage          string            `json:"nodeImage"`
 	ControlPlaneImages map[string]string `json:"controlPlaneImages"`
+	NetworkPolicyImage string            `json:"networkPolicyImage"`
 }
 
-func newNodeMemo(dir, rootKey string, required, cpBins, nodeBins map[string]string) (*nodeMemo, error) {
+func newNodeMemo(dir, rootKey string, required, cpBins, nodeBins, addonBins map[string]string) (*nodeMemo, error) {
 	parts := []string{recipe, nodeRecipe, rootKey, KubernetesVersion, fmt.Sprint(HostHasCapability(capSysResource))}
-	for _, m := range []map[string]string{required, cpBins, nodeBins} {
+	for _, m := range []map[string]string{required, cpBins, nodeBins, addonBins} {
 		kv, err := fileKeyParts(m)
 		if err != nil {
 			return nil, err
@@ -238,7 +244,7 @@ func fileKeyParts(m map[string]string) ([]string, error) {
 func (m *nodeMemo) load(ctx context.Context) (nodeMemoBody, bool) {
 	var body nodeMemoBody
 	b, err := os.ReadFile(m.file)
-	if err != nil || json.Unmarshal(b, &body) != nil || body.NodeImage == "" {
+	if err != nil || json.Unmarshal(b, &body) != nil || body.NodeImage == "" || body.NetworkPolicyImage == "" {
 		return body, false
 	}
 	for _, f := range body.ControlPlaneImages {
@@ -250,7 +256,7 @@ func (m *nodeMemo) load(ctx context.Context) (nodeMemoBody, bool) {
 }
 
 func (m *nodeMemo) save(res *Result) error {
-	b, err := json.Marshal(nodeMemoBody{NodeImage: res.NodeImage, ControlPlaneImages: res.ControlPlaneImages})
+	b, err := json.Marshal(nodeMemoBody{NodeImage: res.NodeImage, ControlPlaneImages: res.ControlPlaneImages, NetworkPolicyImage: res.NetworkPolicyImage})
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,16 @@ const (
 	KnativeServingVersion = "v0.50.0"
 	// TraefikVersion is the offline KIngress implementation.
 	TraefikVersion = "v3.6.12"
+	// KubeRouterVersion is the NetworkPolicy enforcer: kube-router's
+	// netpol controller (iptables + ipset), run alone (NetworkPolicySpec).
+	// v2.1.0 is the only version of github.com/cloudnativelabs/kube-router/v2
+	// the module proxy serves; security reports are filed against it, so
+	// only its netpol packages are linked (not the BGP router, IPVS proxy
+	// or their SDKs) and the dependencies with advisories are raised
+	// (KubeRouterRaised). sigs.k8s.io/kube-network-policies (v0.7.0,
+	// v0.8.0) cannot enforce here: it sends packets to user space with an
+	// nftables queue rule, and these kernels lack CONFIG_NFT_QUEUE.
+	KubeRouterVersion = "v2.1.0"
 )
 
 // NodePackages are the Debian packages of the Kind node rootfs: kind's own

@@ -33,6 +33,10 @@ type Spec struct {
 	// pulled; the node ships its own CNI config).
 	DisableDefaultCNI bool   `json:"disableDefaultCNI,omitempty"`
 	PodSubnet         string `json:"podSubnet,omitempty"`
+	// ServiceSubnet is the Service CIDR; the NetworkPolicy enforcer is
+	// told the same range, so it is set explicitly rather than left to
+	// kind's default.
+	ServiceSubnet string `json:"serviceSubnet,omitempty"`
 	// EtcdOnTmpfs keeps etcd's data in the node's /tmp (a tmpfs in every
 	// Kind node), the speed-up kind's own docs suggest for CI: etcd's
 	// fsyncs no longer contend for the disk. The price: a node container
@@ -79,6 +83,7 @@ func (s Spec) KindConfig() ([]byte, error) {
 		APIServerAddress  string `json:"apiServerAddress"`
 		DisableDefaultCNI bool   `json:"disableDefaultCNI,omitempty"`
 		PodSubnet         string `json:"podSubnet,omitempty"`
+		ServiceSubnet     string `json:"serviceSubnet,omitempty"`
 	}
 	cfg := struct {
 		Kind                 string     `json:"kind"`
@@ -89,7 +94,7 @@ func (s Spec) KindConfig() ([]byte, error) {
 	}{
 		Kind:       "Cluster",
 		APIVersion: "kind.x-k8s.io/v1alpha4",
-		Networking: networking{APIServerAddress: "127.0.0.1", DisableDefaultCNI: s.DisableDefaultCNI, PodSubnet: s.PodSubnet},
+		Networking: networking{APIServerAddress: "127.0.0.1", DisableDefaultCNI: s.DisableDefaultCNI, PodSubnet: s.PodSubnet, ServiceSubnet: s.ServiceSubnet},
 	}
 	n := node{Role: "control-plane"}
 	for _, p := range s.Ports {

@@ -6,7 +6,7 @@ import (
 )
 
 func TestKindConfig(t *testing.T) {
-	s := Spec{Name: "stock", NodeImage: "img", Ports: []PortMapping{{NodePort: 30080, HostPort: 18080}}, CgroupV1: true, DisableDefaultCNI: true, PodSubnet: "10.244.0.0/16"}
+	s := Spec{Name: "stock", NodeImage: "img", Ports: []PortMapping{{NodePort: 30080, HostPort: 18080}}, CgroupV1: true, DisableDefaultCNI: true, PodSubnet: "10.244.0.0/16", ServiceSubnet: "10.96.0.0/16"}
 	b, err := s.KindConfig()
 	if err != nil {
 		t.Fatal(err)
@@ -20,6 +20,7 @@ func TestKindConfig(t *testing.T) {
 		"hostPort: 18080",
 		"listenAddress: 127.0.0.1",
 		"failCgroupV1: false",
+		"serviceSubnet: 10.96.0.0/16",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("kind config lacks %q:\n%s", want, got)

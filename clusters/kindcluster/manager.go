@@ -70,6 +70,12 @@ type Manager struct {
 	Log      *progress.Log
 	// Registry, when set, is connected to every cluster created.
 	Registry *Registry
+	// Setup, when set, runs on every cluster Up creates or reuses, once its
+	// node is Ready and wired to the registry: what each cluster must run
+	// before it is handed out (the NetworkPolicy enforcer). It must be
+	// idempotent. Its error fails that cluster as a failed creation does
+	// (a cluster this Up created is deleted unless Keep).
+	Setup    func(ctx context.Context, info Info) error
 	provider *cluster.Provider
 }
 
@@ -200,7 +206,10 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 		}
 		if !lost {
 			m.Log.Printf(" ✓ Reusing cluster %s (same spec %s)", s.Name, hash)
-			return info, false, m.connect(ctx, info)
+			if err := m.connect(ctx, info); err != nil {
+				return info, false, err
+			}
+			return info, false, m.setup(ctx, info)
 		}
 		// Nothing of it is left to lose: its etcd is empty. Recreating it
 		// is what the user would do by hand.
@@ -268,12 +277,25 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 	if m.Registry != nil {
 		info.Registry = m.Registry.HostAddress()
 	}
+	if err := m.setup(ctx, info); err != nil {
+		return info, true, err
+	}
 	if info.NodesStartedAt, err = m.nodesStartedAt(ctx, s.Name); err != nil {
 		return info, true, err
 	}
 	b, _ := json.MarshalIndent(info, "", "  ")
 	info.Created = true
 	return info, true, os.WriteFile(m.infoPath(s.Name), b, 0o644)
+}
+
+func (m *Manager) setup(ctx context.Context, info Info) error {
+	if m.Setup == nil {
+		return nil
+	}
+	if err := m.Setup(ctx, info); err != nil {
+		return fmt.Errorf("cluster %s: %w", info.Name, err)
+	}
+	return nil
 }
 
 // nodesStartedAt reads when Docker last started each of a cluster's nodes.
