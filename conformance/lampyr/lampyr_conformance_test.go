@@ -30,6 +30,7 @@ import (
 	"github.com/gorilla/websocket"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -538,6 +539,61 @@ var _ = Describe("Lampyr conformance", Label("cluster", "lampyr", "conformance")
 				}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(Equal(200))
 			})
 		}
+	})
+
+	Context("fleet key rotation", func() {
+		It("keeps a Revision sealed to the old key running through a Home restart, and runs new ones sealed to the new key", func(ctx SpecContext) {
+			deployReady(ctx, service(ctx, "rotated", nil, nil))
+			rot, err := ly.RotateFleetKey(ctx, lc)
+			Expect(err).NotTo(HaveOccurred())
+			fmt.Fprintf(GinkgoWriter, "fleet key rotated: %s -> %s (old key kept as %s)\n", rot.OldKeyID[:16], rot.NewKeyID[:16], rot.RetiredAs)
+			Eventually(func() (string, error) {
+				in, err := lc.Describe(ctx)
+				if err != nil {
+					return "", err
+				}
+				inst = in
+				return in.FleetKeyID, nil
+			}).WithTimeout(time.Minute).Should(Equal(rot.NewKeyID), "the published fleet key follows the rotation")
+
+			By("restarting the Home: the grant controller must open the template sealed to the retired key again")
+			homes, err := e2eutil.HomePods(ctx, c, ns, "rotated-00001")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(homes.Items).NotTo(BeEmpty())
+			old := map[string]bool{}
+			zero := int64(0)
+			for _, p := range homes.Items {
+				old[string(p.UID)] = true
+				Expect(c.Kube.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})).To(Succeed())
+			}
+			Eventually(func() (string, error) {
+				pods, err := e2eutil.HomePods(ctx, c, ns, "rotated-00001")
+				if err != nil {
+					return "", err
+				}
+				for _, p := range pods.Items {
+					if old[string(p.UID)] {
+						return "old Home " + p.Name + " still there", nil
+					}
+					for _, cond := range p.Status.Conditions {
+						if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+							return "new Home ready", nil
+						}
+					}
+				}
+				return fmt.Sprintf("%d Home Pods, none new and ready", len(pods.Items)), nil
+			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal("new Home ready"), "a new Home for the Revision sealed to the retired key")
+			Eventually(func() (int, error) {
+				code, _, _, err := e2eutil.Get(ctx, gateway, host("rotated"), "/")
+				return code, err
+			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal(200), "the Revision sealed to the retired key serves again after its Home restarted")
+			s, r, m, err := condition(ctx, "rotated-00001", "Ready")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(s).To(Equal("True"), "Ready %s: %s", r, m)
+
+			By("deploying a new Service: its template is sealed to the new key")
+			deployReady(ctx, service(ctx, "after-rotation", nil, nil))
+		})
 	})
 
 	Context("finalization", func() {
