@@ -25,7 +25,9 @@ type manifests struct {
 	serviceAccount *corev1.ServiceAccount
 	clusterRoles   map[string]*rbacv1.ClusterRole
 	bindings       []*rbacv1.ClusterRoleBinding
-	configMaps     map[string]*corev1.ConfigMap
+	// roles are the namespaced Roles, by namespace/name.
+	roles      map[string]*rbacv1.Role
+	configMaps map[string]*corev1.ConfigMap
 }
 
 func loadManifests(t *testing.T) manifests {
@@ -34,7 +36,7 @@ func loadManifests(t *testing.T) manifests {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no manifests in %s: %v", manifestDir, err)
 	}
-	m := manifests{clusterRoles: map[string]*rbacv1.ClusterRole{}, configMaps: map[string]*corev1.ConfigMap{}}
+	m := manifests{clusterRoles: map[string]*rbacv1.ClusterRole{}, roles: map[string]*rbacv1.Role{}, configMaps: map[string]*corev1.ConfigMap{}}
 	for _, f := range files {
 		raw, err := os.ReadFile(f)
 		if err != nil {
@@ -57,9 +59,11 @@ func loadManifests(t *testing.T) manifests {
 				into = &rbacv1.ClusterRole{}
 			case "ClusterRoleBinding":
 				into = &rbacv1.ClusterRoleBinding{}
+			case "Role":
+				into = &rbacv1.Role{}
 			case "ConfigMap":
 				into = &corev1.ConfigMap{}
-			case "Namespace", "Service":
+			case "Namespace", "Service", "RoleBinding":
 				continue
 			default:
 				t.Fatalf("%s: unexpected kind %q", f, meta.Kind)
@@ -72,6 +76,8 @@ func loadManifests(t *testing.T) manifests {
 				m.clusterRoles[o.Name] = o
 			case *rbacv1.ClusterRoleBinding:
 				m.bindings = append(m.bindings, o)
+			case *rbacv1.Role:
+				m.roles[o.Namespace+"/"+o.Name] = o
 			case *corev1.ConfigMap:
 				m.configMaps[o.Name] = o
 			}
@@ -158,9 +164,13 @@ func allows(rules []rbacv1.PolicyRule, group, resource, verb string) bool {
 }
 
 // TestRBACCoversWhatTheReconcilersDo lists what each reconciler in this
-// binary reads and writes (from their controllers' informers and clients).
+// binary reads and writes (from their controllers' informers and clients),
+// cluster-wide or in one namespace, and checks the ClusterRole and the Roles
+// grant exactly that scope: nothing about Secrets or ConfigMaps
+// cluster-wide (docs/security.md §6).
 func TestRBACCoversWhatTheReconcilersDo(t *testing.T) {
-	role := loadManifests(t).clusterRoles["lampyr-controller"]
+	m := loadManifests(t)
+	role := m.clusterRoles["lampyr-controller"]
 	if role == nil {
 		t.Fatal("no lampyr-controller ClusterRole")
 	}
@@ -169,48 +179,75 @@ func TestRBACCoversWhatTheReconcilersDo(t *testing.T) {
 	type need struct {
 		group, resource string
 		verbs           []string
+		// namespace: "" cluster-wide, else the Role in that namespace.
+		namespace string
 	}
 	needs := []need{
 		// Lampyr Revision reconciler.
-		{"serving.knative.dev", "revisions", read},
-		{"serving.knative.dev", "revisions/status", []string{"update"}},
-		{"serving.knative.dev", "revisions", []string{"patch"}}, // finalizer
-		{"serving.knative.dev", "revisions/finalizers", []string{"update"}},
-		{"fiberd.io", "capacitygrants", append(read, write...)},
-		{"", "services", append(read, write...)},
-		{"", "configmaps", append(read, write...)},
-		{"discovery.k8s.io", "endpointslices", append(read, write...)},
+		{"serving.knative.dev", "revisions", read, ""},
+		{"serving.knative.dev", "revisions/status", []string{"update"}, ""},
+		{"serving.knative.dev", "revisions", []string{"patch"}, ""}, // finalizer
+		{"serving.knative.dev", "revisions/finalizers", []string{"update"}, ""},
+		{"fiberd.io", "capacitygrants", append(read, write...), ""},
+		{"", "services", append(read, write...), ""},
+		{"discovery.k8s.io", "endpointslices", append(read, write...), ""},
+		// Router metadata and config-lampyr live in lampyr-system.
+		{"", "configmaps", append(read, write...), "lampyr-system"},
 		// Upstream: service, configuration, route, labeler, gc, domainmapping, nscert.
-		{"serving.knative.dev", "services", append(read, write...)},
-		{"serving.knative.dev", "configurations", append(read, write...)},
-		{"serving.knative.dev", "routes", append(read, write...)},
-		{"serving.knative.dev", "domainmappings", read},
-		{"serving.knative.dev", "domainmappings/status", []string{"update"}},
-		{"serving.knative.dev", "revisions", []string{"update", "delete"}}, // labeler, gc
-		{"networking.internal.knative.dev", "ingresses", append(read, write...)},
-		{"networking.internal.knative.dev", "certificates", append(read, write...)},
-		{"networking.internal.knative.dev", "clusterdomainclaims", append(read, write...)},
-		{"", "endpoints", read},
-		{"", "namespaces", read},
-		{"", "secrets", read},
-		{"", "events", []string{"create", "patch"}},
-		{"coordination.k8s.io", "leases", append(read, write...)},
+		{"serving.knative.dev", "services", append(read, write...), ""},
+		{"serving.knative.dev", "configurations", append(read, write...), ""},
+		{"serving.knative.dev", "routes", append(read, write...), ""},
+		{"serving.knative.dev", "domainmappings", read, ""},
+		{"serving.knative.dev", "domainmappings/status", []string{"update"}, ""},
+		{"serving.knative.dev", "revisions", []string{"update", "delete"}, ""}, // labeler, gc
+		{"networking.internal.knative.dev", "ingresses", append(read, write...), ""},
+		{"networking.internal.knative.dev", "certificates", append(read, write...), ""},
+		{"networking.internal.knative.dev", "clusterdomainclaims", append(read, write...), ""},
+		{"", "endpoints", read, ""},
+		{"", "namespaces", read, ""},
+		{"", "events", []string{"create", "patch"}, ""},
+		// Upstream's config watchers and leader election, in Knative's namespace.
+		{"", "configmaps", read, "knative-serving"},
+		{"coordination.k8s.io", "leases", append(read, write...), "knative-serving"},
 		// certificate reconciler (when enabled).
-		{"cert-manager.io", "certificates", append(read, write...)},
-		{"acme.cert-manager.io", "challenges", read},
+		{"cert-manager.io", "certificates", append(read, write...), ""},
+		{"acme.cert-manager.io", "challenges", read, ""},
 	}
 	for _, n := range needs {
+		rules, where := role.Rules, "ClusterRole lampyr-controller"
+		if n.namespace != "" {
+			r := m.roles[n.namespace+"/lampyr-controller"]
+			if r == nil {
+				t.Errorf("no Role %s/lampyr-controller", n.namespace)
+				continue
+			}
+			rules, where = r.Rules, "Role "+n.namespace+"/lampyr-controller"
+		}
 		for _, v := range n.verbs {
-			if !allows(role.Rules, n.group, n.resource, v) {
-				t.Errorf("ClusterRole lampyr-controller does not allow %s %s.%s", v, n.resource, n.group)
+			if !allows(rules, n.group, n.resource, v) {
+				t.Errorf("%s does not allow %s %s.%s", where, v, n.resource, n.group)
 			}
 		}
 	}
 	// Nothing Pod-based: Lampyr must not be able to create application Pods
-	// or Deployments by accident.
-	for _, r := range []need{{"", "pods", []string{"create"}}, {"apps", "deployments", []string{"create"}}} {
-		if allows(role.Rules, r.group, r.resource, "create") {
-			t.Errorf("ClusterRole allows creating %s", r.resource)
+	// or Deployments by accident; and no tenant's Secrets or ConfigMaps.
+	for _, r := range []need{
+		{"", "pods", []string{"create"}, ""}, {"apps", "deployments", []string{"create"}, ""},
+		{"", "secrets", []string{"get", "list"}, ""}, {"", "configmaps", []string{"get", "list", "create"}, ""},
+	} {
+		for _, v := range r.verbs {
+			if allows(role.Rules, r.group, r.resource, v) {
+				t.Errorf("ClusterRole lampyr-controller allows %s %s cluster-wide", v, r.resource)
+			}
+		}
+	}
+	// Its only Secret is its own sealer key.
+	sys := m.roles["lampyr-system/lampyr-controller"]
+	for _, rule := range sys.Rules {
+		for _, res := range rule.Resources {
+			if res == "secrets" && (len(rule.ResourceNames) != 1 || rule.ResourceNames[0] != "lampyr-controller-sealer") {
+				t.Errorf("Role lampyr-system/lampyr-controller grants secrets %v %v; want only get on lampyr-controller-sealer", rule.ResourceNames, rule.Verbs)
+			}
 		}
 	}
 }
