@@ -3,6 +3,7 @@ package grant
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
 	"sort"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"knative.dev/pkg/logging"
 
+	"lampyr.dev/serving/impl/fiberd/edpem"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
@@ -47,10 +49,14 @@ const (
 	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys,
 	// kept so templates sealed to them still open after a rotation.
 	RetiredFleetKeyPrefix = "retired-"
-	SigningPrivateKey     = "private.pem"
-	SigningPublicKey      = "public.pem"
-	PrivateKeyKey         = "private.pem"
-	PublicKeyKey          = "public.pem"
+	// PrivateKeyKey and PublicKeyKey hold the halves of the signing key,
+	// the router key and the controller's sealer key.
+	PrivateKeyKey = "private.pem"
+	PublicKeyKey  = "public.pem"
+	// SigningPrivateKey and SigningPublicKey name them in the signing
+	// key's Secret.
+	SigningPrivateKey = PrivateKeyKey
+	SigningPublicKey  = PublicKeyKey
 )
 
 // ControllerSealerIdentity names the controller in trust decisions.
@@ -97,21 +103,7 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		return nil, err
 	}
 
-	signing, err := ensureSecret(ctx, kube, ns, SigningKeyName, func() (map[string][]byte, error) {
-		pub, priv, err := signedgrant.GenerateKey()
-		if err != nil {
-			return nil, err
-		}
-		privPEM, err := signedgrant.MarshalPrivateKey(priv)
-		if err != nil {
-			return nil, err
-		}
-		pubPEM, err := signedgrant.MarshalPublicKey(pub)
-		if err != nil {
-			return nil, err
-		}
-		return map[string][]byte{SigningPrivateKey: privPEM, SigningPublicKey: pubPEM}, nil
-	})
+	signing, err := ensureSecret(ctx, kube, ns, SigningKeyName, newEd25519KeyPair)
 	if err != nil {
 		return nil, err
 	}
@@ -122,21 +114,7 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		return nil, err
 	}
 
-	router, err := ensureSecret(ctx, kube, ns, RouterKeyName, func() (map[string][]byte, error) {
-		pub, priv, err := routercred.GenerateKey()
-		if err != nil {
-			return nil, err
-		}
-		privPEM, err := routercred.MarshalPrivateKey(priv)
-		if err != nil {
-			return nil, err
-		}
-		pubPEM, err := routercred.MarshalPublicKey(pub)
-		if err != nil {
-			return nil, err
-		}
-		return map[string][]byte{PrivateKeyKey: privPEM, PublicKeyKey: pubPEM}, nil
-	})
+	router, err := ensureSecret(ctx, kube, ns, RouterKeyName, newEd25519KeyPair)
 	if err != nil {
 		return nil, err
 	}
@@ -172,6 +150,24 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		logging.FromContext(ctx).Warnf("Could not delete the legacy router token Secret %s/%s: %v", ns, legacyRouterToken, err)
 	}
 	return k, nil
+}
+
+// newEd25519KeyPair is the data of a key Secret: an Ed25519 pair as PKCS#8
+// and PKIX PEM (the grant signing key's and the router key's format).
+func newEd25519KeyPair() (map[string][]byte, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	privPEM, err := edpem.MarshalPrivateKey(priv)
+	if err != nil {
+		return nil, err
+	}
+	pubPEM, err := edpem.MarshalPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{PrivateKeyKey: privPEM, PublicKeyKey: pubPEM}, nil
 }
 
 // ParseFleetKeys reads the fleet key Secret's data: the current private key

@@ -14,16 +14,16 @@ import (
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
+
+	"lampyr.dev/serving/impl/fiberd/edpem"
 )
 
 const prefix = "lyrc1."
@@ -42,8 +42,8 @@ const clockSkew = time.Minute
 // PEM block types (the Secret's private.pem and public.pem, the Home
 // Secret's router-keys.pub).
 const (
-	PrivateKeyPEMType = "PRIVATE KEY"
-	PublicKeyPEMType  = "PUBLIC KEY"
+	PrivateKeyPEMType = edpem.PrivateKeyType
+	PublicKeyPEMType  = edpem.PublicKeyType
 )
 
 // Claims are what a credential says.
@@ -175,65 +175,18 @@ func GenerateKey() (ed25519.PublicKey, ed25519.PrivateKey, error) {
 }
 
 // MarshalPrivateKey encodes key as PKCS#8 PEM.
-func MarshalPrivateKey(key ed25519.PrivateKey) ([]byte, error) {
-	der, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: PrivateKeyPEMType, Bytes: der}), nil
-}
+func MarshalPrivateKey(key ed25519.PrivateKey) ([]byte, error) { return edpem.MarshalPrivateKey(key) }
 
 // MarshalPublicKey encodes pub as PKIX PEM.
-func MarshalPublicKey(pub ed25519.PublicKey) ([]byte, error) {
-	der, err := x509.MarshalPKIXPublicKey(pub)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: PublicKeyPEMType, Bytes: der}), nil
-}
+func MarshalPublicKey(pub ed25519.PublicKey) ([]byte, error) { return edpem.MarshalPublicKey(pub) }
 
 // ParsePrivateKey decodes a PKCS#8 PEM Ed25519 key.
 func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
-	blk, _ := pem.Decode(data)
-	if blk == nil || blk.Type != PrivateKeyPEMType {
-		return nil, fmt.Errorf("router key: want a %q PEM block", PrivateKeyPEMType)
-	}
-	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("router key: %w", err)
-	}
-	ek, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("router key: %T is not Ed25519", k)
-	}
-	return ek, nil
+	return edpem.ParsePrivateKey("router key", data)
 }
 
 // ParsePublicKeys decodes every PKIX PEM Ed25519 public key in data (a Home
 // Secret's router-keys.pub may hold the current and the previous key).
 func ParsePublicKeys(data []byte) ([]ed25519.PublicKey, error) {
-	var out []ed25519.PublicKey
-	for {
-		var blk *pem.Block
-		blk, data = pem.Decode(data)
-		if blk == nil {
-			break
-		}
-		if blk.Type != PublicKeyPEMType {
-			return nil, fmt.Errorf("router public key: PEM block %q, want %q", blk.Type, PublicKeyPEMType)
-		}
-		k, err := x509.ParsePKIXPublicKey(blk.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("router public key: %w", err)
-		}
-		ek, ok := k.(ed25519.PublicKey)
-		if !ok {
-			return nil, fmt.Errorf("router public key: %T is not Ed25519", k)
-		}
-		out = append(out, ek)
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("router public key: no %q PEM block found", PublicKeyPEMType)
-	}
-	return out, nil
+	return edpem.ParsePublicKeys("router public key", data)
 }

@@ -8,13 +8,13 @@ package signedgrant
 import (
 	"crypto/ed25519"
 	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"lampyr.dev/serving/impl/fiberd/edpem"
 )
 
 // Claims is the grant's content.
@@ -148,53 +148,21 @@ func GenerateKey() (ed25519.PublicKey, ed25519.PrivateKey, error) {
 }
 
 // MarshalPrivateKey encodes a signing key as PKCS#8 PEM.
-func MarshalPrivateKey(k ed25519.PrivateKey) ([]byte, error) {
-	der, err := x509.MarshalPKCS8PrivateKey(k)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
-}
+func MarshalPrivateKey(k ed25519.PrivateKey) ([]byte, error) { return edpem.MarshalPrivateKey(k) }
 
 // MarshalPublicKey encodes a verification key as PKIX PEM.
-func MarshalPublicKey(k ed25519.PublicKey) ([]byte, error) {
-	der, err := x509.MarshalPKIXPublicKey(k)
-	if err != nil {
-		return nil, err
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
-}
+func MarshalPublicKey(k ed25519.PublicKey) ([]byte, error) { return edpem.MarshalPublicKey(k) }
 
 // ParsePrivateKey decodes a PKCS#8 PEM Ed25519 key.
 func ParsePrivateKey(data []byte) (ed25519.PrivateKey, error) {
-	blk, _ := pem.Decode(data)
-	if blk == nil || blk.Type != "PRIVATE KEY" {
-		return nil, errors.New("grant signing key: want a PEM \"PRIVATE KEY\" block (PKCS#8 Ed25519)")
-	}
-	k, err := x509.ParsePKCS8PrivateKey(blk.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("grant signing key: %w", err)
-	}
-	ek, ok := k.(ed25519.PrivateKey)
-	if !ok {
-		return nil, fmt.Errorf("grant signing key is %T; want Ed25519", k)
-	}
-	return ek, nil
+	return edpem.ParsePrivateKey("grant signing key", data)
 }
 
 // ParsePublicKey decodes a PKIX PEM Ed25519 key.
 func ParsePublicKey(data []byte) (ed25519.PublicKey, error) {
-	blk, _ := pem.Decode(data)
-	if blk == nil || blk.Type != "PUBLIC KEY" {
-		return nil, errors.New("grant verification key: want a PEM \"PUBLIC KEY\" block (PKIX Ed25519)")
-	}
-	k, err := x509.ParsePKIXPublicKey(blk.Bytes)
+	keys, err := edpem.ParsePublicKeys("grant verification key", data)
 	if err != nil {
-		return nil, fmt.Errorf("grant verification key: %w", err)
+		return nil, err
 	}
-	ek, ok := k.(ed25519.PublicKey)
-	if !ok {
-		return nil, fmt.Errorf("grant verification key is %T; want Ed25519", k)
-	}
-	return ek, nil
+	return keys[0], nil
 }

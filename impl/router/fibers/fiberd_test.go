@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -109,25 +108,6 @@ func TestRefusedCredentialNamesTheFix(t *testing.T) {
 	}
 }
 
-type recordingCreds struct {
-	*routercred.Minter
-	mu     sync.Mutex
-	forgot []string
-}
-
-func (r *recordingCreds) Forget(home string) {
-	r.mu.Lock()
-	r.forgot = append(r.forgot, home)
-	r.mu.Unlock()
-	r.Minter.Forget(home)
-}
-
-func (r *recordingCreds) forgotten() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.forgot)
-}
-
 // A Home's credential is forgotten with the last endpoint of that name (a
 // Home Pod that moved keeps its name), and a forgotten Home can still have
 // the fibers it holds released.
@@ -136,7 +116,7 @@ func TestForgetKeepsACredentialWhileItsNameIsInUse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	creds := &recordingCreds{Minter: routercred.NewMinter(key)}
+	creds := &fakefiberd.RecordingCreds{Minter: routercred.NewMinter(key)}
 	c := fibers.NewFiberdClient(creds)
 	_, old := startHome(t, "h-home", pub)
 	_, moved := startHome(t, "h-home", pub)
@@ -149,18 +129,18 @@ func TestForgetKeepsACredentialWhileItsNameIsInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Forget(old)
-	if got := creds.forgotten(); len(got) != 0 {
+	if got := creds.Forgotten(); len(got) != 0 {
 		t.Fatalf("forgot %v while another endpoint of h-home is in use", got)
 	}
 	c.Forget(moved)
-	if got := creds.forgotten(); !slices.Equal(got, []string{"h-home"}) {
+	if got := creds.Forgotten(); !slices.Equal(got, []string{"h-home"}) {
 		t.Fatalf("forgot %v, want h-home once its last endpoint went", got)
 	}
 	if err := c.Release(ctx, held); err != nil {
 		t.Fatalf("releasing a fiber of a forgotten Home: %v", err)
 	}
 	// The release minted a credential but keeps nothing for the Home.
-	if got := creds.forgotten(); !slices.Equal(got, []string{"h-home", "h-home"}) {
+	if got := creds.Forgotten(); !slices.Equal(got, []string{"h-home", "h-home"}) {
 		t.Fatalf("forgot %v: the release left the forgotten Home's credential cached", got)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -134,31 +133,11 @@ func TestCredentialForAnotherHomeIsRefused(t *testing.T) {
 	}
 }
 
-// recordingCreds records which Homes' credentials were forgotten.
-type recordingCreds struct {
-	*routercred.Minter
-	mu     sync.Mutex
-	forgot []string
-}
-
-func (r *recordingCreds) Forget(home string) {
-	r.mu.Lock()
-	r.forgot = append(r.forgot, home)
-	r.mu.Unlock()
-	r.Minter.Forget(home)
-}
-
-func (r *recordingCreds) forgotten() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.forgot)
-}
-
 // The router keeps a Home's client and credential while some Revision names
 // the Home, and drops them when the last one stops naming it.
 func TestRouterForgetsHomesNoRevisionUses(t *testing.T) {
 	pub, minter := routerKey(t)
-	creds := &recordingCreds{Minter: minter}
+	creds := &fakefiberd.RecordingCreds{Minter: minter}
 	h := startTwoHomes(t, creds, pub)
 	r1 := revisionAt("r1-00001", "fresh", h.a.Endpoint(), h.a.Home)
 	r2 := revisionAt("r2-00001", "fresh", h.a.Endpoint(), h.a.Home)
@@ -171,7 +150,7 @@ func TestRouterForgetsHomesNoRevisionUses(t *testing.T) {
 	}
 	expect := func(when string, want ...string) {
 		t.Helper()
-		if got := creds.forgotten(); !slices.Equal(got, want) {
+		if got := creds.Forgotten(); !slices.Equal(got, want) {
 			t.Fatalf("%s: forgot %v, want %v", when, got, want)
 		}
 	}
