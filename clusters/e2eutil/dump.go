@@ -37,6 +37,11 @@ func NewClients(kubeconfig string) (*Clients, error) {
 		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.QPS, cfg.Burst = 50, 100
+	return ClientsFor(cfg)
+}
+
+// ClientsFor makes the typed and dynamic clients for cfg.
+func ClientsFor(cfg *rest.Config) (*Clients, error) {
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err

@@ -33,8 +33,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
 	"lampyr.dev/serving/clusters"
@@ -383,15 +381,7 @@ func (s *side) tenants() []*tenant { return []*tenant{s.a, s.b} }
 func impersonate(admin *e2eutil.Clients, user string) (*e2eutil.Clients, error) {
 	cfg := rest.CopyConfig(admin.Config)
 	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &e2eutil.Clients{Config: cfg, Kube: kube, Dynamic: dyn}, nil
+	return e2eutil.ClientsFor(cfg)
 }
 
 // bindEdit gives user the built-in `edit` ClusterRole in ns, and nothing
