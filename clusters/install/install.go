@@ -11,6 +11,8 @@ import (
 	"os"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"lampyr.dev/serving/clusters/apply"
@@ -112,6 +114,9 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 	if err != nil {
 		return err
 	}
+	if err := switchProvider(ctx, c, a, log, o.Provider, o.NodePort); err != nil {
+		return err
+	}
 	var all []*unstructured.Unstructured
 	for _, k := range objs {
 		all = append(all, k.Unstructured)
@@ -138,6 +143,41 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 		}
 	}
 	return nil
+}
+
+// InstalledProvider returns the networking provider a cluster's Knative
+// installation uses, from config-network's ingress-class; nil (and no
+// error) when Knative is not installed or the class is not one of ours.
+func InstalledProvider(ctx context.Context, c *e2eutil.Clients) (networking.Provider, error) {
+	cm, err := c.Kube.CoreV1().ConfigMaps(knative.Namespace).Get(ctx, "config-network", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s/config-network: %w", knative.Namespace, err)
+	}
+	p, _ := networking.ForIngressClass(cm.Data["ingress-class"])
+	return p, nil
+}
+
+// switchProvider removes what another networking provider installed on
+// this cluster renders and the new one does not (a reused cluster
+// installed with another provider, or the feasibility gate moving to the
+// next provider); objects both render are replaced by the apply.
+func switchProvider(ctx context.Context, c *e2eutil.Clients, a *apply.Applier, log *progress.Log, to networking.Provider, nodePort int) error {
+	from, err := InstalledProvider(ctx, c)
+	if err != nil || from == nil || from.Name() == to.Name() {
+		return err
+	}
+	return log.Step(fmt.Sprintf("Switching networking from %s to %s: deleting what only %s installed", from.Name(), to.Name(), from.Name()), func() error {
+		left, err := networking.Leftovers(from, to, from.Gateway(nodePort))
+		if err != nil {
+			return err
+		}
+		n, err := a.Delete(ctx, left)
+		log.Printf("   deleted %d of %d objects", n, len(left))
+		return err
+	})
 }
 
 // registryReachable reports LAMPYR_ONLINE=1: the operator says upstream
