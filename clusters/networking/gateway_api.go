@@ -69,6 +69,10 @@ func (GatewayAPI) Describe() string {
 		inputs.NetGatewayAPIVersion, inputs.TraefikGatewayVersion, inputs.GatewayAPIVersion)
 }
 
+// IngressFinalizer: net-gateway-api finalizes its KIngresses (it removes
+// their TLS listeners from the external Gateway).
+func (GatewayAPI) IngressFinalizer() string { return knativeIngressFinalizer }
+
 // IngressClass implements Provider: net-gateway-api's class.
 func (GatewayAPI) IngressClass() string { return "gateway-api.ingress.networking.knative.dev" }
 

@@ -40,6 +40,9 @@ func (Kourier) Describe() string {
 	return "net-kourier " + kourierVersion + " (gateway: Envoy, pulled from a registry)"
 }
 
+// IngressFinalizer: net-kourier's reconciler finalizes its KIngresses.
+func (Kourier) IngressFinalizer() string { return knativeIngressFinalizer }
+
 // IngressClass implements Provider.
 func (Kourier) IngressClass() string { return "kourier.ingress.networking.knative.dev" }
 

@@ -135,3 +135,19 @@ func Leftovers(from, to Provider, gw Gateway) ([]*unstructured.Unstructured, err
 	}
 	return out, nil
 }
+
+// knativeIngressFinalizer is the finalizer Knative's generated KIngress
+// reconcilers (net-gateway-api's, net-kourier's) put on the KIngresses of
+// their class: the resource's name.
+const knativeIngressFinalizer = "ingresses.networking.internal.knative.dev"
+
+// IngressFinalizer is the finalizer p's controller puts on the KIngresses
+// of its class, or "" if it puts none (Traefik's Knative provider). A
+// cluster switched away from such a provider must remove it: nothing else
+// will, and a KIngress (and its namespace) could never be deleted.
+func IngressFinalizer(p Provider) string {
+	if f, ok := p.(interface{ IngressFinalizer() string }); ok {
+		return f.IngressFinalizer()
+	}
+	return ""
+}

@@ -279,3 +279,15 @@ func TestLeftovers(t *testing.T) {
 		}
 	}
 }
+
+func TestIngressFinalizer(t *testing.T) {
+	for p, want := range map[Provider]string{
+		GatewayAPI{}:     "ingresses.networking.internal.knative.dev",
+		Kourier{}:        "ingresses.networking.internal.knative.dev",
+		TraefikKnative{}: "",
+	} {
+		if got := IngressFinalizer(p); got != want {
+			t.Errorf("IngressFinalizer(%s) = %q, want %q", p.Name(), got, want)
+		}
+	}
+}
