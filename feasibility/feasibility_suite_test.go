@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -344,6 +345,21 @@ func runGate(ctx context.Context, prov, strategy string) {
 	ns := "feas-" + prov + "-" + strategy
 	Expect(setStrategy(ctx, strategy)).To(Succeed())
 	freshNamespace(ctx, ns)
+	// Each run's two Revisions hold fiber memory (max-scale x memory) in
+	// the installation's capacity: with a namespace per provider and
+	// strategy, four runs would not fit in the default 8Gi. Delete the
+	// namespace when its run ends (its evidence is in the matrix and, on a
+	// failure, in the dump), unless LAMPYR_KEEP=1.
+	DeferCleanup(func(ctx SpecContext) {
+		if os.Getenv("LAMPYR_KEEP") == "1" {
+			return
+		}
+		Expect(c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})).To(Succeed())
+		Eventually(func() bool {
+			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s still terminating: its Revisions keep their fiber memory", ns)
+	}, NodeTimeout(4*time.Minute))
 	host := svcName + "." + ns + "." + clusters.Domain
 	tagHost := func(tag string) string { return tag + "-" + svcName + "." + ns + "." + clusters.Domain }
 	rev1, rev2 := svcName+"-00001", svcName+"-00002"
