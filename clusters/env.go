@@ -243,9 +243,10 @@ var backendStrategies = map[string]string{
 	// ExternalName backend answers 404 while the KIngress says Ready.
 	networking.TraefikKnativeName: "endpointslice",
 	// Traefik's Gateway API provider refuses ExternalName backends ("type
-	// ExternalName is not supported for Kubernetes Service reference"), so
-	// net-gateway-api's probe never succeeds and the KIngress stays
-	// not Ready; it dials the EndpointSlices' addresses.
+	// ExternalName is not supported for Kubernetes Service reference") and
+	// answers 500, which net-gateway-api's best-effort probe takes for
+	// Ready; it dials the EndpointSlices' ready addresses (2026-12-01:
+	// externalname 500 on every request, endpointslice every proof).
 	networking.GatewayAPIName: "endpointslice",
 	// Kourier (Envoy) resolves an ExternalName as DNS, as seed 000 proved;
 	// not measured here (its gateway must be pulled from a registry).
