@@ -81,7 +81,11 @@ func (GatewayAPI) NeedsRegistry() string { return "" }
 
 // Gateway implements Provider: Traefik's public Service.
 func (GatewayAPI) Gateway(nodePort int) Gateway {
-	return Gateway{Namespace: traefikNamespace, Service: "traefik", NodePort: nodePort}
+	gw := Gateway{Namespace: traefikNamespace, Service: "traefik", NodePort: nodePort}
+	if nodePort != 0 {
+		gw.TLSNodePort = nodePort + TLSNodePortOffset
+	}
+	return gw
 }
 
 // NetGatewayAPISpec builds net-gateway-api's controller and webhook with
@@ -195,7 +199,7 @@ func (GatewayAPI) Manifests(images map[string]string, gw Gateway) ([]*unstructur
 	}, map[string]any{
 		"sysctls": []any{map[string]any{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}},
 	},
-		traefikService("traefik", "NodePort", servicePort{"http", 80, gwWebPort, gw.NodePort}, servicePort{"https", 443, gwTLSPort, 0}),
+		traefikService("traefik", "NodePort", servicePort{"http", 80, gwWebPort, gw.NodePort}, servicePort{"https", 443, gwTLSPort, gw.TLSNodePort}),
 		traefikService("traefik-internal", "ClusterIP", servicePort{"http", 80, gwInternalPort, 0}),
 	)...)
 	objs = append(objs, rbac...)

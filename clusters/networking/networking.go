@@ -19,7 +19,15 @@ type Gateway struct {
 	Namespace, Service string
 	// NodePort is the public HTTP NodePort (published on 127.0.0.1).
 	NodePort int
+	// TLSNodePort is the public HTTPS NodePort, where the provider serves
+	// KIngress TLS (0: none). The clusters do not publish it on the host.
+	TLSNodePort int
 }
+
+// TLSNodePortOffset pins the HTTPS NodePort next to the HTTP one (30080,
+// 31080, 32080 -> 30443, 31443, 32443), so it is known without asking the
+// cluster and can be published like the HTTP one.
+const TLSNodePortOffset = 363
 
 // Default is the networking provider every suite, tool and install uses
 // unless told otherwise (clusters.Networking reads LAMPYR_NETWORKING at the

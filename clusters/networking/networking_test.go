@@ -129,7 +129,7 @@ func TestGatewayAPIManifests(t *testing.T) {
 	svc := find(objs, "Service", "traefik")
 	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
 	if len(ports) != 2 || ports[0].(map[string]any)["name"] != "http" || ports[0].(map[string]any)["nodePort"] != int64(30080) ||
-		ports[1].(map[string]any)["port"] != int64(443) || ports[1].(map[string]any)["targetPort"] != int64(443) {
+		ports[1].(map[string]any)["port"] != int64(443) || ports[1].(map[string]any)["targetPort"] != int64(443) || ports[1].(map[string]any)["nodePort"] != int64(30443) {
 		t.Errorf("public Service ports = %v (net-gateway-api probes the port named http)", ports)
 	}
 	gc := find(objs, "GatewayClass", GatewayClassName)
