@@ -60,7 +60,8 @@ test-lampyr: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-junit.xml -ginkgo.json-report={{artifacts}}/lampyr.json
 
-# The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster.
+# The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster
+# (each provider that runs here installed in turn; the default one last, so the cluster is left on it).
 test-feasibility: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json
@@ -72,15 +73,16 @@ bench-portability: tools
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json
 
 # Only Knative networking's KIngress suite against a cluster's networking
-# layer (default: stock/traefik); test-conformance runs it with the others.
-test-ingress-conformance CLUSTER="stock" PROVIDER="traefik": tools
-    {{bin}}/lampyr-clusters up {{CLUSTER}}
-    go run ./conformance/cmd/knative-conformance --cluster {{CLUSTER}} --provider {{PROVIDER}} --suites ingress --out {{artifacts}}/conformance/{{CLUSTER}}-ingress
+# layer (default: the stock cluster with the default provider, or
+# LAMPYR_NETWORKING's); test-conformance runs it with the others.
+test-ingress-conformance CLUSTER="stock" PROVIDER="": tools
+    {{bin}}/lampyr-clusters up {{ if PROVIDER != "" { "--provider " + PROVIDER } else { "" } }} {{CLUSTER}}
+    go run ./conformance/cmd/knative-conformance --cluster {{CLUSTER}} {{ if PROVIDER != "" { "--provider " + PROVIDER } else { "" } }} --suites ingress --out {{artifacts}}/conformance/{{CLUSTER}}-ingress
 
 # Knative's own conformance suites (Serving's test/conformance/api/v1 and
 # runtime, networking's test/conformance/ingress, compiled from the pinned
 # modules) on the stock cluster (the reference) and on Lampyr, each checked against
-# conformance/expectations/<profile>-traefik.yaml. Lampyr runs the suites'
+# conformance/expectations/<profile>-<provider>.yaml (the provider installed). Lampyr runs the suites'
 # image-only Services from snapshots of their test images (ly image-snapshot,
 # config-lampyr image-snapshots). Reports: _artifacts/conformance/<cluster>/
 # report.{yaml,md}, junit.xml; lampyr/side-by-side.md compares the two.

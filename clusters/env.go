@@ -177,12 +177,29 @@ func (e *Env) Publisher() *publish.Publisher {
 	}
 }
 
-// Install puts a profile on a cluster with a networking provider.
+// EnvNetworking names the networking provider suites, tools and installs
+// use (LAMPYR_NETWORKING); unset, networking.Default.
+const EnvNetworking = "LAMPYR_NETWORKING"
+
+// Networking is the networking provider to install: the one place every
+// suite, `lampyr-clusters up`, `ly cluster install` and the conformance
+// runner take it from. It is read here, at the edge; reports record it.
+func Networking() string {
+	if v := os.Getenv(EnvNetworking); v != "" {
+		return v
+	}
+	return networking.Default
+}
+
+// Install puts a profile on a cluster with a networking provider (a name
+// networking.Get knows). A cluster that carries another provider is
+// switched: what only the other one installed is deleted first.
 func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provider string) error {
 	prov, err := networking.Get(provider)
 	if err != nil {
 		return err
 	}
+	provider = prov.Name()
 	c, err := e2eutil.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
@@ -217,13 +234,35 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 	return fmt.Errorf("unknown profile %q: want stock or lampyr", profile)
 }
 
-// BackendStrategyFor is the Revision backend strategy for a networking
-// provider: Traefik dials Service ClusterIPs and answers 404 for ExternalName
-// backends (ENVIRONMENT.md; the feasibility gate measures it), so it needs
-// the EndpointSlice strategy; Kourier resolves ExternalName as DNS.
+// backendStrategies is the feasibility gate's selection per networking
+// provider (`just test-feasibility`: the first strategy, in the seed's
+// order, that passes every proof; the gate fails if this table disagrees
+// with what it measured). The matrix and its evidence: docs/networking.md.
+var backendStrategies = map[string]string{
+	// Traefik's Knative provider dials a backend's ClusterIP: an
+	// ExternalName backend answers 404 while the KIngress says Ready.
+	networking.TraefikKnativeName: "endpointslice",
+	// Traefik's Gateway API provider refuses ExternalName backends ("type
+	// ExternalName is not supported for Kubernetes Service reference") and
+	// answers 500, which net-gateway-api's best-effort probe takes for
+	// Ready; it dials the EndpointSlices' ready addresses (2026-12-01:
+	// externalname 500 on every request, endpointslice every proof).
+	networking.GatewayAPIName: "endpointslice",
+	// Kourier (Envoy) resolves an ExternalName as DNS, as seed 000 proved;
+	// not measured here (its gateway must be pulled from a registry).
+	"kourier": "externalname",
+}
+
+// BackendStrategyFor is the Revision backend strategy Lampyr uses behind a
+// networking provider (the gate's result; endpointslice for a provider the
+// gate never measured, since it works behind any gateway that follows a
+// Service's endpoints).
 func BackendStrategyFor(provider string) string {
-	if provider == "kourier" {
-		return "externalname"
+	if p, err := networking.Get(provider); err == nil {
+		provider = p.Name()
+	}
+	if s, ok := backendStrategies[provider]; ok {
+		return s
 	}
 	return "endpointslice"
 }

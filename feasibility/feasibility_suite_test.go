@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -74,7 +75,14 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	info = infos[0]
 	created = info.Created // this run created it (or recreated a stale one): delete it at the end
-	Expect(env.Install(ctx, info, "lampyr", "traefik")).To(Succeed())
+	// Each provider is installed in turn by its specs (gateProviders: the
+	// default last, so the cluster is left on it); install the first now,
+	// so the shared setup below has a Lampyr to talk to.
+	if ps := gateProviders(); len(ps) > 0 {
+		Expect(installProvider(ctx, ps[0])).To(Succeed())
+	} else {
+		Expect(env.Install(ctx, info, "lampyr", clusters.Networking())).To(Succeed())
+	}
 	c, err = e2eutil.NewClients(info.Kubeconfig)
 	Expect(err).NotTo(HaveOccurred())
 	gateway = info.GatewayURL()
@@ -105,9 +113,9 @@ var _ = AfterSuite(func(ctx SpecContext) {
 		_ = os.WriteFile(filepath.Join(artDir, "matrix.txt"), []byte(matrix.Table()), 0o644)
 	}
 	if c != nil {
-		// Leave the installation on its default strategy for Traefik, and
-		// undo a sabotage.
-		_ = setStrategy(ctx, clusters.BackendStrategyFor("traefik"))
+		// Leave the installation on its default strategy for the provider
+		// it runs, and undo a sabotage.
+		_ = setStrategy(ctx, clusters.BackendStrategyFor(installed))
 		if routerReplicas > 0 {
 			scale := fmt.Sprintf(`{"spec":{"replicas":%d}}`, routerReplicas)
 			_, _ = c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{})
@@ -226,21 +234,97 @@ func waitRouterReady(ctx context.Context, bound time.Duration) error {
 	return fmt.Errorf("fiber-router not rolled out within %s", bound)
 }
 
+// envProviders restricts the gate to some providers (comma-separated
+// names); unset, every provider is measured (those that need a registry
+// are recorded as skipped offline).
+const envProviders = "LAMPYR_FEASIBILITY_PROVIDERS"
+
+// installed is the provider the cluster runs now.
+var installed string
+
+// gateProviders are the providers the gate installs and measures here, in
+// order: the default one (clusters.Networking) last, so the cluster is
+// left on what every other suite installs.
+func gateProviders() []string {
+	var out []string
+	def := ""
+	if p, err := networking.Get(clusters.Networking()); err == nil {
+		def = p.Name()
+	}
+	for _, n := range measuredProviders() {
+		p, _ := networking.Get(n)
+		if p.NeedsRegistry() != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+			continue
+		}
+		if n != def {
+			out = append(out, n)
+		}
+	}
+	for _, n := range measuredProviders() {
+		if n == def {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// measuredProviders are the providers in the matrix: LAMPYR_FEASIBILITY_PROVIDERS
+// or all.
+func measuredProviders() []string {
+	v := os.Getenv(envProviders)
+	if v == "" {
+		return networking.Names()
+	}
+	var out []string
+	for _, n := range strings.Split(v, ",") {
+		p, err := networking.Get(strings.TrimSpace(n))
+		if err != nil {
+			panic(fmt.Sprintf("%s: %v", envProviders, err))
+		}
+		out = append(out, p.Name())
+	}
+	return out
+}
+
+// installProvider installs the lampyr profile with prov (switching the
+// cluster from the provider it ran) and records the switch.
+func installProvider(ctx context.Context, prov string) error {
+	if installed == prov {
+		return nil
+	}
+	start := time.Now()
+	if err := env.Install(ctx, info, "lampyr", prov); err != nil {
+		return err
+	}
+	installed = prov
+	p, _ := networking.Get(prov)
+	matrix.SetProvider(prov, p.Describe())
+	fmt.Fprintf(GinkgoWriter, "cluster %s now runs networking %s (%s), installed in %s\n", clusterName, prov, p.Describe(), time.Since(start).Round(time.Second))
+	return nil
+}
+
 var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibility"), Ordered, func() {
-	for _, prov := range networking.Names() {
-		for _, strategy := range Strategies {
-			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func(ctx SpecContext) {
-				p, err := networking.Get(prov)
-				Expect(err).NotTo(HaveOccurred())
-				if why := p.NeedsRegistry(); why != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+	order := gateProviders()
+	for _, prov := range measuredProviders() {
+		p, err := networking.Get(prov)
+		if err != nil {
+			panic(err)
+		}
+		if why := p.NeedsRegistry(); why != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+			for _, strategy := range Strategies {
+				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func() {
 					for _, pr := range Proofs {
 						matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
 					}
 					Skip(fmt.Sprintf("%s needs a container registry (%s); set LAMPYR_ONLINE=1 on a machine that can pull", prov, why))
-				}
-				if prov != "traefik" {
-					Skip(fmt.Sprintf("the gate installs Lampyr with traefik on cluster %s; %s needs its own cluster (not wired yet)", clusterName, prov))
-				}
+				})
+			}
+		}
+	}
+	for _, prov := range order {
+		for _, strategy := range Strategies {
+			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func(ctx SpecContext) {
+				Expect(installProvider(ctx, prov)).To(Succeed(), "installing the lampyr profile with %s", prov)
 				runGate(ctx, prov, strategy)
 			})
 		}
@@ -249,15 +333,33 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 	It("selects, per provider, the strategy the install profile uses", func() {
 		sel := matrix.Selected()
 		fmt.Fprintf(GinkgoWriter, "\n%s", matrix.Table())
-		Expect(sel).To(HaveKey("traefik"), "no backend strategy passed every proof on traefik: the gate stops here (no custom Route reconciler, no fork)\n%s", matrix.Table())
-		Expect(sel["traefik"]).To(Equal(clusters.BackendStrategyFor("traefik")), "the install profile's default for traefik must follow the gate")
+		Expect(order).NotTo(BeEmpty(), "no networking provider can run here")
+		for _, prov := range order {
+			Expect(sel).To(HaveKey(prov), "no backend strategy passed every proof on %s: the gate stops here (no custom Route reconciler, no fork)\n%s", prov, matrix.Table())
+			Expect(sel[prov]).To(Equal(clusters.BackendStrategyFor(prov)), "the install profile's default for %s must follow the gate (clusters.BackendStrategyFor)", prov)
+		}
 	})
 })
 
 func runGate(ctx context.Context, prov, strategy string) {
-	ns := "feas-" + strategy
+	ns := "feas-" + prov + "-" + strategy
 	Expect(setStrategy(ctx, strategy)).To(Succeed())
 	freshNamespace(ctx, ns)
+	// Each run's two Revisions hold fiber memory (max-scale x memory) in
+	// the installation's capacity: with a namespace per provider and
+	// strategy, four runs would not fit in the default 8Gi. Delete the
+	// namespace when its run ends (its evidence is in the matrix and, on a
+	// failure, in the dump), unless LAMPYR_KEEP=1.
+	DeferCleanup(func(ctx SpecContext) {
+		if os.Getenv("LAMPYR_KEEP") == "1" {
+			return
+		}
+		Expect(c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})).To(Succeed())
+		Eventually(func() bool {
+			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s still terminating: its Revisions keep their fiber memory", ns)
+	}, NodeTimeout(4*time.Minute))
 	host := svcName + "." + ns + "." + clusters.Domain
 	tagHost := func(tag string) string { return tag + "-" + svcName + "." + ns + "." + clusters.Domain }
 	rev1, rev2 := svcName+"-00001", svcName+"-00002"

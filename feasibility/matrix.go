@@ -53,6 +53,18 @@ type Result struct {
 type Matrix struct {
 	mu      sync.Mutex
 	Results []Result `json:"results"`
+	// Providers describes each measured provider (what ran, with versions).
+	Providers map[string]string `json:"providers,omitempty"`
+}
+
+// SetProvider records what a provider name stood for in this run.
+func (m *Matrix) SetProvider(name, description string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.Providers == nil {
+		m.Providers = map[string]string{}
+	}
+	m.Providers[name] = description
 }
 
 // Add records a result.
@@ -94,9 +106,10 @@ func (m *Matrix) JSON() ([]byte, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return json.MarshalIndent(struct {
-		Results  []Result          `json:"results"`
-		Selected map[string]string `json:"selected"`
-	}{m.Results, sel}, "", "  ")
+		Providers map[string]string `json:"providers,omitempty"`
+		Results   []Result          `json:"results"`
+		Selected  map[string]string `json:"selected"`
+	}{m.Providers, m.Results, sel}, "", "  ")
 }
 
 // Table renders the matrix for the test output.
@@ -104,6 +117,10 @@ func (m *Matrix) Table() string {
 	sel := m.Selected()
 	m.mu.Lock()
 	rs := append([]Result(nil), m.Results...)
+	descs := map[string]string{}
+	for k, v := range m.Providers {
+		descs[k] = v
+	}
 	m.mu.Unlock()
 	order := map[string]int{}
 	for i, p := range Proofs {
@@ -142,6 +159,11 @@ func (m *Matrix) Table() string {
 	for _, r := range rs {
 		if r.Outcome != OutcomeSkipped {
 			measured[r.Provider] = true
+		}
+	}
+	for _, p := range names {
+		if d := descs[p]; d != "" {
+			fmt.Fprintf(&b, "%s: %s\n", p, d)
 		}
 	}
 	for _, p := range names {

@@ -26,6 +26,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -117,7 +118,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// Installation is a server-side apply of rendered manifests: idempotent
 	// on a reused cluster. One at a time: each builds images on 2 cores.
 	for _, s := range sides {
-		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed())
+		Expect(env.Install(ctx, s.info, s.name, clusters.Networking())).To(Succeed())
 	}
 	for _, s := range sides {
 		_, err := s.c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -264,8 +265,12 @@ var _ = AfterSuite(func(ctx SpecContext) {
 	}
 	if artDir != "" && len(checks) > 0 {
 		cl := map[string]string{}
+		net := clusters.Networking()
+		if p, err := networking.Get(net); err == nil {
+			net = p.Name() + ": " + p.Describe()
+		}
 		for _, s := range sides {
-			cl[s.name] = fmt.Sprintf("gateway %s, KUBECONFIG=%s", s.gateway, s.info.Kubeconfig)
+			cl[s.name] = fmt.Sprintf("networking %s; gateway %s, KUBECONFIG=%s", net, s.gateway, s.info.Kubeconfig)
 		}
 		rep := RenderReport(checks, cl, time.Since(suiteT0))
 		_ = os.WriteFile(filepath.Join(artDir, "report.md"), []byte(rep), 0o644)

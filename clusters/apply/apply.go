@@ -13,6 +13,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -195,4 +196,32 @@ func available(d appsv1.Deployment) bool {
 		}
 	}
 	return false
+}
+
+// Delete deletes objs (background propagation); objects or kinds the
+// cluster does not have are skipped. It returns how many it deleted.
+func (a *Applier) Delete(ctx context.Context, objs []*unstructured.Unstructured) (int, error) {
+	deleted := 0
+	a.mapper.Reset()
+	for _, o := range objs {
+		gvk := o.GroupVersionKind()
+		m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			continue // the kind is not served here: nothing of it to delete
+		}
+		var ri dynamic.ResourceInterface = a.dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			ri = a.dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+		}
+		policy := metav1.DeletePropagationBackground
+		err = ri.Delete(ctx, o.GetName(), metav1.DeleteOptions{PropagationPolicy: &policy})
+		switch {
+		case err == nil:
+			deleted++
+		case apierrors.IsNotFound(err):
+		default:
+			return deleted, fmt.Errorf("delete %s %s/%s: %w", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+	}
+	return deleted, nil
 }

@@ -62,6 +62,10 @@ var DumpResources = []schema.GroupVersionResource{
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "ingresses"},
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "serverlessservices"},
 	{Group: "fiberd.io", Version: "v1alpha1", Resource: "capacitygrants"},
+	// The gateway-api networking provider's objects.
+	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"},
+	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"},
+	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gatewayclasses"},
 }
 
 // Dump writes, under dir, every namespace's events, pods (with status) and

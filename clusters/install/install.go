@@ -7,11 +7,18 @@ package install
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"lampyr.dev/serving/clusters/apply"
 	"lampyr.dev/serving/clusters/build/gobuild"
@@ -112,6 +119,10 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 	if err != nil {
 		return err
 	}
+	sw, err := switchProvider(ctx, c, a, log, o.Provider, o.NodePort)
+	if err != nil {
+		return err
+	}
 	var all []*unstructured.Unstructured
 	for _, k := range objs {
 		all = append(all, k.Unstructured)
@@ -137,7 +148,108 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 			return err
 		}
 	}
-	return nil
+	return sw.releaseIngresses(ctx, c, log)
+}
+
+// InstalledProvider returns the networking provider a cluster's Knative
+// installation uses, from config-network's ingress-class; nil (and no
+// error) when Knative is not installed or the class is not one of ours.
+func InstalledProvider(ctx context.Context, c *e2eutil.Clients) (networking.Provider, error) {
+	cm, err := c.Kube.CoreV1().ConfigMaps(knative.Namespace).Get(ctx, "config-network", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s/config-network: %w", knative.Namespace, err)
+	}
+	p, _ := networking.ForIngressClass(cm.Data["ingress-class"])
+	return p, nil
+}
+
+// providerSwitch is a switch from one networking provider to another, in
+// progress; nil when there is none.
+type providerSwitch struct {
+	from, to networking.Provider
+	deleted  []*unstructured.Unstructured
+}
+
+// switchProvider removes what another networking provider installed on
+// this cluster renders and the new one does not (a reused cluster
+// installed with another provider, or the feasibility gate moving to the
+// next provider); objects both render are replaced by the apply.
+func switchProvider(ctx context.Context, c *e2eutil.Clients, a *apply.Applier, log *progress.Log, to networking.Provider, nodePort int) (*providerSwitch, error) {
+	from, err := InstalledProvider(ctx, c)
+	if err != nil || from == nil || from.Name() == to.Name() {
+		return nil, err
+	}
+	sw := &providerSwitch{from: from, to: to}
+	return sw, log.Step(fmt.Sprintf("Switching networking from %s to %s: deleting what only %s installed", from.Name(), to.Name(), from.Name()), func() error {
+		left, err := networking.Leftovers(from, to, from.Gateway(nodePort))
+		if err != nil {
+			return err
+		}
+		n, err := a.Delete(ctx, left)
+		log.Printf("   deleted %d of %d objects", n, len(left))
+		sw.deleted = left
+		return err
+	})
+}
+
+// ingressClassAnnotation is where a KIngress names its class.
+const ingressClassAnnotation = "networking.knative.dev/ingress.class"
+
+// releaseIngresses removes the finalizer the previous provider's
+// controller put on KIngresses, once that controller is gone: nothing else
+// removes it, and such a KIngress, and with it its namespace, could never
+// be deleted (measured: a namespace switched from gateway-api to
+// traefik-knative stayed Terminating on its KIngresses). A KIngress of the
+// new provider's class keeps it if the new provider uses the same one.
+func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *e2eutil.Clients, log *progress.Log) error {
+	if sw == nil {
+		return nil
+	}
+	fin := networking.IngressFinalizer(sw.from)
+	if fin == "" {
+		return nil
+	}
+	return log.Step(fmt.Sprintf("Releasing KIngresses from %s's finalizer %s", sw.from.Name(), fin), func() error {
+		// The old controller must be gone first, or it could put the
+		// finalizer back.
+		for _, d := range sw.deleted {
+			if d.GetKind() != "Deployment" {
+				continue
+			}
+			sel, _, _ := unstructured.NestedStringMap(d.Object, "spec", "selector", "matchLabels")
+			err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+				pods, err := c.Kube.CoreV1().Pods(d.GetNamespace()).List(ctx, metav1.ListOptions{LabelSelector: labels.SelectorFromSet(sel).String()})
+				return err == nil && len(pods.Items) == 0, nil
+			})
+			if err != nil {
+				return fmt.Errorf("waiting 2m for the Pods of %s's Deployment %s/%s to be gone: %w", sw.from.Name(), d.GetNamespace(), d.GetName(), err)
+			}
+		}
+		list, err := c.Dynamic.Resource(e2eutil.Ingresses).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		released := 0
+		for _, ing := range list.Items {
+			if !slices.Contains(ing.GetFinalizers(), fin) {
+				continue
+			}
+			if ing.GetAnnotations()[ingressClassAnnotation] == sw.to.IngressClass() && networking.IngressFinalizer(sw.to) == fin {
+				continue // the new provider finalizes it itself
+			}
+			kept := slices.DeleteFunc(slices.Clone(ing.GetFinalizers()), func(f string) bool { return f == fin })
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": kept, "resourceVersion": ing.GetResourceVersion()}})
+			if _, err := c.Dynamic.Resource(e2eutil.Ingresses).Namespace(ing.GetNamespace()).Patch(ctx, ing.GetName(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				return fmt.Errorf("removing finalizer %s from KIngress %s/%s: %w", fin, ing.GetNamespace(), ing.GetName(), err)
+			}
+			released++
+		}
+		log.Printf("   %d of %d KIngresses released", released, len(list.Items))
+		return nil
+	})
 }
 
 // registryReachable reports LAMPYR_ONLINE=1: the operator says upstream

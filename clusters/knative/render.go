@@ -101,6 +101,21 @@ func Sources(ctx context.Context) ([]Source, error) {
 	return out, nil
 }
 
+// PinnedVersions returns the module versions the pinned serving module
+// requires (its go.mod): what another Knative component built alongside it
+// must use, e.g. knative.dev/networking and knative.dev/pkg.
+func PinnedVersions(ctx context.Context) (map[string]string, error) {
+	serving, err := gobuild.Download(ctx, ServingModule, ServingVersion)
+	if err != nil {
+		return nil, err
+	}
+	gomod, err := os.ReadFile(serving.GoMod)
+	if err != nil {
+		return nil, err
+	}
+	return requiredVersions(gomod)
+}
+
 func requiredVersions(gomod []byte) (map[string]string, error) {
 	f, err := modfile.Parse("go.mod", gomod, nil)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/publish"
 )
@@ -24,7 +25,7 @@ func init() { register(Kourier{}) }
 
 const (
 	kourierModule    = "knative.dev/net-kourier"
-	kourierVersion   = "v0.48.0"
+	kourierVersion   = inputs.NetKourierVersion
 	kourierPackage   = "knative.dev/net-kourier/cmd/kourier"
 	kourierNamespace = "kourier-system"
 	// KourierEnvoyImage is the gateway image net-kourier's release names.
@@ -33,6 +34,14 @@ const (
 
 // Name implements Provider.
 func (Kourier) Name() string { return "kourier" }
+
+// Describe implements Provider.
+func (Kourier) Describe() string {
+	return "net-kourier " + kourierVersion + " (gateway: Envoy, pulled from a registry)"
+}
+
+// IngressFinalizer: net-kourier's reconciler finalizes its KIngresses.
+func (Kourier) IngressFinalizer() string { return knativeIngressFinalizer }
 
 // IngressClass implements Provider.
 func (Kourier) IngressClass() string { return "kourier.ingress.networking.knative.dev" }

@@ -83,7 +83,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		infos, err := env.Up(ctx, []string{cluster}, os.Getenv("LAMPYR_KEEP") == "1")
 		Expect(err).NotTo(HaveOccurred())
 		created = infos[0].Created
-		Expect(env.Install(ctx, infos[0], "lampyr", "traefik")).To(Succeed())
+		Expect(env.Install(ctx, infos[0], "lampyr", clusters.Networking())).To(Succeed())
 		kubeconfig, gateway = infos[0].Kubeconfig, infos[0].GatewayURL()
 	}
 	var err error

@@ -143,7 +143,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	stock.info, lampyr.info = infos[0], infos[1]
 	// One install at a time: each builds images on the host's few cores.
 	for _, s := range sides {
-		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed(), "installing %s", s.name)
+		Expect(env.Install(ctx, s.info, s.name, clusters.Networking())).To(Succeed(), "installing %s", s.name)
 		s.admin, err = e2eutil.NewClients(s.info.Kubeconfig)
 		Expect(err).NotTo(HaveOccurred())
 		s.gateway, s.registry = s.info.GatewayURL(), s.info.Registry

@@ -15,7 +15,7 @@ import (
 // not declared here fails the run; a declared test that passes is reported,
 // so the declaration can be removed.
 type Expectations struct {
-	// Implementation names what the file is about ("stock-traefik", "lampyr").
+	// Implementation names what the file is about ("knative-serving", "lampyr").
 	Implementation string `json:"implementation"`
 	// Claimed and Unsupported are feature names, for the report.
 	Claimed     []string  `json:"claimedFeatures,omitempty"`

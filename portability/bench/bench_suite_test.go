@@ -25,6 +25,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/clusters/knative"
+	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -111,7 +112,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		s.info = infos[i]
 		created[s.name] = s.info.Created
 		s.gateway = s.info.GatewayURL()
-		Expect(env.Install(ctx, s.info, s.name, "traefik")).To(Succeed())
+		Expect(env.Install(ctx, s.info, s.name, clusters.Networking())).To(Succeed())
 		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)
 		Expect(err).NotTo(HaveOccurred())
 		freshNamespace(ctx, s)
@@ -142,7 +143,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	report.Started = time.Now().UTC()
 	report.Machine = map[string]string{
 		"cpus": strconv.Itoa(runtime.NumCPU()), "go": runtime.Version(), "docker": strings.TrimSpace(string(out)),
-		"knative serving": knative.ServingVersion, "networking": "traefik (both sides)",
+		"knative serving": knative.ServingVersion, "networking": networkingFacts() + " (both sides)",
 		"memory": memTotal(), "lampyr execution mode": "fresh (home-warm-fibers: installation default)",
 	}
 	if busy != "" {
@@ -479,6 +480,15 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		measure("20 Services")
 	})
 })
+
+// networkingFacts names the networking provider installed on both sides.
+func networkingFacts() string {
+	p, err := networking.Get(clusters.Networking())
+	if err != nil {
+		return clusters.Networking()
+	}
+	return p.Name() + ": " + p.Describe()
+}
 
 // footprint reads, inside a cluster's node, the memory of the whole node
 // (its cgroup, as docker stats reports it), of the serving control and data

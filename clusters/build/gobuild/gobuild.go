@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -60,7 +61,31 @@ type Spec struct {
 	// with only the plugins a cluster uses. List that import path in
 	// Packages to build it.
 	MainSource string `json:",omitempty"`
+	// Local supplies modules the module proxy cannot serve, from source:
+	// each is written into the scratch module's directory and used through
+	// a directory replace. It is how a pinned module whose go.mod replaces
+	// a dependency with a directory outside its module zip (Traefik v3.7's
+	// nested github.com/traefik/traefik/dynamic/ext) still builds. The
+	// sources are part of the cache key.
+	Local []LocalModule `json:",omitempty"`
 }
+
+// LocalModule is a module supplied from source instead of the proxy.
+type LocalModule struct {
+	// Path is the module path the pinned module requires.
+	Path string
+	// GoVersion is the go directive of its generated go.mod (default 1.22).
+	GoVersion string `json:",omitempty"`
+	// Files are its source files (name -> content), without go.mod, which
+	// is generated.
+	Files map[string]string
+	// Origin says where the source lives in this repository and why it is
+	// supplied; build errors that mention Path repeat it.
+	Origin string
+}
+
+// localDir is where a LocalModule goes, relative to the scratch module.
+func (l LocalModule) localDir() string { return "./local/" + sanitize(l.Path) }
 
 // ScratchPath is the import path of s's scratch module (and of its
 // MainSource program).
@@ -119,6 +144,19 @@ func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
 			return nil, err
 		}
 	}
+	local := map[string]bool{}
+	for _, l := range s.Local {
+		if l.Path == "" || len(l.Files) == 0 {
+			return nil, fmt.Errorf("local module %q: a path and its source files are required", l.Path)
+		}
+		if local[l.Path] {
+			return nil, fmt.Errorf("local module %s is given twice", l.Path)
+		}
+		local[l.Path] = true
+		if err := f.AddReplace(l.Path, "", l.localDir(), ""); err != nil {
+			return nil, err
+		}
+	}
 	if len(s.Inherit) > 0 {
 		pinned, err := modfile.Parse("go.mod", s.Inherit, nil)
 		if err != nil {
@@ -126,7 +164,13 @@ func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
 		}
 		for _, r := range pinned.Replace {
 			if r.New.Version == "" {
-				continue // a directory replacement only exists in the module's own tree
+				// A directory replacement points into the module's own
+				// tree, which its module zip may lack (a nested module
+				// never is in it): the build needs the module from Local.
+				if !local[r.Old.Path] {
+					return nil, fmt.Errorf("%s@%s's go.mod replaces %s with the directory %s, which the module proxy does not serve: supply that module's source as Spec.Local", s.Module, s.Version, r.Old.Path, r.New.Path)
+				}
+				continue
 			}
 			if err := f.AddReplace(r.Old.Path, r.Old.Version, r.New.Path, r.New.Version); err != nil {
 				return nil, err
@@ -214,8 +258,11 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 				return nil, err
 			}
 		}
+		if err := writeLocal(buildDir, s.Local); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
 		if err := b.run(ctx, buildDir, s, "go", "mod", "tidy", "-e"); err != nil {
-			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, err)
+			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, localHint(s, err))
 		}
 	}
 	args := []string{"build", "-trimpath", "-o", outDir + "/"}
@@ -227,7 +274,7 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 	}
 	args = append(args, s.Packages...)
 	if err := b.run(ctx, buildDir, s, "go", args...); err != nil {
-		return nil, fmt.Errorf("%s: go build: %w", s.Name, err)
+		return nil, fmt.Errorf("%s: go build: %w", s.Name, localHint(s, err))
 	}
 	for _, bin := range bins {
 		if _, err := os.Stat(bin.Path); err != nil {
@@ -262,6 +309,50 @@ func (b *Builder) run(ctx context.Context, dir string, s Spec, name string, args
 		return fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, msg)
 	}
 	return nil
+}
+
+// writeLocal writes each local module, with a generated go.mod, under
+// dir/local/.
+func writeLocal(dir string, mods []LocalModule) error {
+	for _, l := range mods {
+		d := filepath.Join(dir, filepath.FromSlash(l.localDir()))
+		if err := os.RemoveAll(d); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+		goVersion := l.GoVersion
+		if goVersion == "" {
+			goVersion = "1.22"
+		}
+		gomod := fmt.Sprintf("module %s\n\ngo %s\n", l.Path, goVersion)
+		if err := os.WriteFile(filepath.Join(d, "go.mod"), []byte(gomod), 0o644); err != nil {
+			return err
+		}
+		for name, body := range l.Files {
+			if name == "go.mod" || name != filepath.Base(name) {
+				return fmt.Errorf("local module %s: file name %q must be a plain file name other than go.mod", l.Path, name)
+			}
+			if err := os.WriteFile(filepath.Join(d, name), []byte(body), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// localHint adds, to a failed build whose output names a local module (its
+// path, or its package as a qualifier: "undefined: ext.HTTP"), that the
+// stand-in may no longer match what the pinned module expects.
+func localHint(s Spec, err error) error {
+	for _, l := range s.Local {
+		qualified := regexp.MustCompile(`(^|[^\w/.])` + regexp.QuoteMeta(path.Base(l.Path)) + `\.[A-Za-z_]`)
+		if strings.Contains(err.Error(), l.Path) || qualified.MatchString(err.Error()) {
+			return fmt.Errorf("%w\nthe build failed in or around %s, which is supplied from source here (%s): it may no longer match what %s@%s expects; compare it with that module's source", err, l.Path, l.Origin, s.Module, s.Version)
+		}
+	}
+	return err
 }
 
 // StagingReplaces reads a module's go.mod (e.g. k8s.io/kubernetes) and maps

@@ -126,19 +126,72 @@ replace (
 
 exclude github.com/tencentcloud/tencentcloud-sdk-go v3.0.83+incompatible
 `)
-	got, err := ScratchGoMod(Spec{Name: "traefik", Module: "github.com/traefik/traefik/v3", Version: "v3.6.12", Inherit: pinned}, "go1.26.8")
+	spec := Spec{Name: "traefik", Module: "github.com/traefik/traefik/v3", Version: "v3.7.9", Inherit: pinned}
+	if _, err := ScratchGoMod(spec, "go1.26.8"); err == nil || !strings.Contains(err.Error(), "example.com/local") || !strings.Contains(err.Error(), "Spec.Local") {
+		t.Fatalf("a directory replacement nobody supplies must be an error naming it and the fix, got %v", err)
+	}
+	spec.Local = []LocalModule{{Path: "example.com/local", Files: map[string]string{"a.go": "package local\n"}}}
+	got, err := ScratchGoMod(spec, "go1.26.8")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		"github.com/abbot/go-http-auth => github.com/containous/go-http-auth v0.4.1-0.20200324110947-a37a7636d23e",
 		"exclude github.com/tencentcloud/tencentcloud-sdk-go v3.0.83+incompatible",
+		"example.com/local => ./local/example.com-local",
 	} {
 		if !strings.Contains(string(got), want) {
 			t.Errorf("go.mod lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(string(got), "example.com/local") {
-		t.Errorf("directory replacements must not be inherited:\n%s", got)
+	if strings.Contains(string(got), "=> ./local\n") {
+		t.Errorf("the pinned module's own directory replacement must not be inherited:\n%s", got)
+	}
+}
+
+func TestLocalModuleChangesKey(t *testing.T) {
+	base := Spec{Name: "x", Module: "m", Version: "v1", Packages: []string{"m/cmd/a"},
+		Local: []LocalModule{{Path: "m/ext", Files: map[string]string{"ext.go": "package ext\n\ntype HTTP struct{}\n"}}}}
+	changed := base
+	changed.Local = []LocalModule{{Path: "m/ext", Files: map[string]string{"ext.go": "package ext\n\ntype HTTP struct{ X int }\n"}}}
+	if base.Key("go1.26.8", "") == changed.Key("go1.26.8", "") {
+		t.Error("a local module's source must be part of the cache key")
+	}
+}
+
+// TestBuildWithLocalModule builds a pinned-module-style scratch build whose
+// dependency exists only as supplied source: a program (MainSource) that
+// imports a module no proxy serves, replaced by a directory. A real go
+// build, offline (nothing to download).
+func TestBuildWithLocalModule(t *testing.T) {
+	ext := LocalModule{Path: "example.invalid/ext", Origin: "test", Files: map[string]string{
+		"ext.go": "package ext\n\n// HTTP is empty.\ntype HTTP struct{}\n",
+	}}
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A local module as the "pinned" one too, so no proxy is needed: the
+	// same replace mechanics, exercised through writeLocal and go build.
+	write("go.mod", "module example.com/uses\n\ngo 1.22\n\nrequire example.invalid/ext v0.0.0\n\nreplace example.invalid/ext => "+filepath.ToSlash(filepath.Join(dir, "local", "example.invalid-ext"))+"\n")
+	write("main.go", "package main\n\nimport \"example.invalid/ext\"\n\nvar _ ext.HTTP\n\nfunc main() {}\n")
+	if err := writeLocal(dir, []LocalModule{ext}); err != nil {
+		t.Fatal(err)
+	}
+	b := &Builder{WorkDir: t.TempDir()}
+	if _, err := b.Build(context.Background(), Spec{Name: "uses", Dir: dir, Packages: []string{"example.com/uses"}}, ""); err != nil {
+		t.Fatal(err)
+	}
+	// A stand-in that no longer matches: the error says which module is
+	// supplied from source and where it comes from.
+	ext.Files["ext.go"] = "package ext\n\ntype Router struct{}\n"
+	if err := writeLocal(dir, []LocalModule{ext}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.Build(context.Background(), Spec{Name: "uses", Dir: dir, Packages: []string{"example.com/uses"}, Local: []LocalModule{ext}}, "")
+	if err == nil || !strings.Contains(err.Error(), "supplied from source here (test)") {
+		t.Fatalf("a mismatching stand-in must fail naming it, got %v", err)
 	}
 }

@@ -19,10 +19,12 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 )
 
@@ -38,20 +40,13 @@ func main() {
 	}
 }
 
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
-		return v
-	}
-	return d
-}
-
 func run(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New("usage: lampyr-clusters inputs|up|down|logs|load|info ...")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	keep := fs.Bool("keep", os.Getenv("LAMPYR_KEEP") == "1", "keep clusters whose creation failed or was interrupted")
-	provider := fs.String("provider", envOr("LAMPYR_NETWORKING", "traefik"), "networking provider for installed profiles (traefik, kourier)")
+	provider := fs.String("provider", clusters.Networking(), "networking provider for installed profiles ("+strings.Join(networking.Names(), ", ")+"; default from "+clusters.EnvNetworking+", else "+networking.Default+")")
 	all := fs.Bool("all", false, "down: every Kind cluster on this Docker engine (CI starts from none)")
 	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: from the name (stock*, lampyr*)")
 	if err := fs.Parse(args[1:]); err != nil {

@@ -26,6 +26,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -56,6 +57,8 @@ var (
 	project *ly.Project
 	built   *ly.Built
 	snap    name.Digest // the fixture handler's snapshot artifact in the registry
+	// provider is the networking provider installed (clusters.Networking).
+	provider networking.Provider
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -67,7 +70,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	info = infos[0]
 	created = info.Created // this run created it (or recreated a stale one): delete it at the end
-	Expect(env.Install(ctx, info, "lampyr", "traefik")).To(Succeed())
+	provider, err = networking.Get(clusters.Networking())
+	Expect(err).NotTo(HaveOccurred())
+	Expect(env.Install(ctx, info, "lampyr", provider.Name())).To(Succeed())
+	AddReportEntry("networking", provider.Name()+": "+provider.Describe())
 	c, err = e2eutil.NewClients(info.Kubeconfig)
 	Expect(err).NotTo(HaveOccurred())
 	gateway = info.GatewayURL()
@@ -165,7 +171,7 @@ func containerMap(tspec map[string]any) map[string]any {
 	return tspec["containers"].([]any)[0].(map[string]any)
 }
 
-var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "lampyr"), Ordered, ContinueOnFailure, func() {
+var _ = Describe("Lampyr on Kind (lampyr profile)", Label("cluster", "lampyr"), Ordered, ContinueOnFailure, func() {
 	It("runs no stock controller, activator or autoscaler", func(ctx SpecContext) {
 		ds, err := c.Kube.AppsV1().Deployments("knative-serving").List(ctx, metav1.ListOptions{})
 		Expect(err).NotTo(HaveOccurred())
@@ -173,7 +179,17 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		for _, d := range ds.Items {
 			names = append(names, d.Name)
 		}
-		Expect(names).To(ConsistOf("webhook"), "knative-serving must hold only upstream's webhook")
+		// Upstream's webhook, and the networking provider's own
+		// Deployments there (net-gateway-api's controller and webhook).
+		want := []string{"webhook"}
+		objs, err := networking.Rendered(provider, clusters.DefaultNodePort)
+		Expect(err).NotTo(HaveOccurred())
+		for _, o := range objs {
+			if o.GetKind() == "Deployment" && o.GetNamespace() == "knative-serving" {
+				want = append(want, o.GetName())
+			}
+		}
+		Expect(names).To(ConsistOf(want), "knative-serving must hold only upstream's webhook and %s's own Deployments", provider.Name())
 		ls, err := c.Kube.AppsV1().Deployments(systemNS).List(ctx, metav1.ListOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		names = nil
@@ -204,16 +220,23 @@ var _ = Describe("Lampyr on Kind (lampyr profile, Traefik)", Label("cluster", "l
 		}
 		svc, err := c.Kube.CoreV1().Services(ns).Get(ctx, rev, metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred(), "the backend Service the upstream Route reconciler expects, named after the Revision")
-		Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP), "endpointslice strategy (Traefik)")
+		strategy := clusters.BackendStrategyFor(provider.Name())
+		if strategy == "externalname" {
+			Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeExternalName), "externalname strategy (%s)", provider.Name())
+		} else {
+			Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeClusterIP), "endpointslice strategy (%s)", provider.Name())
+		}
 		Expect(svc.Spec.Selector).To(BeEmpty())
 		var ports []int32
 		for _, p := range svc.Spec.Ports {
 			ports = append(ports, p.Port)
 		}
 		Expect(ports).To(ContainElement(int32(80)), "port 80 (http) for an http1 Revision, as upstream's Route expects")
-		slices, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + rev})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(slices.Items).NotTo(BeEmpty(), "mirrored EndpointSlice")
+		if strategy == "endpointslice" {
+			slices, err := c.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=" + rev})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(slices.Items).NotTo(BeEmpty(), "mirrored EndpointSlice")
+		}
 		_, err = c.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Get(ctx, e2eutil.RouterMetadataName(ns, rev), metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred(), "router metadata, in %s", e2eutil.LampyrSystemNamespace)
 		Eventually(func() (string, error) {

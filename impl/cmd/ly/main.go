@@ -33,10 +33,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 
 	"golang.org/x/term"
 
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -62,7 +65,7 @@ const usage = `usage: ly COMMAND [flags]
   status [NAME]   scale NAME --max N   logs NAME   audit   event NAME   delete NAME
   sealer show                              this ly's sealer identity (key id, public key) and the
                                            command an administrator runs to authorize it
-  cluster install [--provider traefik]     install Lampyr; authorizes this ly's identity for every namespace
+  cluster install [--provider gateway-api] install Lampyr; authorizes this ly's identity for every namespace
   cluster describe                         fleet key, template repository, sealer identities
   cluster authorize-sealer NAME (--public-key KEY | --self) --namespaces a,b|'*' [--revoke]
                                            (administrators) let an identity seal templates for namespaces;
@@ -150,7 +153,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	maxScale := fs.Int("max", -1, "scale: the most concurrent fibers (autoscaling.knative.dev/max-scale)")
 	upgrade := fs.Bool("upgrade", false, "scaffold: replace only the adapter of an existing service")
 	tail := fs.Int64("tail", 100, "logs: lines per Home")
-	provider := fs.String("provider", "traefik", "cluster install: networking provider (traefik, kourier)")
+	provider := fs.String("provider", clusters.Networking(), "cluster install: networking provider ("+strings.Join(networking.Names(), ", ")+"; default from "+clusters.EnvNetworking+", else "+networking.Default+")")
 	nodePort := fs.Int("node-port", 0, "cluster install: the gateway's NodePort (default: the cluster's recorded port, else 30080)")
 	port := fs.Int("port", 8080, "image-snapshot: the port the image's server listens on ($PORT)")
 	protocol := fs.String("protocol", "http1", "image-snapshot: http1 or h2c")

@@ -1,0 +1,160 @@
+package networking
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/build/stubs"
+	"lampyr.dev/serving/clusters/manifest"
+	"lampyr.dev/serving/clusters/publish"
+)
+
+// Both Traefik-based providers run Traefik in this namespace, as
+// Deployment traefik behind Service traefik (public, NodePort) and
+// traefik-internal (cluster-local), so switching provider on a cluster
+// replaces one Traefik with the other.
+const (
+	traefikModule    = "github.com/traefik/traefik/v3"
+	traefikPackage   = "github.com/traefik/traefik/v3/cmd/traefik"
+	traefikNamespace = "traefik"
+	traefikSA        = "traefik-controller"
+)
+
+// TraefikSpec is the build of Traefik at version: unmodified, CGO off,
+// with its go.mod's own replace and exclude directives (Go ignores them in
+// a dependency) and, where that go.mod replaces a module with a directory
+// outside the module zip, the stand-in this repository supplies for it.
+func TraefikSpec(ctx context.Context, version string) (gobuild.Spec, error) {
+	dl, err := gobuild.Download(ctx, traefikModule, version)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	gomod, err := os.ReadFile(dl.GoMod)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	s := gobuild.Spec{
+		Name: "traefik", Module: traefikModule, Version: version, Inherit: gomod,
+		Packages: []string{traefikPackage},
+		LDFlags:  "-s -w -X github.com/traefik/traefik/v3/pkg/version.Version=" + version,
+	}
+	if strings.Contains(string(gomod), stubs.TraefikDynamicExtPath+" =>") {
+		s.Local = append(s.Local, stubs.TraefikDynamicExt())
+	}
+	return s, nil
+}
+
+// publishTraefik builds Traefik at version and pushes its image.
+func publishTraefik(ctx context.Context, p *publish.Publisher, version string) (string, error) {
+	spec, err := TraefikSpec(ctx, version)
+	if err != nil {
+		return "", err
+	}
+	refs, err := p.Publish(ctx, spec, []publish.Image{{Package: traefikPackage, Repo: "traefik/traefik"}})
+	if err != nil {
+		return "", err
+	}
+	return refs[traefikPackage], nil
+}
+
+// traefikRBAC reads one of the RBAC reference files in Traefik's module
+// (docs/content/reference/dynamic-configuration), prefixes every name with
+// prefix and binds the role to Traefik's ServiceAccount in our namespace.
+func traefikRBAC(version, file, prefix string) ([]*unstructured.Unstructured, error) {
+	mod, err := gobuild.Download(context.Background(), traefikModule, version)
+	if err != nil {
+		return nil, err
+	}
+	path := filepath.Join(mod.Dir, "docs/content/reference/dynamic-configuration", file)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("traefik RBAC reference %s: %w", path, err)
+	}
+	rbac, err := manifest.Parse(raw)
+	if err != nil {
+		return nil, err
+	}
+	roles := map[string]string{}
+	for _, o := range rbac {
+		if o.GetKind() == "ClusterRole" {
+			roles[o.GetName()] = prefix + o.GetName()
+		}
+	}
+	for _, o := range rbac {
+		o.SetName(prefix + o.GetName())
+		if o.GetKind() != "ClusterRoleBinding" {
+			continue
+		}
+		subjects, _, _ := unstructured.NestedSlice(o.Object, "subjects")
+		for _, s := range subjects {
+			sm := s.(map[string]any)
+			sm["name"], sm["namespace"] = traefikSA, traefikNamespace
+		}
+		_ = unstructured.SetNestedSlice(o.Object, subjects, "subjects")
+		ref, _, _ := unstructured.NestedString(o.Object, "roleRef", "name")
+		if roles[ref] == "" {
+			return nil, fmt.Errorf("%s: ClusterRoleBinding %s names ClusterRole %s, which the file does not define", path, o.GetName(), ref)
+		}
+		_ = unstructured.SetNestedField(o.Object, roles[ref], "roleRef", "name")
+	}
+	return rbac, nil
+}
+
+// traefikObjects are what both Traefik providers run: the namespace, the
+// ServiceAccount, the Deployment and its Services.
+func traefikObjects(img string, args []any, ports []any, podSecurity map[string]any, services ...*unstructured.Unstructured) []*unstructured.Unstructured {
+	labels := map[string]any{"app": "traefik"}
+	pod := map[string]any{
+		"serviceAccountName": traefikSA,
+		"containers": []any{map[string]any{
+			"name": "traefik", "image": img, "args": args,
+			"ports":          ports,
+			"readinessProbe": map[string]any{"httpGet": map[string]any{"path": "/ping", "port": int64(9000)}, "periodSeconds": int64(2)},
+		}},
+	}
+	if podSecurity != nil {
+		pod["securityContext"] = podSecurity
+	}
+	objs := []*unstructured.Unstructured{
+		{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": traefikNamespace}}},
+		{Object: map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": traefikSA, "namespace": traefikNamespace}}},
+		{Object: map[string]any{
+			"apiVersion": "apps/v1", "kind": "Deployment",
+			"metadata": map[string]any{"name": "traefik", "namespace": traefikNamespace, "labels": labels},
+			"spec": map[string]any{
+				"replicas": int64(1),
+				"selector": map[string]any{"matchLabels": labels},
+				"template": map[string]any{"metadata": map[string]any{"labels": labels}, "spec": pod},
+			},
+		}},
+	}
+	return append(objs, services...)
+}
+
+// servicePort is one port of a Traefik Service.
+type servicePort struct {
+	name             string
+	port, target, np int
+}
+
+func traefikService(name, typ string, ports ...servicePort) *unstructured.Unstructured {
+	var ps []any
+	for _, p := range ports {
+		m := map[string]any{"name": p.name, "port": int64(p.port), "targetPort": int64(p.target), "protocol": "TCP"}
+		if p.np != 0 {
+			m["nodePort"] = int64(p.np)
+		}
+		ps = append(ps, m)
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "v1", "kind": "Service",
+		"metadata": map[string]any{"name": name, "namespace": traefikNamespace},
+		"spec":     map[string]any{"type": typ, "selector": map[string]any{"app": "traefik"}, "ports": ps},
+	}}
+}
