@@ -35,6 +35,19 @@ const (
 	DefaultNodePort   = 30080
 )
 
+// TLSPortFor is the gateway's HTTPS mapping for a cluster name: its NodePort
+// next to the HTTP one (networking.TLSNodePortOffset), published on the same
+// port of 127.0.0.1 for the paired clusters (Knative's ingress conformance
+// dials ENDPOINT:NODEPORT for its tls test too).
+func TLSPortFor(name string) kindcluster.PortMapping {
+	gw := GatewayPortFor(name)
+	m := kindcluster.PortMapping{NodePort: gw.NodePort + networking.TLSNodePortOffset}
+	if gw.HostPort != 0 {
+		m.HostPort = m.NodePort
+	}
+	return m
+}
+
 // GatewayPortFor returns the gateway mapping for a cluster name.
 func GatewayPortFor(name string) kindcluster.PortMapping {
 	switch ProfileFor(name) {
@@ -100,9 +113,10 @@ func (e *Env) Manager() *kindcluster.Manager {
 // Spec is the offline single-node spec for a named cluster.
 func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 	return kindcluster.Spec{
-		Name:              name,
-		NodeImage:         nodeImage,
-		Ports:             []kindcluster.PortMapping{GatewayPortFor(name)},
+		Name:      name,
+		NodeImage: nodeImage,
+		// HTTP first: Info.Gateway() is the first mapping.
+		Ports:             []kindcluster.PortMapping{GatewayPortFor(name), TLSPortFor(name)},
 		CgroupV1:          !cgroupV2(),
 		DisableDefaultCNI: true,
 		PodSubnet:         inputs.PodSubnet,

@@ -20,7 +20,8 @@ type Gateway struct {
 	// NodePort is the public HTTP NodePort (published on 127.0.0.1).
 	NodePort int
 	// TLSNodePort is the public HTTPS NodePort, where the provider serves
-	// KIngress TLS (0: none). The clusters do not publish it on the host.
+	// KIngress TLS (0: none); the framework's clusters publish it on
+	// 127.0.0.1 (clusters.TLSPortFor).
 	TLSNodePort int
 }
 
