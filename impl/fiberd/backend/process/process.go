@@ -1,10 +1,11 @@
 //go:build linux
 
 // Package process is fiberd's Linux process-sandbox backend. Each fiber is a
-// fresh lampyr-helper process (the fiber's PID 1) in new mount, PID, network,
-// IPC and UTS namespaces, inside its own cgroup v1 memory cgroup, with the
-// snapshot as its read-only root. See lampyr.dev/serving/impl/fiberd/helper
-// for what happens inside.
+// fresh lampyr-helper process (the fiber's PID 1) in a new user namespace
+// mapped onto a host id range of its own (ids.go) and new mount, PID,
+// network, IPC and UTS namespaces owned by it, inside its own cgroup v1
+// memory, pids and cpu cgroups, with the snapshot as its read-only root.
+// See lampyr.dev/serving/impl/fiberd/helper for what happens inside.
 package process
 
 import (
@@ -26,6 +27,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -43,14 +45,33 @@ type Config struct {
 	// CgroupParent is the cgroup v1 memory directory under which each fiber
 	// gets its own cgroup, e.g. /sys/fs/cgroup/memory/lampyr-fiberd.
 	CgroupParent string
-	// PidsParent, if set, is a cgroup v1 pids directory under which each
-	// fiber gets a cgroup capped at PidsMax tasks, so a fork bomb in one
-	// fiber cannot exhaust the Home's PIDs.
+	// PidsParent is a cgroup v1 pids directory under which each fiber gets
+	// a cgroup capped at PidsMax tasks, so a fork bomb in one fiber cannot
+	// exhaust the Home's PIDs. Required: without it New refuses.
 	PidsParent string
 	// PidsMax is each fiber's task limit (threads count); default 1024.
 	PidsMax int
-	// UID/GID the handler runs as; default 65534 (nobody).
+	// CPUParent is a cgroup v1 cpu directory under which each fiber gets a
+	// cgroup of equal cpu.shares (so busy fibers of a Home split its CPU
+	// evenly) capped at CPUMillis. Required: without it New refuses.
+	CPUParent string
+	// CPUMillis is each fiber's CPU bound in thousandths of a CPU (CFS
+	// quota); default 1000. Where the Home's own limit is lower, the
+	// fiber is bounded by the Home's instead.
+	CPUMillis int
+	// UID/GID the handler runs as inside its user namespace when the
+	// snapshot names no user; default 65534 (nobody).
 	UID, GID uint32
+	// IDBase, IDRanges and IDLockDir define the node's pool of host id
+	// ranges (ids.go); defaults DefaultIDBase, DefaultIDRanges,
+	// DefaultIDLockDir. Every Home on a node must use the same values and
+	// the same lock directory.
+	IDBase    uint32
+	IDRanges  int
+	IDLockDir string
+	// Limits are the handler's rlimits; zero fields get defaults (4096
+	// open files, 512 tasks, TmpBytes per file).
+	Limits helper.Limits
 	// TmpBytes caps each fiber's /tmp; default 64 MiB (also charged to the
 	// memory cgroup, since tmpfs pages are memory).
 	TmpBytes int64
@@ -67,6 +88,10 @@ type Backend struct {
 	// cleanups tracks background removal of destroyed fibers' cgroups and
 	// directories, so Close can wait for them.
 	cleanups sync.WaitGroup
+	ids      *idPool
+	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
+	// inherit it instead (logged once).
+	cpuQuotaOnce sync.Once
 }
 
 // DefaultCgroupParent is where fibers' memory cgroups go by default.
@@ -74,6 +99,9 @@ const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
 
 // DefaultPidsRoot is the cgroup v1 pids hierarchy.
 const DefaultPidsRoot = "/sys/fs/cgroup/pids"
+
+// DefaultCPURoot is the cgroup v1 cpu hierarchy.
+const DefaultCPURoot = "/sys/fs/cgroup/cpu"
 
 // New checks that the host can sandbox (root, memory cgroup, helper present)
 // and returns the backend. The error says what is missing.
@@ -93,29 +121,97 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.PidsMax == 0 {
 		cfg.PidsMax = 1024
 	}
+	if cfg.CPUMillis == 0 {
+		cfg.CPUMillis = 1000
+	}
+	if cfg.IDBase == 0 {
+		cfg.IDBase = DefaultIDBase
+	}
+	if cfg.IDRanges == 0 {
+		cfg.IDRanges = DefaultIDRanges
+	}
+	if cfg.IDLockDir == "" {
+		cfg.IDLockDir = DefaultIDLockDir
+	}
+	if cfg.Limits.OpenFiles == 0 {
+		cfg.Limits.OpenFiles = 4096
+	}
+	if cfg.Limits.Processes == 0 {
+		cfg.Limits.Processes = 512
+	}
+	if cfg.Limits.FileBytes == 0 {
+		cfg.Limits.FileBytes = uint64(cfg.TmpBytes)
+	}
+	if cfg.UID == 0 || cfg.GID == 0 || cfg.UID >= IDRangeSize || cfg.GID >= IDRangeSize {
+		return nil, fmt.Errorf("process backend: handler uid/gid %d/%d: want 1-%d (a non-root id of the fiber's user namespace)", cfg.UID, cfg.GID, IDRangeSize-1)
+	}
 	if err := Supported(); err != nil {
 		return nil, err
+	}
+	// A fiber without a task bound can fork-bomb its Home, one without a
+	// CPU cgroup can starve its siblings: refuse to run any.
+	if cfg.PidsParent == "" {
+		return nil, errors.New("process backend: no pids cgroup for fibers (PidsParent): refusing to start fibers without a bound on their tasks; mount the cgroup v1 pids controller at /sys/fs/cgroup/pids")
+	}
+	if cfg.CPUParent == "" {
+		return nil, errors.New("process backend: no cpu cgroup for fibers (CPUParent): refusing to start fibers without a CPU share and bound; mount the cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
 	}
 	if fi, err := os.Stat(cfg.HelperPath); err != nil || fi.Mode()&0o111 == 0 {
 		return nil, fmt.Errorf("process backend: helper %q is not an executable file; build lampyr.dev/serving/impl/cmd/lampyr-helper and pass its path (--helper)", cfg.HelperPath)
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+	// The helper runs as the fiber's own host uid, not root: it must be
+	// able to search its way to its mount point and to the helper binary.
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("process backend: state dir: %w", err)
+	}
+	if err := os.Chmod(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("process backend: state dir: %w", err)
+	}
+	for _, p := range []string{cfg.StateDir, filepath.Dir(cfg.HelperPath)} {
+		if err := searchable(p); err != nil {
+			return nil, fmt.Errorf("process backend: %w", err)
+		}
 	}
 	if err := os.MkdirAll(cfg.CgroupParent, 0o755); err != nil {
 		return nil, fmt.Errorf("process backend: creating memory cgroup %s: %w (is the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory and writable?)", cfg.CgroupParent, err)
 	}
-	if cfg.PidsParent != "" {
-		if err := os.MkdirAll(cfg.PidsParent, 0o755); err != nil {
-			return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w", cfg.PidsParent, err)
-		}
+	if err := os.MkdirAll(cfg.PidsParent, 0o755); err != nil {
+		return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w (is the cgroup v1 pids controller mounted and writable?)", cfg.PidsParent, err)
+	}
+	if err := os.MkdirAll(cfg.CPUParent, 0o755); err != nil {
+		return nil, fmt.Errorf("process backend: creating cpu cgroup %s: %w (is the cgroup v1 cpu controller mounted and writable?)", cfg.CPUParent, err)
+	}
+	ids, err := newIDPool(cfg.IDBase, cfg.IDRanges, cfg.IDLockDir)
+	if err != nil {
+		return nil, err
 	}
 	host, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("process backend: opening fiberd's own network namespace: %w", err)
 	}
 	removeLeftovers(cfg)
-	return &Backend{cfg: cfg, hostNS: host}, nil
+	return &Backend{cfg: cfg, hostNS: host, ids: ids}, nil
+}
+
+// searchable checks that every directory from / to dir lets others search
+// it (o+x): fibers' helpers run as unprivileged host ids.
+func searchable(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is mode %s: fibers run as unprivileged host ids and cannot search it to reach %s (chmod o+x)", p, fi.Mode().Perm(), abs)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
 }
 
 // removeLeftovers clears what fibers of a previous fiberd in the same Home
@@ -127,7 +223,7 @@ func removeLeftovers(cfg Config) {
 			os.RemoveAll(filepath.Join(cfg.StateDir, e.Name()))
 		}
 	}
-	for _, parent := range []string{cfg.CgroupParent, cfg.PidsParent} {
+	for _, parent := range []string{cfg.CgroupParent, cfg.PidsParent, cfg.CPUParent} {
 		if parent == "" {
 			continue
 		}
@@ -151,6 +247,11 @@ func Supported() error {
 	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err != nil {
 		return errors.New("process backend needs the cgroup v1 memory controller at /sys/fs/cgroup/memory (this host looks cgroup v2-only)")
 	}
+	for _, c := range []string{DefaultPidsRoot, DefaultCPURoot} {
+		if _, err := os.Stat(filepath.Join(c, "cgroup.procs")); err != nil {
+			return fmt.Errorf("process backend needs the cgroup v1 %s controller at %s: fibers are refused without a task bound and a CPU share", filepath.Base(c), c)
+		}
+	}
 	return nil
 }
 
@@ -159,7 +260,7 @@ func Supported() error {
 func (b *Backend) Close() error {
 	b.cleanups.Wait()
 	b.hostNS.Close()
-	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent} {
+	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent, b.cfg.CPUParent} {
 		if d != "" {
 			os.Remove(d)
 		}
@@ -183,8 +284,13 @@ type fiber struct {
 	addr   string
 	cgroup string
 	pids   string
-	cmd    *exec.Cmd
-	done   chan struct{}
+	cpu    string
+	// idRange is the fiber's host id range (index in the pool, -1 none),
+	// hostID its first id.
+	idRange int
+	hostID  uint32
+	cmd     *exec.Cmd
+	done    chan struct{}
 
 	mu      sync.Mutex
 	err     error
@@ -194,14 +300,14 @@ type fiber struct {
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (backend.Fiber, error) {
 	f := &fiber{
-		b:      b,
-		id:     id,
-		dir:    filepath.Join(b.cfg.StateDir, id),
-		cgroup: filepath.Join(b.cfg.CgroupParent, id),
-		done:   make(chan struct{}),
-	}
-	if b.cfg.PidsParent != "" {
-		f.pids = filepath.Join(b.cfg.PidsParent, id)
+		b:       b,
+		id:      id,
+		dir:     filepath.Join(b.cfg.StateDir, id),
+		cgroup:  filepath.Join(b.cfg.CgroupParent, id),
+		pids:    filepath.Join(b.cfg.PidsParent, id),
+		cpu:     filepath.Join(b.cfg.CPUParent, id),
+		idRange: -1,
+		done:    make(chan struct{}),
 	}
 	f.ns = netns.None()
 	if err := f.start(ctx, &b.cfg, spec); err != nil {
@@ -212,9 +318,22 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 }
 
 func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) error {
-	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o700); err != nil {
+	// One bound for every wait of the start, however far it gets.
+	timeout := spec.StartupTimeout + 5*time.Second
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o711); err != nil {
 		return err
 	}
+	uid, gid := cfg.UID, cfg.GID
+	if spec.UID != 0 {
+		uid, gid = spec.UID, spec.GID
+	}
+	n, hostID, err := f.b.ids.acquire()
+	if err != nil {
+		return err
+	}
+	f.idRange, f.hostID = n, hostID
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return err
@@ -235,14 +354,24 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.ExtraFiles = []*os.File{specR, statusW} // fds 3, 4
+	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostID), Size: IDRangeSize}}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		// The user namespace comes first and owns the others: the helper
+		// is root over the fiber's mounts, network and processes and
+		// nothing else.
+		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+		// Written by fiberd (root in the parent namespace, so any range
+		// may be mapped) before the helper runs a single instruction.
+		UidMappings:                idMap,
+		GidMappings:                idMap,
+		GidMappingsEnableSetgroups: true,
+		Credential:                 &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}},
 		// If fiberd dies its fibers die with it: no orphaned sandboxes
 		// outliving their grant.
 		Pdeathsig: unix.SIGKILL,
 		Setsid:    true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startOwnedBy(cmd, hostID); err != nil {
 		return fmt.Errorf("starting %s in new namespaces: %w", cfg.HelperPath, err)
 	}
 	f.cmd = cmd
@@ -266,12 +395,15 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	f.nsMu.Unlock()
 	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	// The helper waits for its spec before starting the handler, so joining
-	// the memory cgroup here, before sending the spec, puts every process of
-	// the fiber under the limit.
+	// the cgroups here, before sending the spec, puts every process of the
+	// fiber under the limits.
 	if err := f.joinCgroup(cmd.Process.Pid, spec.MemoryBytes); err != nil {
 		return err
 	}
 	if err := f.joinPids(cmd.Process.Pid, cfg.PidsMax); err != nil {
+		return err
+	}
+	if err := f.joinCPU(cmd.Process.Pid, cfg.CPUMillis); err != nil {
 		return err
 	}
 	env := make([]string, 0, len(spec.Env))
@@ -286,8 +418,9 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 		Env:                  env,
 		Port:                 spec.Port,
 		Hostname:             "fiber-" + f.id,
-		UID:                  cfg.UID,
-		GID:                  cfg.GID,
+		UID:                  uid,
+		GID:                  gid,
+		Limits:               cfg.Limits,
 		TmpBytes:             cfg.TmpBytes,
 		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
 		ReadinessPath:        spec.ReadinessPath,
@@ -304,26 +437,107 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	}
 	ch := make(chan result, 1)
 	go func() {
-		line, err := bufio.NewReader(statusR).ReadString('\n')
+		// Only the helper holds the write end (close-on-exec keeps it from
+		// the handler); a status line is short.
+		line, err := bufio.NewReader(io.LimitReader(statusR, 4096)).ReadString('\n')
 		ch <- result{line, err}
 	}()
-	timeout := spec.StartupTimeout + 5*time.Second
+	expired := func() error {
+		if ctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("helper did not report ready within %s", timeout)
+		}
+		return ctx.Err()
+	}
 	select {
 	case r := <-ch:
 		switch {
 		case r.line == helper.ReadyLine:
 			return nil
-		case strings.HasPrefix(r.line, "error: "):
+		case strings.HasPrefix(r.line, "error: ") && strings.HasSuffix(r.line, "\n"):
 			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))
-		default:
-			<-f.done
-			return fmt.Errorf("helper died before reporting ready: %v", f.Err())
+		}
+		select {
+		case <-f.done:
+			return fmt.Errorf("helper died before reporting ready (status %q): %v", r.line, f.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("helper sent an unexpected status %q: %w", r.line, expired())
 		}
 	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(timeout):
-		return fmt.Errorf("helper did not report ready within %s", timeout)
+		return expired()
 	}
+}
+
+// startOwnedBy starts cmd, which creates a user namespace, from an OS
+// thread whose effective uid and gid are hostID (with its capabilities
+// kept): the kernel makes the creator's effective ids the namespace's
+// owner, and charges what the namespace's users hold, at the parent level,
+// to that owner. Owned by root, every fiber of the node would share root's
+// per-user counts (one fiber holding every inotify instance would deny
+// them to the node's own root processes); owned by the fiber's first id,
+// each fiber has its own. Only this thread changes ids, and only for the
+// clone (the child inherits them, and fiberd then maps the namespace);
+// the thread is restored before it goes back to the scheduler. Were that
+// to fail, the thread stays locked and ends with this goroutine; its
+// children get Pdeathsig, so the caller destroys the fiber.
+func startOwnedBy(cmd *exec.Cmd, hostID uint32) error {
+	runtime.LockOSThread()
+	restored := false
+	defer func() {
+		if restored {
+			runtime.UnlockOSThread()
+		}
+	}()
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(hostID), ^uintptr(0)); e != 0 {
+		restored = true
+		return fmt.Errorf("setting the creating thread's gid to %d: %w", hostID, e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(hostID), ^uintptr(0)); e != 0 {
+		restored = restoreIDs() == nil
+		return fmt.Errorf("setting the creating thread's uid to %d: %w", hostID, e)
+	}
+	// Leaving euid 0 cleared the effective capabilities; they are still
+	// permitted, and fiberd needs them to clone namespaces and map ids.
+	startErr := raiseEffectiveCaps()
+	if startErr == nil {
+		startErr = cmd.Start()
+	}
+	if err := restoreIDs(); err != nil {
+		if cmd.Process != nil {
+			cmd.Process.Kill()
+		}
+		return fmt.Errorf("restoring fiberd's thread ids: %w", err)
+	}
+	restored = true
+	return startErr
+}
+
+func raiseEffectiveCaps() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if _, _, e := unix.RawSyscall(unix.SYS_CAPGET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capget: %w", e)
+	}
+	data[0].Effective, data[1].Effective = data[0].Permitted, data[1].Permitted
+	if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capset: %w", e)
+	}
+	return nil
+}
+
+// restoreIDs gives the calling thread back effective uid and gid 0 (its
+// real and saved ids never changed; going back to euid 0 restores the
+// effective capabilities).
+func restoreIDs() error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
+		return e
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
+		return e
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("effective uid still not 0")
+	}
+	return nil
 }
 
 func (f *fiber) joinCgroup(pid int, limit int64) error {
@@ -350,9 +564,6 @@ func (f *fiber) joinCgroup(pid int, limit int64) error {
 }
 
 func (f *fiber) joinPids(pid, max int) error {
-	if f.pids == "" {
-		return nil
-	}
 	if err := os.Mkdir(f.pids, 0o755); err != nil {
 		return fmt.Errorf("creating pids cgroup %s: %w", f.pids, err)
 	}
@@ -361,6 +572,39 @@ func (f *fiber) joinPids(pid, max int) error {
 	}
 	if err := os.WriteFile(filepath.Join(f.pids, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
 		return fmt.Errorf("moving helper %d into %s: %w", pid, f.pids, err)
+	}
+	return nil
+}
+
+// joinCPU gives the fiber the same cpu.shares as every sibling (the
+// kernel default, 1024), so busy fibers of a Home split its CPU evenly, and
+// a CFS quota of millis/1000 CPUs.
+func (f *fiber) joinCPU(pid, millis int) error {
+	if err := os.Mkdir(f.cpu, 0o755); err != nil {
+		return fmt.Errorf("creating cpu cgroup %s: %w", f.cpu, err)
+	}
+	write := func(file, val string) error {
+		return os.WriteFile(filepath.Join(f.cpu, file), []byte(val), 0)
+	}
+	if err := write("cpu.shares", "1024"); err != nil {
+		return fmt.Errorf("setting cpu.shares on %s: %w", f.cpu, err)
+	}
+	const period = 100000
+	if err := write("cpu.cfs_period_us", strconv.Itoa(period)); err != nil {
+		return fmt.Errorf("setting cpu.cfs_period_us on %s: %w", f.cpu, err)
+	}
+	// cgroup v1 refuses a quota above the parent's: the Home's own limit
+	// then bounds the fiber.
+	if err := write("cpu.cfs_quota_us", strconv.Itoa(millis*period/1000)); err != nil {
+		if !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("setting cpu.cfs_quota_us on %s: %w", f.cpu, err)
+		}
+		f.b.cpuQuotaOnce.Do(func() {
+			fmt.Fprintf(f.b.cfg.Log, "process backend: the Home's CPU limit is below %dm per fiber; fibers are bounded by the Home's limit\n", millis)
+		})
+	}
+	if err := write("cgroup.procs", strconv.Itoa(pid)); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, f.cpu, err)
 	}
 	return nil
 }
@@ -462,7 +706,7 @@ func (f *fiber) cleanup() error {
 	}
 	// A cgroup can only be removed once its last task has been reaped,
 	// which may trail the helper's exit by a moment.
-	for _, cg := range []string{f.cgroup, f.pids} {
+	for _, cg := range []string{f.cgroup, f.pids, f.cpu} {
 		for i := 0; cg != ""; i++ {
 			err := os.Remove(cg)
 			if err == nil || errors.Is(err, os.ErrNotExist) {
@@ -474,6 +718,17 @@ func (f *fiber) cleanup() error {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+	// The kernel removes a cgroup only once its last task is gone: with
+	// all three removed, nothing runs as this fiber's ids any more and the
+	// range may go to another fiber. Otherwise it stays held (and logged).
+	if f.idRange >= 0 {
+		if len(errs) == 0 {
+			f.b.ids.release(f.idRange)
+		} else {
+			errs = append(errs, fmt.Errorf("keeping host id range %d (ids %d-%d) out of use", f.idRange, f.hostID, f.hostID+IDRangeSize-1))
+		}
+		f.idRange = -1
 	}
 	f.nsMu.Lock()
 	if f.ns.IsOpen() {

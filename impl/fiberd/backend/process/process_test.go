@@ -31,6 +31,7 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	helperBin := fiberdtest.Build(t, fiberdtest.HelperPackage)
 	handler := fiberdtest.Build(t, fiberdtest.TestHandlerPackage)
 	state, _ := os.MkdirTemp("/tmp", "pb")
+	os.Chmod(state, 0o711) // the helper runs as the fiber's own host uid
 	t.Cleanup(func() { os.RemoveAll(state) })
 	root := filepath.Join(state, "root")
 	for _, d := range append(helper.MountPoints, "app") {
@@ -39,8 +40,10 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	b, _ := os.ReadFile(handler)
 	os.WriteFile(filepath.Join(root, "app", "handler"), b, 0o755)
 	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(state))
-	t.Cleanup(func() { os.Remove(cg) })
-	be, err := process.New(process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg})
+	pids := filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state))
+	cpu := filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state))
+	t.Cleanup(func() { os.Remove(cg); os.Remove(pids); os.Remove(cpu) })
+	be, err := process.New(process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
 	if err != nil {
 		t.Fatal(err)
 	}
