@@ -19,6 +19,7 @@ import (
 	"strings"
 	"syscall"
 
+	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/server"
@@ -47,6 +48,9 @@ func main() {
 	flag.IntVar(&sb.fiberCPUMillis, "fiber-cpu", 1000, "each fiber's CPU bound in millicores (CFS quota; fibers of a Home share its CPU with equal weights, and the Home's own limit bounds them all)")
 	flag.Var(&sb.idBase, "id-base", "first host uid/gid of the node's pool of per-fiber id ranges (65536 ids each); every Home on a node must agree")
 	flag.IntVar(&sb.idRanges, "id-ranges", process.DefaultIDRanges, "number of per-fiber id ranges in the node's pool")
+	flag.Int64Var(&sb.limits.LayerBytes, "max-snapshot-bytes", artifact.DefaultLimits.LayerBytes, "largest compressed snapshot layer fiberd fetches (it holds the layer in memory)")
+	flag.Int64Var(&sb.limits.UnpackedBytes, "max-unpacked-bytes", artifact.DefaultLimits.UnpackedBytes, "largest unpacked snapshot (sum of file sizes) fiberd writes to its state volume")
+	flag.IntVar(&sb.limits.Entries, "max-snapshot-entries", artifact.DefaultLimits.Entries, "most files, directories and symlinks in a snapshot")
 	flag.StringVar(&sb.idLockDir, "id-lock-dir", process.DefaultIDLockDir, "directory shared by every Home on the node (a hostPath) in which fiberd locks the id ranges its fibers hold")
 	flag.Var(&mirrors, "registry-mirror", "from=to: reach registry host `from` at `to` (repeatable), e.g. localhost:5002=kind-registry:5000")
 	flag.Parse()
@@ -63,6 +67,7 @@ type sandboxFlags struct {
 	idBase         uint32Flag
 	idRanges       int
 	idLockDir      string
+	limits         artifact.Limits
 }
 
 type uint32Flag uint32
@@ -127,6 +132,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 		WarmFibers:      warm,
 		RegistryOptions: m.RemoteOptions(),
 		KernelSplice:    kernelSplice,
+		ArtifactLimits:  sb.limits,
 	})
 	if err != nil {
 		return err

@@ -6,12 +6,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
@@ -249,5 +255,58 @@ func TestSandboxCPUShare(t *testing.T) {
 	t.Logf("victim p50/p99: %s/%s alone, %s/%s beside a fiber spinning 4 threads (bounded to 0.5 CPU)", base50, base99, p50, p99)
 	if p99 > 50*time.Millisecond+4*base99 {
 		t.Errorf("victim p99 %s beside a spinning fiber (alone %s): starved", p99, base99)
+	}
+}
+
+// A tenant's snapshot is hostile too: a gzip bomb stops at the unpack
+// limit (named in the reason and message), a /tmp that is a symlink is
+// refused instead of being mounted over its target, and fiberd keeps
+// serving its API.
+func TestSandboxHostileSnapshots(t *testing.T) {
+	inst := evil(t, fiberdtest.Options{WarmFibers: -1})
+	dir := t.TempDir()
+	os.MkdirAll(filepath.Join(dir, "app"), 0o755)
+	os.WriteFile(filepath.Join(dir, "app", "handler"), []byte("#!/bin/false\n"), 0o755)
+	bomb, err := artifact.GzipBomb(dir, "app/bomb", 2<<30) // 2 GiB of zeros
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink("/", filepath.Join(dir, "tmp"))
+	symlinked, err := artifact.Build(dir, artifact.Config{Entrypoint: []string{"/app/handler"}, Port: 8080, Runtime: artifact.Runtime{Name: "go"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bombImg, err := artifact.FromLayer(artifact.Config{Entrypoint: []string{"/app/handler"}, Port: 8080, Runtime: artifact.Runtime{Name: "go"}, HelperVersion: artifact.HelperProtocolVersion}, bomb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, tc := range []struct {
+		name, reason, msg string
+		img               v1.Image
+	}{
+		{"gzip bomb", "SnapshotTooLarge", "unpacked size limit of 1073741824", bombImg},
+		{"symlinked /tmp", "SnapshotUnavailable", "/tmp is a symlink, not a directory", symlinked},
+	} {
+		ref, err := artifact.Push(context.Background(), tc.img, inst.Registry+"/lampyr/hostile:"+strconv.Itoa(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := inst.Claims
+		c.SnapshotArtifact = ref.String()
+		inst.WriteGrant(t, c)
+		g, err := inst.Client.Grant(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %s", tc.name, g.LoadError)
+		if !strings.HasPrefix(g.LoadError, tc.reason+": ") || !strings.Contains(g.LoadError, tc.msg) {
+			t.Errorf("%s: load error %q, want reason %s naming %q", tc.name, g.LoadError, tc.reason, tc.msg)
+		}
+		if err := inst.Client.Healthy(context.Background()); err != nil {
+			t.Errorf("fiberd after a %s: %v", tc.name, err)
+		}
+	}
+	if _, err := os.Stat("/bomb"); err == nil {
+		t.Error("a file reached the host's root")
 	}
 }
