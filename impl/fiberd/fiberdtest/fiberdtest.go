@@ -351,6 +351,29 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	return i
 }
 
+// BackendConfig is a process backend configuration for a test whose
+// state lives under dir (made searchable by the fibers' unprivileged
+// helpers): per-test memory, pids and cpu cgroups, removed when the test
+// ends.
+func BackendConfig(t testing.TB, helperPath, dir string) process.Config {
+	t.Helper()
+	os.Chmod(dir, 0o711)
+	base := filepath.Base(dir)
+	cfg := process.Config{
+		HelperPath:   helperPath,
+		StateDir:     filepath.Join(dir, "f"),
+		CgroupParent: filepath.Join(process.DefaultCgroupParent, base),
+		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", base),
+		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", base),
+	}
+	t.Cleanup(func() {
+		os.Remove(cfg.CgroupParent)
+		os.Remove(cfg.PidsParent)
+		os.Remove(cfg.CPUParent)
+	})
+	return cfg
+}
+
 func setDefaults(o *Options, t testing.TB) {
 	if o.Namespace == "" {
 		o.Namespace = "default"
