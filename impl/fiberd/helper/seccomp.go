@@ -199,10 +199,6 @@ func seccompFilter() (seccomp.Filter, error) {
 			}
 			p.Syscalls = append(p.Syscalls, sg)
 		}
-		if _, err := p.Assemble(); err != nil {
-			filterErr = fmt.Errorf("seccomp profile: %w", err)
-			return
-		}
 		// no_new_privs is set by the helper itself, on the same thread,
 		// before the filter (LoadFilter would set it too).
 		filter = seccomp.Filter{NoNewPrivs: true, Policy: p}
@@ -218,5 +214,8 @@ func loadSeccomp() error {
 	if err != nil {
 		return err
 	}
-	return seccomp.LoadFilter(f)
+	if err := seccomp.LoadFilter(f); err != nil {
+		return fmt.Errorf("seccomp profile: %w", err)
+	}
+	return nil
 }
