@@ -18,16 +18,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
-	"unsafe"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -40,6 +37,9 @@ import (
 type Config struct {
 	// HelperPath is the lampyr-helper binary.
 	HelperPath string
+	// SpawnerPath is the binary run as the helper spawner (its argument
+	// "spawner"); default HelperPath.
+	SpawnerPath string
 	// StateDir holds one directory per fiber (its root mount point).
 	StateDir string
 	// CgroupParent is the cgroup v1 memory directory under which each fiber
@@ -89,6 +89,12 @@ type Backend struct {
 	// directories, so Close can wait for them.
 	cleanups sync.WaitGroup
 	ids      *idPool
+	// cpuGroups and pidsGroups are the fibers' cpu and pids cgroups,
+	// reused (cgpool.go).
+	cpuGroups, pidsGroups *cgPool
+	// spawner clones helpers (spawn.go); restarted if it dies.
+	spawnMu sync.Mutex
+	spawner *spawner
 	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
 	// inherit it instead (logged once).
 	cpuQuotaOnce sync.Once
@@ -190,7 +196,39 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("process backend: opening fiberd's own network namespace: %w", err)
 	}
 	removeLeftovers(cfg)
-	return &Backend{cfg: cfg, hostNS: host, ids: ids}, nil
+	b := &Backend{cfg: cfg, hostNS: host, ids: ids}
+	b.pidsGroups = &cgPool{parent: cfg.PidsParent, setup: func(dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(cfg.PidsMax)), 0)
+	}}
+	b.cpuGroups = &cgPool{parent: cfg.CPUParent, setup: b.setupCPU}
+	if cfg.SpawnerPath == "" {
+		cfg.SpawnerPath = cfg.HelperPath
+		b.cfg.SpawnerPath = cfg.HelperPath
+	}
+	if b.spawner, err = startSpawner(cfg.SpawnerPath, cfg.Log); err != nil {
+		host.Close()
+		return nil, fmt.Errorf("process backend: %w", err)
+	}
+	return b, nil
+}
+
+// currentSpawner returns a live spawner, starting a new one if the last
+// died (its fibers died with it).
+func (b *Backend) currentSpawner() (*spawner, error) {
+	b.spawnMu.Lock()
+	defer b.spawnMu.Unlock()
+	b.spawner.mu.Lock()
+	dead := b.spawner.dead
+	b.spawner.mu.Unlock()
+	if dead != nil {
+		fmt.Fprintf(b.cfg.Log, "process backend: %v; starting a new one\n", dead)
+		s, err := startSpawner(b.cfg.SpawnerPath, b.cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		b.spawner = s
+	}
+	return b.spawner, nil
 }
 
 // searchable checks that every directory from / to dir lets others search
@@ -259,6 +297,11 @@ func Supported() error {
 // cgroup directories if they are empty. Destroy every fiber first.
 func (b *Backend) Close() error {
 	b.cleanups.Wait()
+	b.spawnMu.Lock()
+	b.spawner.close()
+	b.spawnMu.Unlock()
+	b.cpuGroups.close()
+	b.pidsGroups.close()
 	b.hostNS.Close()
 	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent, b.cfg.CPUParent} {
 		if d != "" {
@@ -289,8 +332,10 @@ type fiber struct {
 	// hostID its first id.
 	idRange int
 	hostID  uint32
-	cmd     *exec.Cmd
-	done    chan struct{}
+	// pid is the helper's, pidfd a handle to signal exactly it.
+	pid   int
+	pidfd int
+	done  chan struct{}
 
 	mu      sync.Mutex
 	err     error
@@ -304,9 +349,8 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 		id:      id,
 		dir:     filepath.Join(b.cfg.StateDir, id),
 		cgroup:  filepath.Join(b.cfg.CgroupParent, id),
-		pids:    filepath.Join(b.cfg.PidsParent, id),
-		cpu:     filepath.Join(b.cfg.CPUParent, id),
 		idRange: -1,
+		pidfd:   -1,
 		done:    make(chan struct{}),
 	}
 	f.ns = netns.None()
@@ -347,46 +391,50 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	defer statusR.Close()
 	defer statusW.Close()
 
-	cmd := exec.Command(cfg.HelperPath)
-	// The helper only supervises; one P keeps its start-up and thread count
-	// (which the pids limit counts) small.
-	cmd.Env = []string{"GOMAXPROCS=1"}
-	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{specR, statusW} // fds 3, 4
-	idMap := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(hostID), Size: IDRangeSize}}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// The user namespace comes first and owns the others: the helper
-		// is root over the fiber's mounts, network and processes and
-		// nothing else.
-		Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
-		// Written by fiberd (root in the parent namespace, so any range
-		// may be mapped) before the helper runs a single instruction.
-		UidMappings:                idMap,
-		GidMappings:                idMap,
-		GidMappingsEnableSetgroups: true,
-		Credential:                 &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}},
-		// If fiberd dies its fibers die with it: no orphaned sandboxes
-		// outliving their grant.
-		Pdeathsig: unix.SIGKILL,
-		Setsid:    true,
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		return err
 	}
-	if err := startOwnedBy(cmd, hostID); err != nil {
+	defer logW.Close()
+	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
+	go func() {
+		io.Copy(out, logR)
+		logR.Close()
+	}()
+	sp, err := f.b.currentSpawner()
+	if err != nil {
+		return err
+	}
+	pid, exit, err := sp.spawn(helper.SpawnRequest{
+		Path:   cfg.HelperPath,
+		HostID: hostID,
+		IDs:    IDRangeSize,
+		// With the user namespace (added by the spawner, which owns it by
+		// the range's first id): mount, PID, network, IPC and UTS.
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+	}, specR, statusW, logW)
+	if err != nil {
 		return fmt.Errorf("starting %s in new namespaces: %w", cfg.HelperPath, err)
 	}
-	f.cmd = cmd
+	f.pid = pid
+	// A handle on exactly this process: signalling it by pid after it was
+	// reaped could hit another.
+	if f.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+		unix.Kill(pid, unix.SIGKILL)
+		return fmt.Errorf("pidfd of helper %d: %w", pid, err)
+	}
 	go func() {
-		err := cmd.Wait()
+		why := <-exit
 		f.mu.Lock()
 		if f.err == nil {
-			f.err = fmt.Errorf("fiber exited: %v", err)
+			f.err = fmt.Errorf("fiber exited: %s", why)
 		}
 		f.mu.Unlock()
 		close(f.done)
 	}()
 	// The handle keeps only the namespace object (no process) until the
 	// fiber's cleanup closes it.
-	ns, err := netns.GetFromPid(cmd.Process.Pid)
+	ns, err := netns.GetFromPid(pid)
 	if err != nil {
 		return fmt.Errorf("opening the fiber's network namespace: %w", err)
 	}
@@ -397,13 +445,13 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	// The helper waits for its spec before starting the handler, so joining
 	// the cgroups here, before sending the spec, puts every process of the
 	// fiber under the limits.
-	if err := f.joinCgroup(cmd.Process.Pid, spec.MemoryBytes); err != nil {
+	if err := f.joinCgroup(pid, spec.MemoryBytes); err != nil {
 		return err
 	}
-	if err := f.joinPids(cmd.Process.Pid, cfg.PidsMax); err != nil {
+	if err := f.joinPids(pid, cfg.PidsMax); err != nil {
 		return err
 	}
-	if err := f.joinCPU(cmd.Process.Pid, cfg.CPUMillis); err != nil {
+	if err := f.joinCPU(pid, cfg.CPUMillis); err != nil {
 		return err
 	}
 	env := make([]string, 0, len(spec.Env))
@@ -467,79 +515,6 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	}
 }
 
-// startOwnedBy starts cmd, which creates a user namespace, from an OS
-// thread whose effective uid and gid are hostID (with its capabilities
-// kept): the kernel makes the creator's effective ids the namespace's
-// owner, and charges what the namespace's users hold, at the parent level,
-// to that owner. Owned by root, every fiber of the node would share root's
-// per-user counts (one fiber holding every inotify instance would deny
-// them to the node's own root processes); owned by the fiber's first id,
-// each fiber has its own. Only this thread changes ids, and only for the
-// clone (the child inherits them, and fiberd then maps the namespace);
-// the thread is restored before it goes back to the scheduler. Were that
-// to fail, the thread stays locked and ends with this goroutine; its
-// children get Pdeathsig, so the caller destroys the fiber.
-func startOwnedBy(cmd *exec.Cmd, hostID uint32) error {
-	runtime.LockOSThread()
-	restored := false
-	defer func() {
-		if restored {
-			runtime.UnlockOSThread()
-		}
-	}()
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), uintptr(hostID), ^uintptr(0)); e != 0 {
-		restored = true
-		return fmt.Errorf("setting the creating thread's gid to %d: %w", hostID, e)
-	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), uintptr(hostID), ^uintptr(0)); e != 0 {
-		restored = restoreIDs() == nil
-		return fmt.Errorf("setting the creating thread's uid to %d: %w", hostID, e)
-	}
-	// Leaving euid 0 cleared the effective capabilities; they are still
-	// permitted, and fiberd needs them to clone namespaces and map ids.
-	startErr := raiseEffectiveCaps()
-	if startErr == nil {
-		startErr = cmd.Start()
-	}
-	if err := restoreIDs(); err != nil {
-		if cmd.Process != nil {
-			cmd.Process.Kill()
-		}
-		return fmt.Errorf("restoring fiberd's thread ids: %w", err)
-	}
-	restored = true
-	return startErr
-}
-
-func raiseEffectiveCaps() error {
-	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
-	var data [2]unix.CapUserData
-	if _, _, e := unix.RawSyscall(unix.SYS_CAPGET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
-		return fmt.Errorf("capget: %w", e)
-	}
-	data[0].Effective, data[1].Effective = data[0].Permitted, data[1].Permitted
-	if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
-		return fmt.Errorf("capset: %w", e)
-	}
-	return nil
-}
-
-// restoreIDs gives the calling thread back effective uid and gid 0 (its
-// real and saved ids never changed; going back to euid 0 restores the
-// effective capabilities).
-func restoreIDs() error {
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
-		return e
-	}
-	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, ^uintptr(0), 0, ^uintptr(0)); e != 0 {
-		return e
-	}
-	if os.Geteuid() != 0 {
-		return errors.New("effective uid still not 0")
-	}
-	return nil
-}
-
 func (f *fiber) joinCgroup(pid int, limit int64) error {
 	if err := os.Mkdir(f.cgroup, 0o755); err != nil {
 		return fmt.Errorf("creating memory cgroup %s: %w", f.cgroup, err)
@@ -564,47 +539,53 @@ func (f *fiber) joinCgroup(pid int, limit int64) error {
 }
 
 func (f *fiber) joinPids(pid, max int) error {
-	if err := os.Mkdir(f.pids, 0o755); err != nil {
-		return fmt.Errorf("creating pids cgroup %s: %w", f.pids, err)
+	dir, err := f.b.pidsGroups.get()
+	if err != nil {
+		return fmt.Errorf("pids cgroup: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(f.pids, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
-		return fmt.Errorf("setting pids.max on %s: %w", f.pids, err)
-	}
-	if err := os.WriteFile(filepath.Join(f.pids, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		return fmt.Errorf("moving helper %d into %s: %w", pid, f.pids, err)
+	f.pids = dir
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
 	}
 	return nil
 }
 
-// joinCPU gives the fiber the same cpu.shares as every sibling (the
-// kernel default, 1024), so busy fibers of a Home split its CPU evenly, and
-// a CFS quota of millis/1000 CPUs.
+// joinCPU puts the fiber in a cpu cgroup of its own (setupCPU).
 func (f *fiber) joinCPU(pid, millis int) error {
-	if err := os.Mkdir(f.cpu, 0o755); err != nil {
-		return fmt.Errorf("creating cpu cgroup %s: %w", f.cpu, err)
+	dir, err := f.b.cpuGroups.get()
+	if err != nil {
+		return fmt.Errorf("cpu cgroup: %w", err)
 	}
+	f.cpu = dir
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
+	}
+	return nil
+}
+
+// setupCPU gives a new fiber cpu cgroup the same cpu.shares as every
+// sibling (the kernel default, 1024), so busy fibers of a Home split its
+// CPU evenly, and a CFS quota of CPUMillis/1000 CPUs.
+func (b *Backend) setupCPU(dir string) error {
 	write := func(file, val string) error {
-		return os.WriteFile(filepath.Join(f.cpu, file), []byte(val), 0)
+		return os.WriteFile(filepath.Join(dir, file), []byte(val), 0)
 	}
 	if err := write("cpu.shares", "1024"); err != nil {
-		return fmt.Errorf("setting cpu.shares on %s: %w", f.cpu, err)
+		return fmt.Errorf("setting cpu.shares on %s: %w", dir, err)
 	}
 	const period = 100000
 	if err := write("cpu.cfs_period_us", strconv.Itoa(period)); err != nil {
-		return fmt.Errorf("setting cpu.cfs_period_us on %s: %w", f.cpu, err)
+		return fmt.Errorf("setting cpu.cfs_period_us on %s: %w", dir, err)
 	}
 	// cgroup v1 refuses a quota above the parent's: the Home's own limit
 	// then bounds the fiber.
-	if err := write("cpu.cfs_quota_us", strconv.Itoa(millis*period/1000)); err != nil {
+	if err := write("cpu.cfs_quota_us", strconv.Itoa(b.cfg.CPUMillis*period/1000)); err != nil {
 		if !errors.Is(err, unix.EINVAL) {
-			return fmt.Errorf("setting cpu.cfs_quota_us on %s: %w", f.cpu, err)
+			return fmt.Errorf("setting cpu.cfs_quota_us on %s: %w", dir, err)
 		}
-		f.b.cpuQuotaOnce.Do(func() {
-			fmt.Fprintf(f.b.cfg.Log, "process backend: the Home's CPU limit is below %dm per fiber; fibers are bounded by the Home's limit\n", millis)
+		b.cpuQuotaOnce.Do(func() {
+			fmt.Fprintf(b.cfg.Log, "process backend: the Home's CPU limit is below %dm per fiber; fibers are bounded by the Home's limit\n", b.cfg.CPUMillis)
 		})
-	}
-	if err := write("cgroup.procs", strconv.Itoa(pid)); err != nil {
-		return fmt.Errorf("moving helper %d into %s: %w", pid, f.cpu, err)
 	}
 	return nil
 }
@@ -676,9 +657,9 @@ func (f *fiber) Destroy() error {
 			f.err = errors.New("fiber destroyed")
 		}
 		f.mu.Unlock()
-		if f.cmd != nil && f.cmd.Process != nil {
+		if f.pidfd >= 0 {
 			// Killing PID 1 of the namespace kills every process in it.
-			f.cmd.Process.Signal(unix.SIGKILL)
+			unix.PidfdSendSignal(f.pidfd, unix.SIGKILL, nil, 0)
 			<-f.done
 		}
 		// The processes are gone; removing the emptied cgroup and the
@@ -696,32 +677,47 @@ func (f *fiber) Destroy() error {
 
 func (f *fiber) cleanup() error {
 	var errs []error
-	if f.cmd != nil && f.cmd.Process != nil {
+	if f.pidfd >= 0 {
 		select {
 		case <-f.done:
 		default:
-			f.cmd.Process.Signal(unix.SIGKILL)
+			unix.PidfdSendSignal(f.pidfd, unix.SIGKILL, nil, 0)
 			<-f.done
 		}
+		unix.Close(f.pidfd)
+		f.pidfd = -1
 	}
 	// A cgroup can only be removed once its last task has been reaped,
 	// which may trail the helper's exit by a moment.
-	for _, cg := range []string{f.cgroup, f.pids, f.cpu} {
-		for i := 0; cg != ""; i++ {
-			err := os.Remove(cg)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if i == 200 {
-				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", cg, err))
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+	for i := 0; ; i++ {
+		err := os.Remove(f.cgroup)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			break
 		}
+		if i == 200 {
+			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", f.cgroup, err))
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
-	// The kernel removes a cgroup only once its last task is gone: with
-	// all three removed, nothing runs as this fiber's ids any more and the
-	// range may go to another fiber. Otherwise it stays held (and logged).
+	// The pooled cgroups go back once empty; one that stays busy is not
+	// reused.
+	for _, g := range []struct {
+		pool *cgPool
+		dir  *string
+	}{{f.b.pidsGroups, &f.pids}, {f.b.cpuGroups, &f.cpu}} {
+		if *g.dir == "" {
+			continue
+		}
+		if err := g.pool.put(*g.dir); err != nil {
+			errs = append(errs, err)
+		}
+		*g.dir = ""
+	}
+	// The kernel removes a cgroup only once its last task is gone, and the
+	// pooled ones were seen empty: nothing runs as this fiber's ids any
+	// more and the range may go to another fiber. Otherwise it stays held
+	// (and logged).
 	if f.idRange >= 0 {
 		if len(errs) == 0 {
 			f.b.ids.release(f.idRange)

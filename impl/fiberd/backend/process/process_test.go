@@ -252,7 +252,7 @@ func TestStartTimeoutCoversPartialStatus(t *testing.T) {
 	cg := filepath.Join(process.DefaultCgroupParent, base)
 	pids := filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", base)
 	cpu := filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", base)
-	be, err := process.New(process.Config{HelperPath: stall, StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
+	be, err := process.New(process.Config{HelperPath: stall, SpawnerPath: fiberdtest.Build(t, fiberdtest.HelperPackage), StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
 	if err != nil {
 		t.Fatal(err)
 	}
