@@ -165,7 +165,7 @@ func TestSandboxKeyrings(t *testing.T) {
 func TestSandboxPerUserLimits(t *testing.T) {
 	a := evil(t, fiberdtest.Options{})
 	b := evil(t, fiberdtest.Options{})
-	for _, what := range []string{"inotify", "mqueue"} {
+	for _, what := range []string{"inotify", "mqueue", "procs"} {
 		t.Run(what, func(t *testing.T) {
 			f, err := a.Client.Acquire(context.Background())
 			if err != nil {
