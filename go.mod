@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/cert-manager/cert-manager v1.16.3
 	github.com/cilium/ebpf v0.19.0
+	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.20.3
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674

@@ -215,7 +215,7 @@ var attacks = []attack{
 }
 
 var _ = Describe("hostile tenant", Label("cluster", "tenancy"), Ordered, ContinueOnFailure, func() {
-	for _, a := range attacks {
+	for _, a := range append(append([]attack{}, attacks...), fiberAttacks...) {
 		timeout := a.timeout
 		if timeout == 0 {
 			timeout = 8 * time.Minute

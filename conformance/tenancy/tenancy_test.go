@@ -11,7 +11,10 @@
 //
 // Managed mode only: it brings up the "lampyr" (Lampyr) and "stock" (stock
 // Knative) Kind clusters as `just cluster-up` does, and deletes what it
-// created unless LAMPYR_KEEP=1.
+// created unless LAMPYR_KEEP=1. LAMPYR_TENANCY_CLUSTERS names other
+// clusters ("stock-x,lampyr-x"; a name's prefix selects its profile,
+// clusters.ProfileFor); a list without a stock cluster runs Lampyr alone
+// and the stock column says so.
 package tenancy
 
 import (
@@ -78,6 +81,8 @@ var (
 	lampyr = &side{name: "lampyr"}
 	stock  = &side{name: "stock"}
 	sides  = []*side{stock, lampyr}
+	// stockOff: LAMPYR_TENANCY_CLUSTERS names no stock cluster.
+	stockOff bool
 
 	// The fixture handler as a Lampyr project and its snapshot build.
 	project *ly.Project
@@ -136,14 +141,49 @@ type tenant struct {
 
 func sealerName(ns string) string { return ns + "-deployer" }
 
+// chooseClusters applies LAMPYR_TENANCY_CLUSTERS.
+func chooseClusters() error {
+	v := os.Getenv("LAMPYR_TENANCY_CLUSTERS")
+	if v == "" {
+		return nil
+	}
+	stockOff = true
+	lampyr.name = ""
+	for _, n := range strings.Split(v, ",") {
+		switch n = strings.TrimSpace(n); clusters.ProfileFor(n) {
+		case "stock":
+			stock.name, stockOff = n, false
+		case "lampyr":
+			lampyr.name = n
+		default:
+			return fmt.Errorf("LAMPYR_TENANCY_CLUSTERS: %q selects no profile (want stock[-...] or lampyr[-...])", n)
+		}
+	}
+	if lampyr.name == "" {
+		return errors.New("LAMPYR_TENANCY_CLUSTERS names no lampyr cluster")
+	}
+	if stockOff {
+		sides = []*side{lampyr}
+		stock.err = errors.New("not requested (LAMPYR_TENANCY_CLUSTERS names no stock cluster)")
+	}
+	return nil
+}
+
 var _ = BeforeSuite(func(ctx SpecContext) {
+	Expect(chooseClusters()).To(Succeed())
 	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	infos, err := env.Up(ctx, []string{stock.name, lampyr.name}, keep)
+	var names []string
+	for _, s := range sides {
+		names = append(names, s.name)
+	}
+	infos, err := env.Up(ctx, names, keep)
 	Expect(err).NotTo(HaveOccurred())
-	stock.info, lampyr.info = infos[0], infos[1]
+	for i, s := range sides {
+		s.info = infos[i]
+	}
 	// One install at a time: each builds images on the host's few cores.
 	for _, s := range sides {
-		Expect(env.Install(ctx, s.info, s.name, clusters.Networking())).To(Succeed(), "installing %s", s.name)
+		Expect(env.Install(ctx, s.info, clusters.ProfileFor(s.name), clusters.Networking())).To(Succeed(), "installing %s", s.name)
 		s.admin, err = e2eutil.NewClients(s.info.Kubeconfig)
 		Expect(err).NotTo(HaveOccurred())
 		s.gateway, s.registry = s.info.GatewayURL(), s.info.Registry
@@ -189,7 +229,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// Stock is a reference: set it up alongside Lampyr, and if it fails,
 	// its column says why instead of failing the suite.
 	stockDone := make(chan error, 1)
-	go func() { stockDone <- setUpStock(ctx) }()
+	if stockOff {
+		stockDone <- stock.err
+	} else {
+		go func() { stockDone <- setUpStock(ctx) }()
+	}
 
 	By("building the handler's snapshot artifact (ly build) and pushing it under each tenant's repository")
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
@@ -263,6 +307,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	By("tenant-a starts its forged Home (attacker listen) in its own namespace")
 	Expect(startForgedHome(ctx, lampyr)).To(Succeed())
+
+	By("each tenant deploys the malicious handler (fixtures/cmd/evil) as its Service " + evilSvc)
+	Expect(deployEvil(ctx, lampyr)).To(Succeed())
 
 	if err := <-stockDone; err != nil {
 		stock.err = err

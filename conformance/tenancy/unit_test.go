@@ -135,7 +135,7 @@ func TestReportCells(t *testing.T) {
 
 func TestAttacksAreWellFormed(t *testing.T) {
 	seen := map[string]bool{}
-	for _, a := range attacks {
+	for _, a := range append(append([]attack{}, attacks...), fiberAttacks...) {
 		if a.name == "" || a.expected == "" || a.run == nil || a.appliesTo&onLampyr == 0 {
 			t.Errorf("attack %q: every attack has a name, an expectation, a run func and applies to Lampyr", a.name)
 		}

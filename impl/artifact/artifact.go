@@ -25,6 +25,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -68,12 +69,110 @@ type Config struct {
 	AdapterVersion string `json:"adapterVersion,omitempty"`
 	// HelperVersion is the lampyr-helper protocol the snapshot expects.
 	HelperVersion string `json:"helperVersion,omitempty"`
+	// User is the non-root "uid[:gid]" the handler runs as inside its
+	// fiber's user namespace (an image's USER); empty: 65534.
+	User string `json:"user,omitempty"`
+}
+
+// UserIDs parses User: uid and gid (gid defaults to uid); 0, 0 when unset.
+func (c *Config) UserIDs() (uid, gid uint32, err error) {
+	if c.User == "" {
+		return 0, 0, nil
+	}
+	u, g, hasG := strings.Cut(c.User, ":")
+	parse := func(s string) (uint32, error) {
+		n, err := strconv.ParseUint(s, 10, 32)
+		if err != nil || n == 0 || n >= 65536 {
+			return 0, fmt.Errorf("user %q: want numeric non-root ids below 65536 (uid[:gid]); a fiber never runs its handler as root", c.User)
+		}
+		return uint32(n), nil
+	}
+	if uid, err = parse(u); err != nil {
+		return 0, 0, err
+	}
+	gid = uid
+	if hasG {
+		if gid, err = parse(g); err != nil {
+			return 0, 0, err
+		}
+	}
+	return uid, gid, nil
 }
 
 // Runtime identifies the handler's runtime.
 type Runtime struct {
 	Name    string `json:"name"`
 	Version string `json:"version,omitempty"`
+}
+
+// Limits bound what fetching and unpacking an artifact may cost its
+// consumer (fiberd holds the compressed layer in memory and writes the
+// unpacked files to its Home's volume). A tenant chooses the artifact, so
+// every size a manifest or tar header declares is checked against these
+// before a byte of it is read or written. Errors are *LimitError.
+type Limits struct {
+	// LayerBytes bounds the compressed layer (and a template's sealed blob).
+	LayerBytes int64
+	// ConfigBytes bounds the config blob.
+	ConfigBytes int64
+	// UnpackedBytes bounds the sum of the regular files' sizes unpacked.
+	UnpackedBytes int64
+	// Entries bounds the number of tar entries.
+	Entries int
+	// PathBytes bounds an entry's name and a symlink's target.
+	PathBytes int
+}
+
+// DefaultLimits are fiberd's defaults (flags --max-snapshot-bytes,
+// --max-unpacked-bytes, --max-snapshot-entries): a Go or Node handler's
+// snapshot is 5-60 MiB compressed.
+var DefaultLimits = Limits{
+	LayerBytes:    256 << 20,
+	ConfigBytes:   64 << 10,
+	UnpackedBytes: 1 << 30,
+	Entries:       100000,
+	PathBytes:     1024,
+}
+
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits
+	if l.LayerBytes > 0 {
+		d.LayerBytes = l.LayerBytes
+	}
+	if l.ConfigBytes > 0 {
+		d.ConfigBytes = l.ConfigBytes
+	}
+	if l.UnpackedBytes > 0 {
+		d.UnpackedBytes = l.UnpackedBytes
+	}
+	if l.Entries > 0 {
+		d.Entries = l.Entries
+	}
+	if l.PathBytes > 0 {
+		d.PathBytes = l.PathBytes
+	}
+	return d
+}
+
+// LimitError says which limit an artifact exceeds.
+type LimitError struct {
+	// Limit is the field of Limits, e.g. "UnpackedBytes".
+	Limit string
+	// What exceeded it.
+	What     string
+	Max, Got int64
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%s: %d exceeds the %s limit of %d (artifact.Limits.%s); refusing the artifact", e.What, e.Got, limitNames[e.Limit], e.Max, e.Limit)
+}
+
+var limitNames = map[string]string{
+	"LayerBytes":    "compressed layer size",
+	"ConfigBytes":   "config size",
+	"UnpackedBytes": "unpacked size",
+	"Entries":       "entry count",
+	"PathBytes":     "path length",
 }
 
 // HelperProtocolVersion is the helper protocol this tree's lampyr-helper speaks.
@@ -104,6 +203,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Runtime.Name == "" {
 		errs = append(errs, "runtime.name: required (e.g. go, node, python)")
+	}
+	if _, _, err := c.UserIDs(); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if c.HelperVersion != "" && c.HelperVersion != HelperProtocolVersion {
 		errs = append(errs, fmt.Sprintf("helperVersion %q: this fiberd's helper speaks %q; rebuild the artifact with a matching `ly build`", c.HelperVersion, HelperProtocolVersion))
@@ -142,6 +244,71 @@ func Build(dir string, cfg Config) (v1.Image, error) {
 	return newImage(SnapshotArtifactType, ConfigMediaType, rawCfg, LayerMediaType, layer, map[string]string{
 		"org.opencontainers.image.title": "lampyr snapshot",
 	})
+}
+
+// FromLayer makes a snapshot artifact of an already packed layer (a
+// gzipped tar), unchecked: for tests and the hostile-tenant suite, which
+// need artifacts `ly build` would never make (a gzip bomb, a symlinked
+// mount point).
+func FromLayer(cfg Config, layer []byte) (v1.Image, error) {
+	if cfg.APIVersion == "" {
+		cfg.APIVersion = ConfigAPIVersion
+	}
+	rawCfg, err := json.Marshal(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return newImage(SnapshotArtifactType, ConfigMediaType, rawCfg, LayerMediaType, layer, nil)
+}
+
+// GzipBomb is a layer holding the files of dir (as Build packs them) plus
+// one file of size zero bytes at name: it compresses about 1000:1.
+func GzipBomb(dir, name string, size int64) ([]byte, error) {
+	var buf bytes.Buffer
+	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	tw := tar.NewWriter(gz)
+	if dir != "" {
+		packed, err := tarGz(dir)
+		if err != nil {
+			return nil, err
+		}
+		zr, err := gzip.NewReader(bytes.NewReader(packed))
+		if err != nil {
+			return nil, err
+		}
+		tr := tar.NewReader(zr)
+		for {
+			h, err := tr.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return nil, err
+			}
+			if err := tw.WriteHeader(h); err != nil {
+				return nil, err
+			}
+			if _, err := io.Copy(tw, tr); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Size: size, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	zero := make([]byte, 1<<20)
+	for left := size; left > 0; left -= int64(len(zero)) {
+		if _, err := tw.Write(zero[:min(left, int64(len(zero)))]); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	if err := gz.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // tarGz packs dir deterministically. Only regular files, directories and
@@ -285,6 +452,8 @@ type Snapshot struct {
 	Config Config
 	// layer is the verified, still-compressed layer.
 	layer []byte
+	// limits it was fetched with; Unpack applies them too.
+	limits Limits
 }
 
 // Digest is the verified manifest digest.
@@ -300,18 +469,26 @@ func ParseDigestRef(ref string) (name.Digest, error) {
 }
 
 // Fetch pulls the snapshot artifact ref (which must be digest-pinned) and
-// verifies the manifest digest, media types, config digest and layer digest.
+// verifies the manifest digest, media types, config digest and layer digest,
+// within DefaultLimits.
 func Fetch(ctx context.Context, ref string, opts ...remote.Option) (*Snapshot, error) {
+	return FetchWithLimits(ctx, ref, DefaultLimits, opts...)
+}
+
+// FetchWithLimits is Fetch within l (zero fields: DefaultLimits); the
+// snapshot's Unpack applies l as well.
+func FetchWithLimits(ctx context.Context, ref string, l Limits, opts ...remote.Option) (*Snapshot, error) {
+	l = l.withDefaults()
 	d, err := ParseDigestRef(ref)
 	if err != nil {
 		return nil, err
 	}
-	manifest, cfg, blobs, err := fetchVerified(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, opts)
+	manifest, cfg, blobs, err := fetchVerified(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, l, opts)
 	if err != nil {
 		return nil, err
 	}
 	_ = manifest
-	s := &Snapshot{Ref: d, layer: blobs}
+	s := &Snapshot{Ref: d, layer: blobs, limits: l}
 	dec := json.NewDecoder(bytes.NewReader(cfg))
 	if err := dec.Decode(&s.Config); err != nil {
 		return nil, fmt.Errorf("snapshot %s: config is not valid JSON: %w", ref, err)
@@ -333,7 +510,7 @@ func FetchConfig(ctx context.Context, ref string, opts ...remote.Option) (Config
 	if err != nil {
 		return c, err
 	}
-	m, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, opts)
+	m, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, DefaultLimits, opts)
 	if err != nil {
 		return c, err
 	}
@@ -344,19 +521,19 @@ func FetchConfig(ctx context.Context, ref string, opts ...remote.Option) (Config
 	return c, c.Validate()
 }
 
-func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, opts []remote.Option) (*manifest, []byte, []byte, error) {
-	m, cfg, err := fetchManifestConfig(ctx, d, artifactType, configMT, layerMT, opts)
+func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, l Limits, opts []remote.Option) (*manifest, []byte, []byte, error) {
+	m, cfg, err := fetchManifestConfig(ctx, d, artifactType, configMT, layerMT, l, opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	layer, err := fetchBlob(ctx, d.Context(), m.Layers[0], opts)
+	layer, err := fetchBlob(ctx, d.Context(), m.Layers[0], "LayerBytes", l.LayerBytes, opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	return m, cfg, layer, nil
 }
 
-func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, opts []remote.Option) (*manifest, []byte, error) {
+func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, l Limits, opts []remote.Option) (*manifest, []byte, error) {
 	desc, err := remote.Get(d, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetching %s: %w", d, err)
@@ -375,14 +552,19 @@ func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, confi
 		return nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, layerMT)
 	}
 	repo := d.Context()
-	cfg, err := fetchBlob(ctx, repo, m.Config, opts)
+	cfg, err := fetchBlob(ctx, repo, m.Config, "ConfigBytes", l.ConfigBytes, opts)
 	if err != nil {
 		return nil, nil, err
 	}
 	return &m, cfg, nil
 }
 
-func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, opts []remote.Option) ([]byte, error) {
+// fetchBlob reads a blob of the size its descriptor declares, which must be
+// within max (the Limits field limit): a manifest may declare anything.
+func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, limit string, max int64, opts []remote.Option) ([]byte, error) {
+	if desc.Size < 0 || desc.Size > max {
+		return nil, &LimitError{Limit: limit, What: "blob " + desc.Digest.String() + " (size declared by the manifest)", Max: max, Got: desc.Size}
+	}
 	l, err := remote.Layer(repo.Digest(desc.Digest.String()), append(opts, remote.WithContext(ctx))...)
 	if err != nil {
 		return nil, fmt.Errorf("fetching blob %s: %w", desc.Digest, err)
@@ -405,13 +587,15 @@ func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, op
 func sha256Hex(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }
 
 // Unpack extracts the snapshot's files under dir (which must not exist or be
-// empty). Entries escaping dir, absolute symlinks pointing outside the root's
-// view and special files are refused.
+// empty), within the limits it was fetched with: unpacked bytes, entry
+// count, path and symlink target length (a gzip bomb stops at the first
+// byte past the limit). Entries escaping dir or below a symlink, and
+// special files, are refused.
 func (s *Snapshot) Unpack(dir string) error {
-	return untarGz(s.layer, dir)
+	return untarGz(s.layer, dir, s.limits.withDefaults())
 }
 
-func untarGz(layer []byte, dir string) error {
+func untarGz(layer []byte, dir string, l Limits) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -420,6 +604,7 @@ func untarGz(layer []byte, dir string) error {
 		return fmt.Errorf("snapshot layer: %w", err)
 	}
 	tr := tar.NewReader(gz)
+	var entries, unpacked int64
 	for {
 		hdr, err := tr.Next()
 		if err == io.EOF {
@@ -427,6 +612,18 @@ func untarGz(layer []byte, dir string) error {
 		}
 		if err != nil {
 			return fmt.Errorf("snapshot layer: %w", err)
+		}
+		if entries++; entries > int64(l.Entries) {
+			return &LimitError{Limit: "Entries", What: "snapshot layer", Max: int64(l.Entries), Got: entries}
+		}
+		if len(hdr.Name) > l.PathBytes {
+			return &LimitError{Limit: "PathBytes", What: fmt.Sprintf("entry %.64q...", hdr.Name), Max: int64(l.PathBytes), Got: int64(len(hdr.Name))}
+		}
+		if len(hdr.Linkname) > l.PathBytes {
+			return &LimitError{Limit: "PathBytes", What: fmt.Sprintf("symlink %q target", hdr.Name), Max: int64(l.PathBytes), Got: int64(len(hdr.Linkname))}
+		}
+		if hdr.Typeflag == tar.TypeReg && (hdr.Size < 0 || unpacked+hdr.Size > l.UnpackedBytes) {
+			return &LimitError{Limit: "UnpackedBytes", What: fmt.Sprintf("snapshot layer (at entry %q)", hdr.Name), Max: l.UnpackedBytes, Got: unpacked + hdr.Size}
 		}
 		clean := path.Clean("/" + hdr.Name)
 		if clean == "/" {
@@ -449,11 +646,15 @@ func untarGz(layer []byte, dir string) error {
 			if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 				return err
 			}
+			// O_EXCL: never through a symlink an earlier entry left here.
 			f, err := os.OpenFile(target, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
 			if err != nil {
 				return err
 			}
-			_, err = io.Copy(f, tr)
+			// The header's size was checked; the reader yields no more.
+			var n int64
+			n, err = io.Copy(f, tr)
+			unpacked += n
 			if cerr := f.Close(); err == nil {
 				err = cerr
 			}

@@ -1,7 +1,12 @@
 package artifact
 
 import (
+	"archive/tar"
+	"bytes"
+	"compress/gzip"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -156,13 +161,91 @@ func TestUnpackRefusesEscapes(t *testing.T) {
 	os.WriteFile(filepath.Join(dir2, "evil", "pwned"), []byte("x"), 0o644)
 	layer2, _ := tarGz(dir2)
 	out := t.TempDir()
-	if err := untarGz(layer, out); err != nil {
+	if err := untarGz(layer, out, DefaultLimits); err != nil {
 		t.Fatal(err)
 	}
-	if err := untarGz(layer2, out); err == nil || !strings.Contains(err.Error(), "symlink") {
+	if err := untarGz(layer2, out, DefaultLimits); err == nil || !strings.Contains(err.Error(), "symlink") {
 		t.Fatalf("writing through a symlink: %v", err)
 	}
 	if _, err := os.Stat("/tmp/pwned"); err == nil {
 		t.Fatal("unpack wrote outside its root")
+	}
+}
+
+// GzipBomb is a layer of one file of n zero bytes: ~n/1000 compressed.
+func gzipBomb(t *testing.T, n int64) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestCompression)
+	tw := tar.NewWriter(gz)
+	if err := tw.WriteHeader(&tar.Header{Name: "bomb", Typeflag: tar.TypeReg, Mode: 0o644, Size: n}); err != nil {
+		t.Fatal(err)
+	}
+	zero := make([]byte, 1<<20)
+	for left := n; left > 0; left -= int64(len(zero)) {
+		tw.Write(zero[:min(left, int64(len(zero)))])
+	}
+	tw.Close()
+	gz.Close()
+	return buf.Bytes()
+}
+
+func TestUnpackLimits(t *testing.T) {
+	l := Limits{UnpackedBytes: 8 << 20, Entries: 10, PathBytes: 64}.withDefaults()
+	var le *LimitError
+	// A gzip bomb: 64 MiB of zeros in ~64 KiB; refused at the header,
+	// before a byte is written.
+	bomb := gzipBomb(t, 64<<20)
+	t.Logf("bomb: %d bytes compressed", len(bomb))
+	out := t.TempDir()
+	if err := untarGz(bomb, out, l); !errors.As(err, &le) || le.Limit != "UnpackedBytes" || !strings.Contains(err.Error(), "unpacked size limit of 8388608") {
+		t.Fatalf("gzip bomb: %v", err)
+	}
+	if ents, _ := os.ReadDir(out); len(ents) != 0 {
+		t.Errorf("the bomb left %d entries", len(ents))
+	}
+	// Too many entries.
+	dir := t.TempDir()
+	for i := 0; i < 20; i++ {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte("x"), 0o644)
+	}
+	many, _ := tarGz(dir)
+	if err := untarGz(many, t.TempDir(), l); !errors.As(err, &le) || le.Limit != "Entries" {
+		t.Fatalf("20 entries under a limit of 10: %v", err)
+	}
+	// A long symlink target.
+	dir = t.TempDir()
+	os.Symlink(strings.Repeat("a/", 100), filepath.Join(dir, "s"))
+	long, _ := tarGz(dir)
+	if err := untarGz(long, t.TempDir(), l); !errors.As(err, &le) || le.Limit != "PathBytes" {
+		t.Fatalf("200-byte symlink target under a 64-byte limit: %v", err)
+	}
+}
+
+// A manifest declaring a layer above the limit is refused before the
+// layer is read.
+func TestFetchLimits(t *testing.T) {
+	reg := startRegistry(t)
+	img, err := Build(handlerDir(t), Config{Entrypoint: []string{"/app/handler"}, Port: 8080, Runtime: Runtime{Name: "go"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := Push(context.Background(), img, reg+"/lampyr/limits:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var le *LimitError
+	if _, err := FetchWithLimits(context.Background(), ref.String(), Limits{LayerBytes: 10}); !errors.As(err, &le) || le.Limit != "LayerBytes" {
+		t.Fatalf("10-byte layer limit: %v", err)
+	}
+	if _, err := FetchWithLimits(context.Background(), ref.String(), Limits{ConfigBytes: 10}); !errors.As(err, &le) || le.Limit != "ConfigBytes" {
+		t.Fatalf("10-byte config limit: %v", err)
+	}
+	s, err := FetchWithLimits(context.Background(), ref.String(), Limits{UnpackedBytes: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unpack(t.TempDir()); !errors.As(err, &le) || le.Limit != "UnpackedBytes" {
+		t.Fatalf("unpacking under a 10-byte limit: %v", err)
 	}
 }

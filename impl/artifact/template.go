@@ -56,7 +56,8 @@ func FetchTemplate(ctx context.Context, ref string, opts ...remote.Option) ([]by
 	if err != nil {
 		return nil, tc, err
 	}
-	_, cfg, sealed, err := fetchVerified(ctx, d, TemplateArtifactType, TemplateConfigMediaType, TemplateLayerMediaType, opts)
+	// A sealed template is a few KiB: 1 MiB is plenty.
+	_, cfg, sealed, err := fetchVerified(ctx, d, TemplateArtifactType, TemplateConfigMediaType, TemplateLayerMediaType, Limits{LayerBytes: 1 << 20}.withDefaults(), opts)
 	if err != nil {
 		return nil, tc, err
 	}

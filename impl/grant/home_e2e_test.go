@@ -75,9 +75,7 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(dir))
-	t.Cleanup(func() { os.Remove(cg) })
-	be, err := process.New(process.Config{HelperPath: fiberdtest.Build(t, fiberdtest.HelperPackage), StateDir: filepath.Join(dir, "f"), CgroupParent: cg})
+	be, err := process.New(fiberdtest.BackendConfig(t, fiberdtest.Build(t, fiberdtest.HelperPackage), dir))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (strin
 // waiting: the grant or its snapshot must change. Template reasons other
 // than a port that differs from the snapshot's come from the grant
 // controller itself (template.go), which opens templates.
-var loadFailures = []string{v1alpha1.ReasonTemplateMismatch, "SnapshotUnavailable", "InvalidGrant"}
+var loadFailures = []string{v1alpha1.ReasonTemplateMismatch, "SnapshotUnavailable", "SnapshotTooLarge", "InvalidGrant"}
 
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.
 const homeDiagnosisInterval = 3 * time.Second

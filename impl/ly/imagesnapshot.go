@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -58,9 +59,11 @@ type ImageSnapshot struct {
 // image's flattened file system and its entrypoint, with the port and
 // protocol the server speaks. The image must be digest-pinned, so the
 // mapping it is registered under names exactly these bytes. A fiber runs
-// the entrypoint as uid 65534 with a read-only root, a private /tmp and only
-// the runtime contract's environment; an image that needs more (its own
-// ENV, a writable root, a user) does not behave the same in a fiber.
+// the entrypoint as the image's non-root USER (65534 if it has none or is
+// root) inside the fiber's own user namespace, with a read-only root, a
+// private /tmp and only the runtime contract's environment; an image that
+// needs more (its own ENV, a writable root, root) does not behave the same
+// in a fiber.
 func SnapshotImage(ctx context.Context, image string, o ImageSnapshotOptions) (*ImageSnapshot, error) {
 	ref, err := name.NewDigest(image)
 	if err != nil {
@@ -117,6 +120,7 @@ func SnapshotImage(ctx context.Context, image string, o ImageSnapshotOptions) (*
 		Protocol:      o.Protocol,
 		Runtime:       artifact.Runtime{Name: "oci-image", Version: ref.DigestStr()},
 		HelperVersion: artifact.HelperProtocolVersion,
+		User:          imageUser(root, cf.Config.User),
 	}
 	snap, err := artifact.Build(root, cfg)
 	if err != nil {
@@ -136,6 +140,56 @@ func SnapshotImage(ctx context.Context, image string, o ImageSnapshotOptions) (*
 		return nil, err
 	}
 	return &ImageSnapshot{Image: ref.String(), Snapshot: pushed.String(), Config: got, Dropped: dropped}, nil
+}
+
+// imageUser is the image's USER as the snapshot's numeric "uid:gid" (names
+// resolved through the image's own /etc/passwd and /etc/group), or "" (the
+// fiber's default, 65534) for root, an unset user, or one a fiber's user
+// namespace cannot map (65536 and above, unknown names).
+func imageUser(root, user string) string {
+	if user == "" {
+		return ""
+	}
+	u, g, hasG := strings.Cut(user, ":")
+	lookup := func(file, name string, field int) (string, bool) {
+		if _, err := strconv.ParseUint(name, 10, 32); err == nil {
+			return name, true
+		}
+		b, err := os.ReadFile(filepath.Join(root, "etc", file))
+		if err != nil {
+			return "", false
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Split(line, ":")
+			if len(f) > field && f[0] == name {
+				return f[field], true
+			}
+		}
+		return "", false
+	}
+	uid, ok := lookup("passwd", u, 2)
+	if !ok {
+		return ""
+	}
+	gid := uid
+	if hasG {
+		if gid, ok = lookup("group", g, 2); !ok {
+			return ""
+		}
+	} else if b, err := os.ReadFile(filepath.Join(root, "etc", "passwd")); err == nil {
+		// The user's primary group, as a container runtime would use.
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Split(line, ":"); len(f) > 3 && (f[0] == u || f[2] == u) {
+				gid = f[3]
+				break
+			}
+		}
+	}
+	c := artifact.Config{User: uid + ":" + gid}
+	if _, _, err := c.UserIDs(); err != nil {
+		return ""
+	}
+	return c.User
 }
 
 // untarRoot writes a flattened image file system under root: directories,

@@ -245,3 +245,18 @@ func TestUntarRootRefusesWritesThroughSymlinks(t *testing.T) {
 		t.Fatal("a file was written through the symlink, outside the root")
 	}
 }
+
+func TestImageUser(t *testing.T) {
+	root := t.TempDir()
+	os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte("root:x:0:0::/root:/bin/sh\nnonroot:x:65532:65532::/home/nonroot:/sbin/nologin\napp:x:1000:1001::/app:/bin/sh\n"), 0o644)
+	os.WriteFile(filepath.Join(root, "etc", "group"), []byte("root:x:0:\nstaff:x:50:\n"), 0o644)
+	for user, want := range map[string]string{
+		"": "", "root": "", "0": "", "0:0": "", "nonroot": "65532:65532", "65532": "65532:65532", "app": "1000:1001",
+		"1000:staff": "1000:50", "app:50": "1000:50", "70000": "", "nobody-here": "", "app:nogroup": "",
+	} {
+		if got := imageUser(root, user); got != want {
+			t.Errorf("imageUser(%q) = %q, want %q", user, got, want)
+		}
+	}
+}

@@ -15,9 +15,11 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
+	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/server"
@@ -40,18 +42,44 @@ func main() {
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
 		kernelSplice = flag.Bool("kernel-splice", true, "join each reuse-mode tunnel's sockets in the kernel (BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN) so tunneled bytes never pass through fiberd; falls back to copying, with a log line, where refused")
 		cgroupParent = flag.String("cgroup-parent", "", "cgroup v1 memory directory for fibers (default: a child of fiberd's own memory cgroup, so the Home's limit covers its fibers)")
+		sb           sandboxFlags
 		mirrors      multi
 	)
+	flag.IntVar(&sb.fiberCPUMillis, "fiber-cpu", 1000, "each fiber's CPU bound in millicores (CFS quota; fibers of a Home share its CPU with equal weights, and the Home's own limit bounds them all)")
+	flag.Var(&sb.idBase, "id-base", "first host uid/gid of the node's pool of per-fiber id ranges (65536 ids each); every Home on a node must agree")
+	flag.IntVar(&sb.idRanges, "id-ranges", process.DefaultIDRanges, "number of per-fiber id ranges in the node's pool")
+	flag.Int64Var(&sb.limits.LayerBytes, "max-snapshot-bytes", artifact.DefaultLimits.LayerBytes, "largest compressed snapshot layer fiberd fetches (it holds the layer in memory)")
+	flag.Int64Var(&sb.limits.UnpackedBytes, "max-unpacked-bytes", artifact.DefaultLimits.UnpackedBytes, "largest unpacked snapshot (sum of file sizes) fiberd writes to its state volume")
+	flag.IntVar(&sb.limits.Entries, "max-snapshot-entries", artifact.DefaultLimits.Entries, "most files, directories and symlinks in a snapshot")
+	flag.StringVar(&sb.idLockDir, "id-lock-dir", process.DefaultIDLockDir, "directory shared by every Home on the node (a hostPath) in which fiberd locks the id ranges its fibers hold")
 	flag.Var(&mirrors, "registry-mirror", "from=to: reach registry host `from` at `to` (repeatable), e.g. localhost:5002=kind-registry:5000")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string) error {
+// sandboxFlags configure the fibers' sandbox beyond memory.
+type sandboxFlags struct {
+	fiberCPUMillis int
+	idBase         uint32Flag
+	idRanges       int
+	idLockDir      string
+	limits         artifact.Limits
+}
+
+type uint32Flag uint32
+
+func (u *uint32Flag) String() string { return strconv.FormatUint(uint64(*u), 10) }
+func (u *uint32Flag) Set(v string) error {
+	n, err := strconv.ParseUint(v, 0, 32)
+	*u = uint32Flag(n)
+	return err
+}
+
+func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -71,17 +99,26 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 		}
 		cgroupParent = filepath.Join(own, "fibers")
 	}
-	// The pids limit is best effort: hosts without the v1 pids controller
-	// still get memory-limited fibers.
-	pidsParent := ""
-	if own, err := ownCgroupDir("pids"); err == nil {
-		pidsParent = filepath.Join(own, "fibers")
+	// Fibers need a task bound and a CPU share: without the pids or cpu
+	// controller fiberd refuses to run any (the error says which).
+	pidsOwn, err := ownCgroupDir("pids")
+	if err != nil {
+		return fmt.Errorf("fibers need a pids cgroup (a bound on their tasks): %w", err)
+	}
+	cpuOwn, err := ownCgroupDir("cpu")
+	if err != nil {
+		return fmt.Errorf("fibers need a cpu cgroup (a CPU share and bound): %w", err)
 	}
 	be, err := process.New(process.Config{
 		HelperPath:   helper,
 		StateDir:     filepath.Join(stateDir, "f"),
 		CgroupParent: cgroupParent,
-		PidsParent:   pidsParent,
+		PidsParent:   filepath.Join(pidsOwn, "fibers"),
+		CPUParent:    filepath.Join(cpuOwn, "fibers"),
+		CPUMillis:    sb.fiberCPUMillis,
+		IDBase:       uint32(sb.idBase),
+		IDRanges:     sb.idRanges,
+		IDLockDir:    sb.idLockDir,
 	})
 	if err != nil {
 		return err
@@ -95,6 +132,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 		WarmFibers:      warm,
 		RegistryOptions: m.RemoteOptions(),
 		KernelSplice:    kernelSplice,
+		ArtifactLimits:  sb.limits,
 	})
 	if err != nil {
 		return err

@@ -27,6 +27,7 @@ func TestFiberdFromFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	os.Chmod(dir, 0o711) // fibers' helpers run as unprivileged host ids
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	write := func(name string, b []byte) string {
 		p := filepath.Join(dir, name)
@@ -48,7 +49,7 @@ func TestFiberdFromFiles(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("router-keys.pub", routerPub),
-			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil)
+			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil, sandboxFlags{})
 	}()
 	c, _ := client.New(addr, inst.Token)
 	deadline := time.Now().Add(30 * time.Second)

@@ -1,6 +1,9 @@
 // Command lampyr-helper is PID 1 of every fiber of fiberd's process backend.
 // It is started by fiberd only; see lampyr.dev/serving/impl/fiberd/helper.
 //
+// `lampyr-helper spawner` is the small process fiberd starts once and asks
+// to clone each fiber's helper (see helper.SpawnerMain).
+//
 // `lampyr-helper install PATH` copies the binary to PATH: the Home's init
 // container uses it to hand the helper from the helper image to fiberd.
 package main
@@ -20,6 +23,9 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	if len(os.Args) == 2 && os.Args[1] == helper.SpawnerArg {
+		os.Exit(helper.SpawnerMain())
 	}
 	os.Exit(helper.Main())
 }

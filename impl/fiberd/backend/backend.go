@@ -29,6 +29,10 @@ type Spec struct {
 	StartupTimeout time.Duration
 	// ReadinessPath, if set, must answer GET with 2xx before the fiber is ready.
 	ReadinessPath string
+	// UID and GID the handler runs as inside the fiber's user namespace
+	// (the snapshot's user); 0 for the backend's default (65534). Never
+	// root: the artifact's config refuses uid 0.
+	UID, GID uint32
 }
 
 // Backend starts fibers.

@@ -82,9 +82,13 @@ type Options struct {
 	// RouterKey is the router key whose public half fiberd trusts; default
 	// a new one. Give two instances the same key to model one installation.
 	RouterKey ed25519.PrivateKey
-	// PidsMax caps each fiber's tasks (threads included) when the pids
-	// controller is present; default 1024.
+	// PidsMax caps each fiber's tasks (threads included); default 1024.
 	PidsMax int
+	// FiberCPUMillis bounds each fiber's CPU (thousandths); default 1000.
+	FiberCPUMillis int
+	// UID is the handler's uid and gid inside its user namespace; default
+	// 65534.
+	UID uint32
 }
 
 // Instance is a running fiberd under test.
@@ -263,6 +267,8 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Fibers' helpers run as unprivileged host ids: they must search it.
+	os.Chmod(state, 0o711)
 	t.Cleanup(func() { os.RemoveAll(state) })
 	i.GrantFile = filepath.Join(state, "grant")
 	env := map[string]string{
@@ -296,8 +302,12 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		HelperPath:   helperBin,
 		StateDir:     filepath.Join(state, "f"),
 		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
-		PidsParent:   pidsParent(state),
+		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state)),
 		PidsMax:      opts.PidsMax,
+		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state)),
+		CPUMillis:    opts.FiberCPUMillis,
+		UID:          opts.UID,
+		GID:          opts.UID,
 		Log:          logWriter{opts.Logf},
 	})
 	if err != nil {
@@ -341,12 +351,27 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	return i
 }
 
-// pidsParent is the per-instance pids cgroup, if the host has the controller.
-func pidsParent(state string) string {
-	if _, err := os.Stat(filepath.Join(process.DefaultPidsRoot, "cgroup.procs")); err != nil {
-		return ""
+// BackendConfig is a process backend configuration for a test whose
+// state lives under dir (made searchable by the fibers' unprivileged
+// helpers): per-test memory, pids and cpu cgroups, removed when the test
+// ends.
+func BackendConfig(t testing.TB, helperPath, dir string) process.Config {
+	t.Helper()
+	os.Chmod(dir, 0o711)
+	base := filepath.Base(dir)
+	cfg := process.Config{
+		HelperPath:   helperPath,
+		StateDir:     filepath.Join(dir, "f"),
+		CgroupParent: filepath.Join(process.DefaultCgroupParent, base),
+		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", base),
+		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", base),
 	}
-	return filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state))
+	t.Cleanup(func() {
+		os.Remove(cfg.CgroupParent)
+		os.Remove(cfg.PidsParent)
+		os.Remove(cfg.CPUParent)
+	})
+	return cfg
 }
 
 func setDefaults(o *Options, t testing.TB) {

@@ -1,21 +1,27 @@
 //go:build linux
 
 // Package helper is lampyr-helper, the PID 1 of every fiber of the process
-// backend (docs/contracts.md §5). fiberd starts it in fresh mount, PID,
-// network, IPC and UTS namespaces, already inside the fiber's memory cgroup,
-// with two inherited descriptors:
+// backend (docs/contracts.md §5). fiberd starts it in a new user namespace
+// (owned by, and mapped onto, a host id range of this fiber alone) and new
+// mount, PID, network, IPC and UTS namespaces, already inside the fiber's
+// memory, pids and cpu cgroups, with two inherited descriptors:
 //
-//	fd 3  the Spec as JSON, closed by fiberd once the cgroup is set up
+//	fd 3  the Spec as JSON, closed by fiberd once the cgroups are set up
 //	fd 4  the status pipe: the helper writes "ready\n" or "error: ...\n"
 //
-// The helper turns the unpacked snapshot into the fiber's read-only root
-// (pivot_root, private /tmp, minimal /dev, its own /proc), brings up the
-// loopback interface, starts the handler as an unprivileged user with the
-// Knative runtime contract environment, waits for it to listen on
+// Both are made close-on-exec before anything else, so the handler never
+// holds them. The helper, root of its user namespace only, enters a new
+// cgroup namespace, joins a fresh session keyring, turns the unpacked
+// snapshot into the fiber's read-only root (pivot_root, private /tmp,
+// minimal /dev, its own /proc), brings up the loopback interface, then
+// starts the handler as an unprivileged user of its namespace with the
+// Knative runtime contract environment, rlimits, no_new_privs and the
+// seccomp filter of seccomp.go, all set on the thread that forks it. It
+// checks the handler's /proc status shows both, waits for it to listen on
 // 127.0.0.1:$PORT, then reports ready; fiberd dials that port from inside
-// the fiber's network namespace, so requests never pass through the helper. It
-// reaps orphans like any PID 1 and exits when the handler exits, which ends
-// the fiber: the kernel kills whatever is left in its PID namespace.
+// the fiber's network namespace, so requests never pass through the helper.
+// It reaps orphans like any PID 1 and exits when the handler exits, which
+// ends the fiber: the kernel kills whatever is left in its PID namespace.
 package helper
 
 import (
@@ -29,7 +35,9 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -50,15 +58,30 @@ type Spec struct {
 	Port int32    `json:"port"`
 	// Hostname is the fiber's UTS name.
 	Hostname string `json:"hostname"`
-	// UID and GID the handler runs as (the helper stays root in its namespaces).
+	// UID and GID the handler runs as inside the fiber's user namespace
+	// (never 0; the helper stays root of that namespace only).
 	UID uint32 `json:"uid"`
 	GID uint32 `json:"gid"`
+	// Limits are the handler's rlimits.
+	Limits Limits `json:"limits"`
 	// TmpBytes caps the private /tmp (tmpfs, charged to the fiber's cgroup).
 	TmpBytes int64 `json:"tmpBytes"`
 	// StartupTimeoutMillis bounds how long the handler may take to listen.
 	StartupTimeoutMillis int64 `json:"startupTimeoutMillis"`
 	// ReadinessPath, if set, must answer GET with 2xx before "ready".
 	ReadinessPath string `json:"readinessPath,omitempty"`
+}
+
+// Limits are rlimits set (soft = hard) on the handler. Zero leaves one as
+// inherited.
+type Limits struct {
+	// OpenFiles is RLIMIT_NOFILE.
+	OpenFiles uint64 `json:"openFiles,omitempty"`
+	// Processes is RLIMIT_NPROC: tasks of the handler's uid, which no
+	// other fiber shares.
+	Processes uint64 `json:"processes,omitempty"`
+	// FileBytes is RLIMIT_FSIZE, the largest file the handler may write.
+	FileBytes uint64 `json:"fileBytes,omitempty"`
 }
 
 // Descriptor numbers of the helper protocol. fiberd reaches the handler
@@ -79,6 +102,15 @@ var MountPoints = []string{"proc", "tmp", "dev"}
 
 // Main runs the helper and returns its exit code.
 func Main() int {
+	// The handler must never inherit the protocol descriptors (fd 4 would
+	// let it forge or stall the helper's report with an unterminated line)
+	// nor anything else fiberd's own parent left open: every descriptor
+	// from 3 up is made close-on-exec, so the handler gets 0, 1 and 2 only.
+	if err := unix.CloseRange(SpecFD, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		for fd := SpecFD; fd < 1024; fd++ {
+			unix.CloseOnExec(fd)
+		}
+	}
 	status := os.NewFile(StatusFD, "status")
 	fail := func(err error) int {
 		fmt.Fprintf(status, "error: %v\n", err)
@@ -94,6 +126,15 @@ func Main() int {
 		return fail(fmt.Errorf("reading spec on fd %d: %w", SpecFD, err))
 	}
 	specFile.Close()
+	if len(spec.Entrypoint) == 0 {
+		return fail(errors.New("spec has no entrypoint"))
+	}
+	if spec.UID == 0 || spec.GID == 0 {
+		return fail(fmt.Errorf("refusing to run the handler as uid %d gid %d: root of the fiber's user namespace holds its namespaces", spec.UID, spec.GID))
+	}
+	if err := checkOwnUserNamespace(); err != nil {
+		return fail(err)
+	}
 	if err := setupRoot(&spec); err != nil {
 		return fail(err)
 	}
@@ -102,11 +143,6 @@ func Main() int {
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fail(fmt.Errorf("sethostname: %w", err))
-	}
-	// No process in the fiber may gain privileges through execve (setuid
-	// binaries in a snapshot, file capabilities).
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fail(fmt.Errorf("no_new_privs: %w", err))
 	}
 
 	sigs := make(chan os.Signal, 16)
@@ -120,13 +156,18 @@ func Main() int {
 		Credential: &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: []uint32{}},
 		Setsid:     true,
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startConfined(cmd, spec.Limits); err != nil {
 		return fail(fmt.Errorf("starting handler %q: %w", spec.Entrypoint[0], err))
 	}
 	handler := cmd.Process.Pid
 
 	exited := make(chan int, 1)
 	go reap(sigs, handler, exited)
+
+	if err := checkConfined(handler); err != nil {
+		unix.Kill(handler, unix.SIGKILL)
+		return fail(err)
+	}
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	deadline := time.Now().Add(time.Duration(spec.StartupTimeoutMillis) * time.Millisecond)
@@ -157,6 +198,99 @@ func Main() int {
 	io.WriteString(status, ReadyLine)
 	status.Close()
 	return <-exited
+}
+
+// startConfined starts cmd from an OS thread that has entered a new
+// cgroup namespace, joined a new session keyring and set the handler's
+// rlimits, no_new_privs and the seccomp filter. Each of those belongs to a
+// thread, not to the process: a new process inherits them from the thread
+// that forks it (setting no_new_privs on another thread of the helper is
+// how most handlers ran without it before). The thread keeps the filter,
+// so it is never given back to the Go scheduler: the goroutine ends locked
+// and the runtime ends the thread.
+func startConfined(cmd *exec.Cmd, l Limits) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// fiberd moved the helper into the fiber's cgroups before sending
+		// the spec: a cgroup namespace rooted there hides the Home's cgroup
+		// paths (Pod UID, container ID) from /proc/self/cgroup.
+		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+			done <- fmt.Errorf("new cgroup namespace: %w", err)
+			return
+		}
+		// A fresh, anonymous session keyring: nothing fiberd's session held
+		// (or an earlier fiber added to it) is reachable from the handler.
+		if _, _, e := unix.RawSyscall(unix.SYS_KEYCTL, unix.KEYCTL_JOIN_SESSION_KEYRING, 0, 0); e != 0 {
+			done <- fmt.Errorf("joining a new session keyring: %w", e)
+			return
+		}
+		// rlimits belong to the process, so they are set here, just before
+		// the fork, and the helper (which starts nothing else) keeps them.
+		for _, r := range []struct {
+			res int
+			v   uint64
+		}{{unix.RLIMIT_NOFILE, l.OpenFiles}, {unix.RLIMIT_NPROC, l.Processes}, {unix.RLIMIT_FSIZE, l.FileBytes}, {unix.RLIMIT_CORE, 0}} {
+			if r.v == 0 && r.res != unix.RLIMIT_CORE {
+				continue
+			}
+			// syscall.Setrlimit, not unix: os/exec then passes the limit on
+			// instead of restoring the soft open-files limit it started with.
+			if err := syscall.Setrlimit(r.res, &syscall.Rlimit{Cur: r.v, Max: r.v}); err != nil {
+				done <- fmt.Errorf("setrlimit %d: %w", r.res, err)
+				return
+			}
+		}
+		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+			done <- fmt.Errorf("no_new_privs: %w", err)
+			return
+		}
+		if err := loadSeccomp(); err != nil {
+			done <- err
+			return
+		}
+		done <- cmd.Start()
+	}()
+	return <-done
+}
+
+// checkConfined reads the handler's status: a handler that is not running
+// under no_new_privs and a seccomp filter, or that holds a capability, is
+// never reported ready.
+func checkConfined(pid int) error {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return fmt.Errorf("checking the handler's confinement: %w", err)
+	}
+	want := map[string]string{"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000", "CapPrm": "0000000000000000"}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if w, check := want[k]; ok && check {
+			if strings.TrimSpace(v) != w {
+				return fmt.Errorf("handler %d has %s %s, want %s; refusing to run it", pid, k, strings.TrimSpace(v), w)
+			}
+			delete(want, k)
+		}
+	}
+	if len(want) > 0 {
+		return fmt.Errorf("handler %d: /proc status lacks %v", pid, want)
+	}
+	return nil
+}
+
+// checkOwnUserNamespace refuses to start a handler outside a user namespace
+// of its own: the helper must be root of a namespace mapped onto the
+// fiber's private host id range, never the host's root.
+func checkOwnUserNamespace() error {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return fmt.Errorf("reading uid_map: %w", err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 || f[0] != "0" || f[1] == "0" {
+		return fmt.Errorf("not in a user namespace of its own (uid_map %q): fiberd must map the fiber onto its own host id range", strings.TrimSpace(string(b)))
+	}
+	return nil
 }
 
 // waitHTTPReady polls GET path until it answers 2xx, the handler exits or
@@ -222,7 +356,9 @@ func setupRoot(spec *Spec) error {
 	if err := unix.Mount(spec.RootFS, root, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 		return fmt.Errorf("binding snapshot %s: %w", spec.RootFS, err)
 	}
-	if err := unix.Mount("", root, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	// In a user namespace the flags the bind inherited from the host's
+	// mount (noexec, relatime ...) are locked: a remount must repeat them.
+	if err := unix.Mount("", root, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|lockedFlags(root), ""); err != nil {
 		return fmt.Errorf("making root read-only: %w", err)
 	}
 	tmpOpts := "mode=1777"
@@ -266,6 +402,20 @@ func setupRoot(spec *Spec) error {
 		return fmt.Errorf("detaching the host root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// lockedFlags are the mount flags of the mount at p that a remount inside
+// a user namespace may not clear.
+func lockedFlags(p string) uintptr {
+	var st unix.Statfs_t
+	if err := unix.Statfs(p, &st); err != nil {
+		return 0
+	}
+	f := uintptr(st.Flags) & (unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC | unix.MS_NOATIME | unix.MS_NODIRATIME)
+	if st.Flags&unix.ST_RELATIME != 0 {
+		f |= unix.MS_RELATIME
+	}
+	return f
 }
 
 // loopbackUp sets IFF_UP on lo in the fiber's fresh network namespace, its

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -65,6 +66,10 @@ type Config struct {
 	Logf           func(format string, args ...any)
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// ArtifactLimits bound the snapshot fiberd fetches and unpacks (zero
+	// fields: artifact.DefaultLimits). A snapshot beyond them is refused
+	// with reason SnapshotTooLarge and a message naming the limit.
+	ArtifactLimits artifact.Limits
 	// KernelSplice joins each tunnel's two sockets in the kernel (a BPF
 	// sockmap, package sockmap) so tunneled bytes never pass through fiberd.
 	// Where the kernel or privileges refuse it, tunnels copy in user space
@@ -170,7 +175,10 @@ func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.httpSrv == nil {
-		s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 30 * time.Second}
+		// Only fiber-router and the grant controller reach this port, but
+		// a connection that never finishes its headers, or idles forever
+		// between requests, still holds fiberd's memory and descriptors.
+		s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		s.httpSrv.Protocols = new(http.Protocols)
 		s.httpSrv.Protocols.SetHTTP1(true)
 		s.httpSrv.Protocols.SetUnencryptedHTTP2(true)
@@ -331,7 +339,11 @@ func (e *LoadError) Unwrap() error { return e.Err }
 func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	snap, err := artifact.Fetch(ctx, c.SnapshotArtifact, s.cfg.RegistryOptions...)
+	snap, err := artifact.FetchWithLimits(ctx, c.SnapshotArtifact, s.cfg.ArtifactLimits, s.cfg.RegistryOptions...)
+	if err != nil {
+		return nil, snapshotErr(err)
+	}
+	uid, gid, err := snap.Config.UserIDs()
 	if err != nil {
 		return nil, &LoadError{"SnapshotUnavailable", err}
 	}
@@ -340,7 +352,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	}
 	root, err := s.unpack(snap)
 	if err != nil {
-		return nil, &LoadError{"SnapshotUnavailable", err}
+		return nil, snapshotErr(err)
 	}
 	env := map[string]string{}
 	for k, v := range c.Env {
@@ -366,6 +378,8 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		MemoryBytes:    c.MemoryPerFiberBytes,
 		StartupTimeout: startup,
 		ReadinessPath:  snap.Config.ReadinessPath,
+		UID:            uid,
+		GID:            gid,
 	}
 	p, err := pool.New(pool.Config{
 		Spec:         spec,
@@ -389,8 +403,22 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	return &loaded{snapshot: snap, pool: p, spec: spec, protocol: proto}, nil
 }
 
+// snapshotErr is the LoadError of a snapshot that could not be fetched or
+// unpacked: SnapshotTooLarge when it exceeds a limit (the message names
+// it), SnapshotUnavailable otherwise.
+func snapshotErr(err error) error {
+	var le *artifact.LimitError
+	if errors.As(err, &le) {
+		return &LoadError{"SnapshotTooLarge", err}
+	}
+	return &LoadError{"SnapshotUnavailable", err}
+}
+
 // unpack extracts a verified snapshot once per digest and adds the mount
-// points the helper needs.
+// points the helper needs. The tree is the tenant's: fiberd (root) never
+// follows a symlink in it. A mount point or /etc that is anything but a
+// directory is refused (the helper would mount over the symlink's target
+// on the host's side of pivot_root), and /etc/hosts is only ever created.
 func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
 	dir := filepath.Join(s.cfg.StateDir, "snapshots", strings.ReplaceAll(snap.Digest(), ":", "-"))
 	root := filepath.Join(dir, "rootfs")
@@ -399,19 +427,34 @@ func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
 	}
 	os.RemoveAll(dir)
 	if err := snap.Unpack(root); err != nil {
+		os.RemoveAll(dir)
 		return "", err
 	}
-	for _, d := range helper.MountPoints {
-		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+	for _, d := range append(append([]string{}, helper.MountPoints...), "etc") {
+		p := filepath.Join(root, d)
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if err := os.Mkdir(p, 0o755); err != nil {
+				return "", err
+			}
+		case err != nil:
 			return "", err
+		case !fi.IsDir():
+			os.RemoveAll(dir)
+			kind := "file"
+			if fi.Mode()&os.ModeSymlink != 0 {
+				kind = "symlink"
+			}
+			return "", fmt.Errorf("snapshot %s: /%s is a %s, not a directory: the fiber's mount points and /etc must be directories", snap.Digest(), d, kind)
 		}
 	}
 	// The root is read-only, so name resolution of "localhost" must work
-	// without writing.
-	etc := filepath.Join(root, "etc")
-	os.MkdirAll(etc, 0o755)
-	if _, err := os.Stat(filepath.Join(etc, "hosts")); err != nil {
-		os.WriteFile(filepath.Join(etc, "hosts"), []byte("127.0.0.1 localhost\n::1 localhost\n"), 0o644)
+	// without writing. O_EXCL|O_NOFOLLOW: an existing hosts file, or a
+	// symlink named hosts, is left as it is.
+	if f, err := os.OpenFile(filepath.Join(root, "etc", "hosts"), os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o644); err == nil {
+		f.WriteString("127.0.0.1 localhost\n::1 localhost\n")
+		f.Close()
 	}
 	// Only root may change the unpacked snapshot; fibers see it read-only anyway.
 	os.Chmod(dir, 0o755)

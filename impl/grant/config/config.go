@@ -31,6 +31,15 @@ const (
 	// for fiberd (e.g. localhost:5002=kind-registry:5000), since the
 	// references `ly` writes name the registry as the developer reaches it.
 	KeyHomeRegistryMirrors = "home-registry-mirrors"
+	// KeyHomeCPULimit bounds each Home's CPU (its fibers and fiberd), so
+	// one busy Revision cannot take every core of a node.
+	KeyHomeCPULimit = "home-cpu-limit"
+	// KeyFiberCPULimit bounds each fiber's CPU within its Home.
+	KeyFiberCPULimit = "fiber-cpu-limit"
+	// KeyHomeStorageLimit is the sizeLimit of a Home's state volume
+	// (unpacked snapshot, fibers' mount points); fiberd's unpack limit is
+	// set to half of it.
+	KeyHomeStorageLimit = "home-storage-limit"
 )
 
 // Environment overrides for the images (names from the seed).
@@ -60,6 +69,13 @@ type Config struct {
 	HomeWarmFibers int
 	// HomeRegistryMirrors are fiberd's --registry-mirror values.
 	HomeRegistryMirrors []string
+	// HomeCPULimit is each Home Pod's CPU limit.
+	HomeCPULimit resource.Quantity
+	// FiberCPULimit is each fiber's CPU bound (fiberd --fiber-cpu); at most
+	// HomeCPULimit.
+	FiberCPULimit resource.Quantity
+	// HomeStorageLimit is the sizeLimit of the Home's state emptyDir.
+	HomeStorageLimit resource.Quantity
 }
 
 // Defaults returns the configuration of an empty ConfigMap.
@@ -73,6 +89,9 @@ func Defaults() *Config {
 		HomeImage:           os.Getenv(EnvGrantImage),
 		HelperImage:         os.Getenv(EnvHelperImage),
 		HomeWarmFibers:      2,
+		HomeCPULimit:        resource.MustParse("1"),
+		FiberCPULimit:       resource.MustParse("1"),
+		HomeStorageLimit:    resource.MustParse("2Gi"),
 	}
 }
 
@@ -107,6 +126,9 @@ func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
 	}
 	qty(KeyFiberMemoryCapacity, &c.FiberMemoryCapacity)
 	qty(KeyMaxMemoryPerFiber, &c.MaxMemoryPerFiber)
+	qty(KeyHomeCPULimit, &c.HomeCPULimit)
+	qty(KeyFiberCPULimit, &c.FiberCPULimit)
+	qty(KeyHomeStorageLimit, &c.HomeStorageLimit)
 	integer(KeyMaxFibersPerGrant, &c.MaxFibersPerGrant, 1)
 	integer(KeyDefaultMaxFibers, &c.DefaultMaxFibers, 1)
 	var warm int32 = int32(c.HomeWarmFibers)
@@ -145,6 +167,12 @@ func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
 func (c *Config) check() error {
 	if c.DefaultMaxFibers > c.MaxFibersPerGrant {
 		return fmt.Errorf("ConfigMap %s: %s %d exceeds %s %d", ConfigMapName, KeyDefaultMaxFibers, c.DefaultMaxFibers, KeyMaxFibersPerGrant, c.MaxFibersPerGrant)
+	}
+	if c.FiberCPULimit.Cmp(c.HomeCPULimit) > 0 {
+		return fmt.Errorf("ConfigMap %s: %s %s exceeds %s %s", ConfigMapName, KeyFiberCPULimit, c.FiberCPULimit.String(), KeyHomeCPULimit, c.HomeCPULimit.String())
+	}
+	if c.HomeStorageLimit.Cmp(resource.MustParse("256Mi")) < 0 {
+		return fmt.Errorf("ConfigMap %s: %s %s: want at least 256Mi (the unpacked snapshot gets half)", ConfigMapName, KeyHomeStorageLimit, c.HomeStorageLimit.String())
 	}
 	return nil
 }

@@ -67,6 +67,16 @@ var HomeOverhead = resource.MustParse("256Mi")
 // Pending (Insufficient cpu) and its Revision never became Ready.
 var HomeCPURequest = resource.MustParse("25m")
 
+// Home volumes other than the state volume (config-lampyr
+// home-storage-limit) are small and bounded too: an emptyDir without a
+// sizeLimit lets whoever writes it fill the node's disk.
+var helperVolumeLimit = resource.MustParse("64Mi")
+
+// IDLockDir is the host directory every Home on a node mounts so that
+// fiberd's per-fiber host id ranges never collide across Homes
+// (impl/fiberd/backend/process/ids.go).
+const IDLockDir = "/run/lampyr/idmap"
+
 // HomeName names the Home Pod, Service and Secret of a grant in the Homes
 // namespace: the grant's name (at most 40 characters of it, for reading)
 // and 10 hex digits of a hash of namespace/name, so Revisions of the same
@@ -229,18 +239,21 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
 	mem.Add(HomeOverhead)
 	helperPath := "/lampyr-helper"
+	storage := cfg.HomeStorageLimit
 	volumes := []corev1.Volume{
 		{Name: "home", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: HomeName(g), DefaultMode: ptr.To[int32](0o400)}}},
-		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &storage}}},
+		{Name: "idmap", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: IDLockDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}},
 	}
 	mounts := []corev1.VolumeMount{
 		{Name: "home", MountPath: SecretMountPath, ReadOnly: true},
 		{Name: "state", MountPath: StateMountPath},
+		{Name: "idmap", MountPath: IDLockDir},
 	}
 	var inits []corev1.Container
 	if cfg.HelperImage != "" {
 		helperPath = HelperMountPath + "/lampyr-helper"
-		volumes = append(volumes, corev1.Volume{Name: "helper", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+		volumes = append(volumes, corev1.Volume{Name: "helper", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &helperVolumeLimit}}})
 		mounts = append(mounts, corev1.VolumeMount{Name: "helper", MountPath: HelperMountPath, ReadOnly: true})
 		inits = append(inits, corev1.Container{
 			Name:         "install-helper",
@@ -257,6 +270,11 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 		"--helper=" + helperPath,
 		"--state-dir=" + StateMountPath,
 		"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
+		"--fiber-cpu=" + strconv.FormatInt(cfg.FiberCPULimit.MilliValue(), 10),
+		"--id-lock-dir=" + IDLockDir,
+		// Half the state volume for the unpacked snapshot; the rest is
+		// headroom (a new snapshot is unpacked before the old one goes).
+		"--max-unpacked-bytes=" + strconv.FormatInt(cfg.HomeStorageLimit.Value()/2, 10),
 	}
 	for _, m := range cfg.HomeRegistryMirrors {
 		args = append(args, "--registry-mirror="+m)
@@ -295,7 +313,11 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},
-					Limits:   corev1.ResourceList{corev1.ResourceMemory: *mem},
+					// A CPU limit: without one a Home whose fibers spin
+					// took 1.7 of a node's 2 cores and another tenant's
+					// requests slowed 33-74x (issue #22). Fibers inside
+					// share it with equal weights.
+					Limits: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: cfg.HomeCPULimit},
 				},
 				ReadinessProbe: readiness,
 				LivenessProbe:  liveness,

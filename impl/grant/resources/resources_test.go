@@ -86,11 +86,36 @@ func TestMakeHomePod(t *testing.T) {
 		t.Error("no helper image configured, yet an init container")
 	}
 
+	if got := c.Resources.Limits.Cpu().String(); got != "1" {
+		t.Errorf("CPU limit %s, want 1 (a Home must not take every core of its node)", got)
+	}
+	for _, want := range []string{"--fiber-cpu=1000", "--id-lock-dir=" + IDLockDir, "--max-unpacked-bytes=1073741824"} {
+		if !strings.Contains(args, want) {
+			t.Errorf("args %q lack %q", args, want)
+		}
+	}
+
 	cfg.HelperImage = "kind.local/helper:1"
 	p = MakeHomePod(g, cfg, "lampyr-homes")
 	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != cfg.HelperImage ||
 		!strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--helper="+HelperMountPath+"/lampyr-helper") {
 		t.Fatalf("helper image not wired: %+v", p.Spec.InitContainers)
+	}
+	// Every emptyDir is bounded; the id lock directory is the node's.
+	hostPaths := 0
+	for _, v := range p.Spec.Volumes {
+		if v.EmptyDir != nil && v.EmptyDir.SizeLimit == nil {
+			t.Errorf("emptyDir %s has no sizeLimit: whoever writes it can fill the node's disk", v.Name)
+		}
+		if v.HostPath != nil {
+			hostPaths++
+			if v.HostPath.Path != IDLockDir {
+				t.Errorf("hostPath %s: only %s belongs in a Home", v.HostPath.Path, IDLockDir)
+			}
+		}
+	}
+	if hostPaths != 1 {
+		t.Errorf("%d hostPath volumes, want the id lock directory only", hostPaths)
 	}
 }
 

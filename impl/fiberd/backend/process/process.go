@@ -1,10 +1,11 @@
 //go:build linux
 
 // Package process is fiberd's Linux process-sandbox backend. Each fiber is a
-// fresh lampyr-helper process (the fiber's PID 1) in new mount, PID, network,
-// IPC and UTS namespaces, inside its own cgroup v1 memory cgroup, with the
-// snapshot as its read-only root. See lampyr.dev/serving/impl/fiberd/helper
-// for what happens inside.
+// fresh lampyr-helper process (the fiber's PID 1) in a new user namespace
+// mapped onto a host id range of its own (ids.go) and new mount, PID,
+// network, IPC and UTS namespaces owned by it, inside its own cgroup v1
+// memory, pids and cpu cgroups, with the snapshot as its read-only root.
+// See lampyr.dev/serving/impl/fiberd/helper for what happens inside.
 package process
 
 import (
@@ -17,14 +18,12 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/vishvananda/netns"
@@ -38,19 +37,41 @@ import (
 type Config struct {
 	// HelperPath is the lampyr-helper binary.
 	HelperPath string
+	// SpawnerPath is the binary run as the helper spawner (its argument
+	// "spawner"); default HelperPath.
+	SpawnerPath string
 	// StateDir holds one directory per fiber (its root mount point).
 	StateDir string
 	// CgroupParent is the cgroup v1 memory directory under which each fiber
 	// gets its own cgroup, e.g. /sys/fs/cgroup/memory/lampyr-fiberd.
 	CgroupParent string
-	// PidsParent, if set, is a cgroup v1 pids directory under which each
-	// fiber gets a cgroup capped at PidsMax tasks, so a fork bomb in one
-	// fiber cannot exhaust the Home's PIDs.
+	// PidsParent is a cgroup v1 pids directory under which each fiber gets
+	// a cgroup capped at PidsMax tasks, so a fork bomb in one fiber cannot
+	// exhaust the Home's PIDs. Required: without it New refuses.
 	PidsParent string
 	// PidsMax is each fiber's task limit (threads count); default 1024.
 	PidsMax int
-	// UID/GID the handler runs as; default 65534 (nobody).
+	// CPUParent is a cgroup v1 cpu directory under which each fiber gets a
+	// cgroup of equal cpu.shares (so busy fibers of a Home split its CPU
+	// evenly) capped at CPUMillis. Required: without it New refuses.
+	CPUParent string
+	// CPUMillis is each fiber's CPU bound in thousandths of a CPU (CFS
+	// quota); default 1000. Where the Home's own limit is lower, the
+	// fiber is bounded by the Home's instead.
+	CPUMillis int
+	// UID/GID the handler runs as inside its user namespace when the
+	// snapshot names no user; default 65534 (nobody).
 	UID, GID uint32
+	// IDBase, IDRanges and IDLockDir define the node's pool of host id
+	// ranges (ids.go); defaults DefaultIDBase, DefaultIDRanges,
+	// DefaultIDLockDir. Every Home on a node must use the same values and
+	// the same lock directory.
+	IDBase    uint32
+	IDRanges  int
+	IDLockDir string
+	// Limits are the handler's rlimits; zero fields get defaults (4096
+	// open files, 512 tasks, TmpBytes per file).
+	Limits helper.Limits
 	// TmpBytes caps each fiber's /tmp; default 64 MiB (also charged to the
 	// memory cgroup, since tmpfs pages are memory).
 	TmpBytes int64
@@ -67,6 +88,16 @@ type Backend struct {
 	// cleanups tracks background removal of destroyed fibers' cgroups and
 	// directories, so Close can wait for them.
 	cleanups sync.WaitGroup
+	ids      *idPool
+	// cpuGroups and pidsGroups are the fibers' cpu and pids cgroups,
+	// reused (cgpool.go).
+	cpuGroups, pidsGroups *cgPool
+	// spawner clones helpers (spawn.go); restarted if it dies.
+	spawnMu sync.Mutex
+	spawner *spawner
+	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
+	// inherit it instead (logged once).
+	cpuQuotaOnce sync.Once
 }
 
 // DefaultCgroupParent is where fibers' memory cgroups go by default.
@@ -74,6 +105,9 @@ const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
 
 // DefaultPidsRoot is the cgroup v1 pids hierarchy.
 const DefaultPidsRoot = "/sys/fs/cgroup/pids"
+
+// DefaultCPURoot is the cgroup v1 cpu hierarchy.
+const DefaultCPURoot = "/sys/fs/cgroup/cpu"
 
 // New checks that the host can sandbox (root, memory cgroup, helper present)
 // and returns the backend. The error says what is missing.
@@ -93,29 +127,129 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.PidsMax == 0 {
 		cfg.PidsMax = 1024
 	}
+	if cfg.CPUMillis == 0 {
+		cfg.CPUMillis = 1000
+	}
+	if cfg.IDBase == 0 {
+		cfg.IDBase = DefaultIDBase
+	}
+	if cfg.IDRanges == 0 {
+		cfg.IDRanges = DefaultIDRanges
+	}
+	if cfg.IDLockDir == "" {
+		cfg.IDLockDir = DefaultIDLockDir
+	}
+	if cfg.Limits.OpenFiles == 0 {
+		cfg.Limits.OpenFiles = 4096
+	}
+	if cfg.Limits.Processes == 0 {
+		cfg.Limits.Processes = 512
+	}
+	if cfg.Limits.FileBytes == 0 {
+		cfg.Limits.FileBytes = uint64(cfg.TmpBytes)
+	}
+	if cfg.UID == 0 || cfg.GID == 0 || cfg.UID >= IDRangeSize || cfg.GID >= IDRangeSize {
+		return nil, fmt.Errorf("process backend: handler uid/gid %d/%d: want 1-%d (a non-root id of the fiber's user namespace)", cfg.UID, cfg.GID, IDRangeSize-1)
+	}
 	if err := Supported(); err != nil {
 		return nil, err
+	}
+	// A fiber without a task bound can fork-bomb its Home, one without a
+	// CPU cgroup can starve its siblings: refuse to run any.
+	if cfg.PidsParent == "" {
+		return nil, errors.New("process backend: no pids cgroup for fibers (PidsParent): refusing to start fibers without a bound on their tasks; mount the cgroup v1 pids controller at /sys/fs/cgroup/pids")
+	}
+	if cfg.CPUParent == "" {
+		return nil, errors.New("process backend: no cpu cgroup for fibers (CPUParent): refusing to start fibers without a CPU share and bound; mount the cgroup v1 cpu controller at /sys/fs/cgroup/cpu")
 	}
 	if fi, err := os.Stat(cfg.HelperPath); err != nil || fi.Mode()&0o111 == 0 {
 		return nil, fmt.Errorf("process backend: helper %q is not an executable file; build lampyr.dev/serving/impl/cmd/lampyr-helper and pass its path (--helper)", cfg.HelperPath)
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+	// The helper runs as the fiber's own host uid, not root: it must be
+	// able to search its way to its mount point and to the helper binary.
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
 		return nil, fmt.Errorf("process backend: state dir: %w", err)
+	}
+	if err := os.Chmod(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("process backend: state dir: %w", err)
+	}
+	for _, p := range []string{cfg.StateDir, filepath.Dir(cfg.HelperPath)} {
+		if err := searchable(p); err != nil {
+			return nil, fmt.Errorf("process backend: %w", err)
+		}
 	}
 	if err := os.MkdirAll(cfg.CgroupParent, 0o755); err != nil {
 		return nil, fmt.Errorf("process backend: creating memory cgroup %s: %w (is the cgroup v1 memory controller mounted at /sys/fs/cgroup/memory and writable?)", cfg.CgroupParent, err)
 	}
-	if cfg.PidsParent != "" {
-		if err := os.MkdirAll(cfg.PidsParent, 0o755); err != nil {
-			return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w", cfg.PidsParent, err)
-		}
+	if err := os.MkdirAll(cfg.PidsParent, 0o755); err != nil {
+		return nil, fmt.Errorf("process backend: creating pids cgroup %s: %w (is the cgroup v1 pids controller mounted and writable?)", cfg.PidsParent, err)
+	}
+	if err := os.MkdirAll(cfg.CPUParent, 0o755); err != nil {
+		return nil, fmt.Errorf("process backend: creating cpu cgroup %s: %w (is the cgroup v1 cpu controller mounted and writable?)", cfg.CPUParent, err)
+	}
+	ids, err := newIDPool(cfg.IDBase, cfg.IDRanges, cfg.IDLockDir)
+	if err != nil {
+		return nil, err
 	}
 	host, err := netns.Get()
 	if err != nil {
 		return nil, fmt.Errorf("process backend: opening fiberd's own network namespace: %w", err)
 	}
 	removeLeftovers(cfg)
-	return &Backend{cfg: cfg, hostNS: host}, nil
+	b := &Backend{cfg: cfg, hostNS: host, ids: ids}
+	b.pidsGroups = &cgPool{parent: cfg.PidsParent, setup: func(dir string) error {
+		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(cfg.PidsMax)), 0)
+	}}
+	b.cpuGroups = &cgPool{parent: cfg.CPUParent, setup: b.setupCPU}
+	if cfg.SpawnerPath == "" {
+		cfg.SpawnerPath = cfg.HelperPath
+		b.cfg.SpawnerPath = cfg.HelperPath
+	}
+	if b.spawner, err = startSpawner(cfg.SpawnerPath, cfg.Log); err != nil {
+		host.Close()
+		return nil, fmt.Errorf("process backend: %w", err)
+	}
+	return b, nil
+}
+
+// currentSpawner returns a live spawner, starting a new one if the last
+// died (its fibers died with it).
+func (b *Backend) currentSpawner() (*spawner, error) {
+	b.spawnMu.Lock()
+	defer b.spawnMu.Unlock()
+	b.spawner.mu.Lock()
+	dead := b.spawner.dead
+	b.spawner.mu.Unlock()
+	if dead != nil {
+		fmt.Fprintf(b.cfg.Log, "process backend: %v; starting a new one\n", dead)
+		s, err := startSpawner(b.cfg.SpawnerPath, b.cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		b.spawner = s
+	}
+	return b.spawner, nil
+}
+
+// searchable checks that every directory from / to dir lets others search
+// it (o+x): fibers' helpers run as unprivileged host ids.
+func searchable(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return err
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("%s is mode %s: fibers run as unprivileged host ids and cannot search it to reach %s (chmod o+x)", p, fi.Mode().Perm(), abs)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
 }
 
 // removeLeftovers clears what fibers of a previous fiberd in the same Home
@@ -127,7 +261,7 @@ func removeLeftovers(cfg Config) {
 			os.RemoveAll(filepath.Join(cfg.StateDir, e.Name()))
 		}
 	}
-	for _, parent := range []string{cfg.CgroupParent, cfg.PidsParent} {
+	for _, parent := range []string{cfg.CgroupParent, cfg.PidsParent, cfg.CPUParent} {
 		if parent == "" {
 			continue
 		}
@@ -151,6 +285,11 @@ func Supported() error {
 	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err != nil {
 		return errors.New("process backend needs the cgroup v1 memory controller at /sys/fs/cgroup/memory (this host looks cgroup v2-only)")
 	}
+	for _, c := range []string{DefaultPidsRoot, DefaultCPURoot} {
+		if _, err := os.Stat(filepath.Join(c, "cgroup.procs")); err != nil {
+			return fmt.Errorf("process backend needs the cgroup v1 %s controller at %s: fibers are refused without a task bound and a CPU share", filepath.Base(c), c)
+		}
+	}
 	return nil
 }
 
@@ -158,8 +297,13 @@ func Supported() error {
 // cgroup directories if they are empty. Destroy every fiber first.
 func (b *Backend) Close() error {
 	b.cleanups.Wait()
+	b.spawnMu.Lock()
+	b.spawner.close()
+	b.spawnMu.Unlock()
+	b.cpuGroups.close()
+	b.pidsGroups.close()
 	b.hostNS.Close()
-	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent} {
+	for _, d := range []string{b.cfg.CgroupParent, b.cfg.PidsParent, b.cfg.CPUParent} {
 		if d != "" {
 			os.Remove(d)
 		}
@@ -183,8 +327,15 @@ type fiber struct {
 	addr   string
 	cgroup string
 	pids   string
-	cmd    *exec.Cmd
-	done   chan struct{}
+	cpu    string
+	// idRange is the fiber's host id range (index in the pool, -1 none),
+	// hostID its first id.
+	idRange int
+	hostID  uint32
+	// pid is the helper's, pidfd a handle to signal exactly it.
+	pid   int
+	pidfd int
+	done  chan struct{}
 
 	mu      sync.Mutex
 	err     error
@@ -194,14 +345,13 @@ type fiber struct {
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (backend.Fiber, error) {
 	f := &fiber{
-		b:      b,
-		id:     id,
-		dir:    filepath.Join(b.cfg.StateDir, id),
-		cgroup: filepath.Join(b.cfg.CgroupParent, id),
-		done:   make(chan struct{}),
-	}
-	if b.cfg.PidsParent != "" {
-		f.pids = filepath.Join(b.cfg.PidsParent, id)
+		b:       b,
+		id:      id,
+		dir:     filepath.Join(b.cfg.StateDir, id),
+		cgroup:  filepath.Join(b.cfg.CgroupParent, id),
+		idRange: -1,
+		pidfd:   -1,
+		done:    make(chan struct{}),
 	}
 	f.ns = netns.None()
 	if err := f.start(ctx, &b.cfg, spec); err != nil {
@@ -212,9 +362,22 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 }
 
 func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) error {
-	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o700); err != nil {
+	// One bound for every wait of the start, however far it gets.
+	timeout := spec.StartupTimeout + 5*time.Second
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o711); err != nil {
 		return err
 	}
+	uid, gid := cfg.UID, cfg.GID
+	if spec.UID != 0 {
+		uid, gid = spec.UID, spec.GID
+	}
+	n, hostID, err := f.b.ids.acquire()
+	if err != nil {
+		return err
+	}
+	f.idRange, f.hostID = n, hostID
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return err
@@ -228,36 +391,50 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	defer statusR.Close()
 	defer statusW.Close()
 
-	cmd := exec.Command(cfg.HelperPath)
-	// The helper only supervises; one P keeps its start-up and thread count
-	// (which the pids limit counts) small.
-	cmd.Env = []string{"GOMAXPROCS=1"}
-	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{specR, statusW} // fds 3, 4
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
-		// If fiberd dies its fibers die with it: no orphaned sandboxes
-		// outliving their grant.
-		Pdeathsig: unix.SIGKILL,
-		Setsid:    true,
+	logR, logW, err := os.Pipe()
+	if err != nil {
+		return err
 	}
-	if err := cmd.Start(); err != nil {
+	defer logW.Close()
+	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
+	go func() {
+		io.Copy(out, logR)
+		logR.Close()
+	}()
+	sp, err := f.b.currentSpawner()
+	if err != nil {
+		return err
+	}
+	pid, exit, err := sp.spawn(helper.SpawnRequest{
+		Path:   cfg.HelperPath,
+		HostID: hostID,
+		IDs:    IDRangeSize,
+		// With the user namespace (added by the spawner, which owns it by
+		// the range's first id): mount, PID, network, IPC and UTS.
+		Cloneflags: unix.CLONE_NEWNS | unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS,
+	}, specR, statusW, logW)
+	if err != nil {
 		return fmt.Errorf("starting %s in new namespaces: %w", cfg.HelperPath, err)
 	}
-	f.cmd = cmd
+	f.pid = pid
+	// A handle on exactly this process: signalling it by pid after it was
+	// reaped could hit another.
+	if f.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
+		unix.Kill(pid, unix.SIGKILL)
+		return fmt.Errorf("pidfd of helper %d: %w", pid, err)
+	}
 	go func() {
-		err := cmd.Wait()
+		why := <-exit
 		f.mu.Lock()
 		if f.err == nil {
-			f.err = fmt.Errorf("fiber exited: %v", err)
+			f.err = fmt.Errorf("fiber exited: %s", why)
 		}
 		f.mu.Unlock()
 		close(f.done)
 	}()
 	// The handle keeps only the namespace object (no process) until the
 	// fiber's cleanup closes it.
-	ns, err := netns.GetFromPid(cmd.Process.Pid)
+	ns, err := netns.GetFromPid(pid)
 	if err != nil {
 		return fmt.Errorf("opening the fiber's network namespace: %w", err)
 	}
@@ -266,12 +443,15 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	f.nsMu.Unlock()
 	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	// The helper waits for its spec before starting the handler, so joining
-	// the memory cgroup here, before sending the spec, puts every process of
-	// the fiber under the limit.
-	if err := f.joinCgroup(cmd.Process.Pid, spec.MemoryBytes); err != nil {
+	// the cgroups here, before sending the spec, puts every process of the
+	// fiber under the limits.
+	if err := f.joinCgroup(pid, spec.MemoryBytes); err != nil {
 		return err
 	}
-	if err := f.joinPids(cmd.Process.Pid, cfg.PidsMax); err != nil {
+	if err := f.joinPids(pid, cfg.PidsMax); err != nil {
+		return err
+	}
+	if err := f.joinCPU(pid, cfg.CPUMillis); err != nil {
 		return err
 	}
 	env := make([]string, 0, len(spec.Env))
@@ -286,8 +466,9 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 		Env:                  env,
 		Port:                 spec.Port,
 		Hostname:             "fiber-" + f.id,
-		UID:                  cfg.UID,
-		GID:                  cfg.GID,
+		UID:                  uid,
+		GID:                  gid,
+		Limits:               cfg.Limits,
 		TmpBytes:             cfg.TmpBytes,
 		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
 		ReadinessPath:        spec.ReadinessPath,
@@ -304,25 +485,33 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	}
 	ch := make(chan result, 1)
 	go func() {
-		line, err := bufio.NewReader(statusR).ReadString('\n')
+		// Only the helper holds the write end (close-on-exec keeps it from
+		// the handler); a status line is short.
+		line, err := bufio.NewReader(io.LimitReader(statusR, 4096)).ReadString('\n')
 		ch <- result{line, err}
 	}()
-	timeout := spec.StartupTimeout + 5*time.Second
+	expired := func() error {
+		if ctx.Err() == context.DeadlineExceeded {
+			return fmt.Errorf("helper did not report ready within %s", timeout)
+		}
+		return ctx.Err()
+	}
 	select {
 	case r := <-ch:
 		switch {
 		case r.line == helper.ReadyLine:
 			return nil
-		case strings.HasPrefix(r.line, "error: "):
+		case strings.HasPrefix(r.line, "error: ") && strings.HasSuffix(r.line, "\n"):
 			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))
-		default:
-			<-f.done
-			return fmt.Errorf("helper died before reporting ready: %v", f.Err())
+		}
+		select {
+		case <-f.done:
+			return fmt.Errorf("helper died before reporting ready (status %q): %v", r.line, f.Err())
+		case <-ctx.Done():
+			return fmt.Errorf("helper sent an unexpected status %q: %w", r.line, expired())
 		}
 	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(timeout):
-		return fmt.Errorf("helper did not report ready within %s", timeout)
+		return expired()
 	}
 }
 
@@ -350,17 +539,53 @@ func (f *fiber) joinCgroup(pid int, limit int64) error {
 }
 
 func (f *fiber) joinPids(pid, max int) error {
-	if f.pids == "" {
-		return nil
+	dir, err := f.b.pidsGroups.get()
+	if err != nil {
+		return fmt.Errorf("pids cgroup: %w", err)
 	}
-	if err := os.Mkdir(f.pids, 0o755); err != nil {
-		return fmt.Errorf("creating pids cgroup %s: %w", f.pids, err)
+	f.pids = dir
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
 	}
-	if err := os.WriteFile(filepath.Join(f.pids, "pids.max"), []byte(strconv.Itoa(max)), 0); err != nil {
-		return fmt.Errorf("setting pids.max on %s: %w", f.pids, err)
+	return nil
+}
+
+// joinCPU puts the fiber in a cpu cgroup of its own (setupCPU).
+func (f *fiber) joinCPU(pid, millis int) error {
+	dir, err := f.b.cpuGroups.get()
+	if err != nil {
+		return fmt.Errorf("cpu cgroup: %w", err)
 	}
-	if err := os.WriteFile(filepath.Join(f.pids, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		return fmt.Errorf("moving helper %d into %s: %w", pid, f.pids, err)
+	f.cpu = dir
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
+	}
+	return nil
+}
+
+// setupCPU gives a new fiber cpu cgroup the same cpu.shares as every
+// sibling (the kernel default, 1024), so busy fibers of a Home split its
+// CPU evenly, and a CFS quota of CPUMillis/1000 CPUs.
+func (b *Backend) setupCPU(dir string) error {
+	write := func(file, val string) error {
+		return os.WriteFile(filepath.Join(dir, file), []byte(val), 0)
+	}
+	if err := write("cpu.shares", "1024"); err != nil {
+		return fmt.Errorf("setting cpu.shares on %s: %w", dir, err)
+	}
+	const period = 100000
+	if err := write("cpu.cfs_period_us", strconv.Itoa(period)); err != nil {
+		return fmt.Errorf("setting cpu.cfs_period_us on %s: %w", dir, err)
+	}
+	// cgroup v1 refuses a quota above the parent's: the Home's own limit
+	// then bounds the fiber.
+	if err := write("cpu.cfs_quota_us", strconv.Itoa(b.cfg.CPUMillis*period/1000)); err != nil {
+		if !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("setting cpu.cfs_quota_us on %s: %w", dir, err)
+		}
+		b.cpuQuotaOnce.Do(func() {
+			fmt.Fprintf(b.cfg.Log, "process backend: the Home's CPU limit is below %dm per fiber; fibers are bounded by the Home's limit\n", b.cfg.CPUMillis)
+		})
 	}
 	return nil
 }
@@ -432,9 +657,9 @@ func (f *fiber) Destroy() error {
 			f.err = errors.New("fiber destroyed")
 		}
 		f.mu.Unlock()
-		if f.cmd != nil && f.cmd.Process != nil {
+		if f.pidfd >= 0 {
 			// Killing PID 1 of the namespace kills every process in it.
-			f.cmd.Process.Signal(unix.SIGKILL)
+			unix.PidfdSendSignal(f.pidfd, unix.SIGKILL, nil, 0)
 			<-f.done
 		}
 		// The processes are gone; removing the emptied cgroup and the
@@ -452,28 +677,54 @@ func (f *fiber) Destroy() error {
 
 func (f *fiber) cleanup() error {
 	var errs []error
-	if f.cmd != nil && f.cmd.Process != nil {
+	if f.pidfd >= 0 {
 		select {
 		case <-f.done:
 		default:
-			f.cmd.Process.Signal(unix.SIGKILL)
+			unix.PidfdSendSignal(f.pidfd, unix.SIGKILL, nil, 0)
 			<-f.done
 		}
+		unix.Close(f.pidfd)
+		f.pidfd = -1
 	}
 	// A cgroup can only be removed once its last task has been reaped,
 	// which may trail the helper's exit by a moment.
-	for _, cg := range []string{f.cgroup, f.pids} {
-		for i := 0; cg != ""; i++ {
-			err := os.Remove(cg)
-			if err == nil || errors.Is(err, os.ErrNotExist) {
-				break
-			}
-			if i == 200 {
-				errs = append(errs, fmt.Errorf("removing cgroup %s: %w", cg, err))
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
+	for i := 0; ; i++ {
+		err := os.Remove(f.cgroup)
+		if err == nil || errors.Is(err, os.ErrNotExist) {
+			break
 		}
+		if i == 200 {
+			errs = append(errs, fmt.Errorf("removing cgroup %s: %w", f.cgroup, err))
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The pooled cgroups go back once empty; one that stays busy is not
+	// reused.
+	for _, g := range []struct {
+		pool *cgPool
+		dir  *string
+	}{{f.b.pidsGroups, &f.pids}, {f.b.cpuGroups, &f.cpu}} {
+		if *g.dir == "" {
+			continue
+		}
+		if err := g.pool.put(*g.dir); err != nil {
+			errs = append(errs, err)
+		}
+		*g.dir = ""
+	}
+	// The kernel removes a cgroup only once its last task is gone, and the
+	// pooled ones were seen empty: nothing runs as this fiber's ids any
+	// more and the range may go to another fiber. Otherwise it stays held
+	// (and logged).
+	if f.idRange >= 0 {
+		if len(errs) == 0 {
+			f.b.ids.release(f.idRange)
+		} else {
+			errs = append(errs, fmt.Errorf("keeping host id range %d (ids %d-%d) out of use", f.idRange, f.hostID, f.hostID+IDRangeSize-1))
+		}
+		f.idRange = -1
 	}
 	f.nsMu.Lock()
 	if f.ns.IsOpen() {

@@ -31,6 +31,7 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	helperBin := fiberdtest.Build(t, fiberdtest.HelperPackage)
 	handler := fiberdtest.Build(t, fiberdtest.TestHandlerPackage)
 	state, _ := os.MkdirTemp("/tmp", "pb")
+	os.Chmod(state, 0o711) // the helper runs as the fiber's own host uid
 	t.Cleanup(func() { os.RemoveAll(state) })
 	root := filepath.Join(state, "root")
 	for _, d := range append(helper.MountPoints, "app") {
@@ -39,8 +40,10 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	b, _ := os.ReadFile(handler)
 	os.WriteFile(filepath.Join(root, "app", "handler"), b, 0o755)
 	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(state))
-	t.Cleanup(func() { os.Remove(cg) })
-	be, err := process.New(process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg})
+	pids := filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state))
+	cpu := filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state))
+	t.Cleanup(func() { os.Remove(cg); os.Remove(pids); os.Remove(cpu) })
+	be, err := process.New(process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,5 +236,45 @@ func TestDialEntersTheFiberAndComesBack(t *testing.T) {
 	f.Destroy()
 	if _, err := f.Dial(context.Background()); err == nil {
 		t.Error("dialled a destroyed fiber")
+	}
+}
+
+// A helper (or anything holding its status pipe) that writes part of a
+// line and then stalls must not hold a start past its timeout.
+func TestStartTimeoutCoversPartialStatus(t *testing.T) {
+	_, spec := newBackend(t)
+	state, _ := os.MkdirTemp("/tmp", "pbs")
+	os.Chmod(state, 0o711)
+	t.Cleanup(func() { os.RemoveAll(state) })
+	stall := filepath.Join(state, "stall-helper")
+	os.WriteFile(stall, []byte("#!/bin/sh\nprintf rea >&4\nexec 4>&-\nexec sleep 60\n"), 0o755)
+	base := filepath.Base(state)
+	cg := filepath.Join(process.DefaultCgroupParent, base)
+	pids := filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", base)
+	cpu := filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", base)
+	be, err := process.New(process.Config{HelperPath: stall, SpawnerPath: fiberdtest.Build(t, fiberdtest.HelperPackage), StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	s := *spec
+	s.StartupTimeout = 200 * time.Millisecond
+	t0 := time.Now()
+	_, err = be.Start(context.Background(), "stall1", &s)
+	if err == nil || time.Since(t0) > 10*time.Second {
+		t.Fatalf("start with a stalled status line: %v after %s", err, time.Since(t0))
+	}
+	t.Logf("%s: %v", time.Since(t0).Round(time.Millisecond), err)
+}
+
+// New refuses a host where fibers would get no task bound.
+func TestNewRefusesWithoutPids(t *testing.T) {
+	if err := process.Supported(); err != nil {
+		t.Skip(err)
+	}
+	helperBin := fiberdtest.Build(t, fiberdtest.HelperPackage)
+	_, err := process.New(process.Config{HelperPath: helperBin, StateDir: t.TempDir(), CPUParent: "/sys/fs/cgroup/cpu/x"})
+	if err == nil || !strings.Contains(err.Error(), "without a bound on their tasks") {
+		t.Fatalf("no PidsParent: %v", err)
 	}
 }

@@ -1,0 +1,477 @@
+package tenancy
+
+// The fiber sandbox against a malicious handler (issue #22): each tenant
+// runs fixtures/cmd/evil, a handler built for attack, as a Lampyr Service
+// ("evil", fresh mode: a new fiber per request). Every row below is one
+// escape A's handler tries, through the gateway, against its own fiber,
+// the Home, the node or B; cross-tenant rows then check the effect on B
+// (B's handler finds A's key, cannot take what A holds, answers slowly).
+// docs/security.md, "Fiber sandbox", says which layer stops each. The
+// stock column is n/a: stock Knative gives a container no such sandbox to
+// test.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	. "github.com/onsi/ginkgo/v2"
+
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/ly"
+)
+
+const (
+	evilSvc = "evil"
+	evilRev = "evil-00001"
+	evilPkg = "fixtures/cmd/evil"
+	// cpuBoundFactor, cpuBoundSlack: beside a spinning fiber of A, B's p99
+	// may be at most factor x its p99 alone plus slack (issue #22 saw 33-74x
+	// on p50 before Homes had a CPU limit).
+	cpuBoundFactor = 3
+	cpuBoundSlack  = 150 * time.Millisecond
+)
+
+var (
+	evilProject *ly.Project
+	evilBuilt   *ly.Built
+)
+
+// evilProbe is the handler's answer.
+type evilProbe struct {
+	Attempted string         `json:"attempted"`
+	Result    string         `json:"result"`
+	Escaped   bool           `json:"escaped"`
+	Details   map[string]any `json:"details"`
+}
+
+// deployEvil builds the evil handler's snapshot, pushes it under each
+// tenant's repository, and has each tenant seal and deploy it as itself.
+func deployEvil(ctx context.Context, s *side) error {
+	dir := filepath.Join(e2eutil.RepoRoot(), evilPkg)
+	var err error
+	if evilProject, err = ly.LoadProject(dir); err != nil {
+		return err
+	}
+	if evilBuilt, err = ly.Build(ctx, dir, evilProject, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "evil-artifact")}); err != nil {
+		return err
+	}
+	for _, t := range s.tenants() {
+		tag, err := ly.ParseImageTag(s.registry + "/" + t.ns + "/evil-snapshot:evil")
+		if err != nil {
+			return err
+		}
+		pushed, err := ly.Push(ctx, evilBuilt, tag)
+		if err != nil {
+			return err
+		}
+		if _, err := deployProject(ctx, s, t, evilProject, evilBuilt.Config, evilSvc, pushed.Ref); err != nil {
+			return err
+		}
+	}
+	for _, t := range s.tenants() {
+		if _, err := t.c.WaitReady(ctx, e2eutil.KServices, t.ns, evilSvc, 5*time.Minute); err != nil {
+			return fmt.Errorf("%s/%s: %w", t.ns, evilSvc, err)
+		}
+	}
+	return nil
+}
+
+// deployProject seals (with t's sealer) and applies, as t, Service svc of
+// project p from snapshot, and returns the template.
+func deployProject(ctx context.Context, s *side, t *tenant, p *ly.Project, cfg artifact.Config, svc string, snapshot name.Digest) (name.Digest, error) {
+	inst, err := readInstallation(ctx, t.c)
+	if err != nil {
+		return name.Digest{}, err
+	}
+	rev := svc + "-00001"
+	sealed, err := seal.Seal(inst.fleet, t.sealer, seal.NewTemplate(t.ns, rev, snapshot.DigestStr(), p.Policy(), cfg))
+	if err != nil {
+		return name.Digest{}, err
+	}
+	tmpl, err := artifact.PushTemplate(ctx, sealed, inst.templateRepo, t.ns, rev, inst.fleet.KeyID())
+	if err != nil {
+		return name.Digest{}, err
+	}
+	q := *p
+	q.Name = svc
+	u := ly.ServiceManifest(&q, ly.ServiceInputs{Namespace: t.ns, Image: snapshot.String(), Snapshot: snapshot.String(), Template: tmpl.String(), Public: true})
+	return tmpl, t.c.Apply(ctx, e2eutil.KServices, u, fieldManager)
+}
+
+// evilGet runs path in a fresh fiber of t's evil Service.
+func evilGet(ctx context.Context, s *side, t *tenant, path string) (int, evilProbe, string) {
+	code, body, err := gatewayGet(ctx, s, host(evilSvc, t.ns), path, nil)
+	must(err, t.ns+" evil"+path)
+	var p evilProbe
+	if code == http.StatusOK {
+		if err := json.Unmarshal([]byte(body), &p); err != nil {
+			abortf("%s evil%s: %q: %v", t.ns, path, short(body, 200), err)
+		}
+	}
+	return code, p, body
+}
+
+// escape runs one self-contained attack of A's handler: refused when the
+// handler itself reports no escape.
+func escape(path string) func(ctx context.Context, s *side) (string, bool) {
+	return func(ctx context.Context, s *side) (string, bool) {
+		code, p, body := evilGet(ctx, s, s.a, path)
+		if code != http.StatusOK {
+			abortf("evil%s answered %d: %s", path, code, short(body, 200))
+		}
+		return p.Result, !p.Escaped
+	}
+}
+
+// stream starts a streaming request to t's evil Service and returns its
+// first line and a stop func that ends it (and the fiber).
+func stream(ctx context.Context, s *side, t *tenant, path string) (string, func()) {
+	rctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(rctx, http.MethodGet, s.gateway+path, nil)
+	must(err, "request")
+	req.Host = host(evilSvc, t.ns)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		abortf("%s evil%s: %v", t.ns, path, err)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		abortf("%s evil%s: %d %q %v", t.ns, path, resp.StatusCode, line, err)
+	}
+	return strings.TrimSpace(line), func() {
+		cancel()
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+var fiberAttacks = []attack{
+	{
+		name:      "F0 control: the runtime contract in a fiber of the malicious handler (PORT, K_*, writable /tmp, threads, fork+exec, loopback)",
+		appliesTo: onLampyr, control: true,
+		expected: "all work",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			_, p, body := evilGet(ctx, s, s.a, "/contract")
+			if p.Result == "" {
+				return short(body, 200), true
+			}
+			return p.Result, p.Escaped
+		},
+	},
+	{
+		name:      "F1 no_new_privs, seccomp, no capabilities and an own user namespace in every fiber (12 fresh fibers per tenant, and a child of each)",
+		appliesTo: onLampyr,
+		expected:  "24/24 NoNewPrivs 1, Seccomp 2, CapEff 0, uid_map not 0",
+		run:       everyFiber,
+	},
+	{
+		name:      "F2a keyring: A's fiber stores a key; B's fiber looks for it",
+		appliesTo: onLampyr,
+		expected:  "A cannot store it (EPERM); B finds none",
+		run:       func(ctx context.Context, s *side) (string, bool) { return keyAcross(ctx, s, s.b) },
+	},
+	{
+		name:      "F2b keyring: a fresh fiber of A stores a key; the next fresh fiber of A looks for it",
+		appliesTo: onLampyr,
+		expected:  "the next fiber finds none",
+		run:       func(ctx context.Context, s *side) (string, bool) { return keyAcross(ctx, s, s.a) },
+	},
+	{
+		name:      "F3a per-user limits: A holds every inotify instance it can; B opens 8",
+		appliesTo: onLampyr,
+		expected:  "B opens 8 of 8; A's and B's fibers on different host id ranges",
+		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "inotify") },
+	},
+	{
+		name:      "F3b per-user limits: A holds every POSIX message queue byte it can; B opens 8 queues",
+		appliesTo: onLampyr,
+		expected:  "B opens 8 of 8",
+		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "mqueue") },
+	},
+	{
+		name:      "F3c per-user limits: A holds every process it can start; B starts 8",
+		appliesTo: onLampyr,
+		expected:  "B starts 8 of 8",
+		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "procs") },
+	},
+	{
+		name:      "F4 A's handler creates user, mount, network, PID, IPC, UTS, cgroup namespaces (unshare, clone, clone3)",
+		appliesTo: onLampyr,
+		expected:  "EPERM (clone3: ENOSYS)",
+		run:       escape("/userns"),
+	},
+	{
+		name:      "F5 A's handler calls what the seccomp filter refuses (bpf, perf, keyctl, ptrace, io_uring, userfaultfd, mount, setns, modules, kexec, raw sockets ...)",
+		appliesTo: onLampyr,
+		expected:  "Seccomp 2; every call EPERM",
+		run:       escape("/seccomp"),
+	},
+	{
+		name:      "F6 CPU: two fibers of A spin 4 threads each; B's fresh-fiber requests meanwhile",
+		appliesTo: onLampyr, timeout: 6 * time.Minute,
+		expected: fmt.Sprintf("B's p99 <= %dx its p99 alone + %s", cpuBoundFactor, cpuBoundSlack),
+		run:      cpuStarvation,
+	},
+	{
+		name:      "F7 A's handler mounts tmpfs, remounts / read-write, binds /, unmounts /proc, writes the root",
+		appliesTo: onLampyr,
+		expected:  "EPERM (root: EROFS)",
+		run:       escape("/mount"),
+	},
+	{
+		name:      "F8 A's handler reads the helper (PID 1) through /proc and writes /proc/sys, sysrq, its uid_map",
+		appliesTo: onLampyr,
+		expected:  "EACCES / EPERM / ENOENT",
+		run:       escape("/proc"),
+	},
+	{
+		name:      "F9 A's handler ptraces the helper and its own child, reads the helper's memory",
+		appliesTo: onLampyr,
+		expected:  "EPERM",
+		run:       escape("/ptrace"),
+	},
+	{
+		name:      "F10 A's handler opens raw, packet, ping, audit and vsock sockets",
+		appliesTo: onLampyr,
+		expected:  "EPERM (ping: EACCES)",
+		run:       escape("/raw"),
+	},
+	{
+		name:      "F11 A's handler reaches the Kubernetes API, the node, B's Home, its own Home, fiber-router, DNS; routes to link-local metadata and the internet",
+		appliesTo: onLampyr,
+		expected:  "no connection, no route (only lo)",
+		run:       networkEscape,
+	},
+	{
+		name:      "F12 fork bomb in A's fiber",
+		appliesTo: onLampyr,
+		expected:  "stops below 1024 tasks (EAGAIN); A and B keep answering",
+		run:       bombThenServe("/forkbomb", http.StatusOK),
+	},
+	{
+		name:      "F13 memory bomb in A's fiber",
+		appliesTo: onLampyr,
+		expected:  "the fiber is OOM-killed (5xx); A and B keep answering",
+		run:       bombThenServe("/membomb", 0),
+	},
+	{
+		name:      "F14 A's handler fills /tmp",
+		appliesTo: onLampyr,
+		expected:  "refused at 64 MiB (EFBIG or ENOSPC)",
+		run:       escape("/tmpfill"),
+	},
+	{
+		name:      "F15 descriptors A's handler inherits",
+		appliesTo: onLampyr,
+		expected:  "0, 1, 2 only (no status pipe)",
+		run:       escape("/fds"),
+	},
+	{
+		name:      "F16 A's handler reads the Home's Pod and container from /proc/self/cgroup",
+		appliesTo: onLampyr,
+		expected:  "only / (mountinfo's snapshot path: known, reported)",
+		run:       escape("/info"),
+	},
+	{
+		name:      "F17 A deploys a gzip-bomb snapshot (2 GiB of zeros in ~2 MiB)",
+		appliesTo: onLampyr, timeout: 10 * time.Minute,
+		expected: "not Ready, reason SnapshotTooLarge naming the unpacked size limit; B still answers",
+		run:      gzipBombSnapshot,
+	},
+}
+
+func everyFiber(ctx context.Context, s *side) (string, bool) {
+	var bad []string
+	n := 0
+	for _, t := range s.tenants() {
+		for i := 0; i < 12; i++ {
+			code, p, body := evilGet(ctx, s, t, "/status")
+			if code != http.StatusOK {
+				bad = append(bad, fmt.Sprintf("%s: %d %s", t.ns, code, short(body, 80)))
+				continue
+			}
+			n++
+			if p.Escaped {
+				bad = append(bad, t.ns+": "+p.Result)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Sprintf("%d fibers; %s", n, strings.Join(bad, "; ")), false
+	}
+	return fmt.Sprintf("%d/24 fibers (and a child of each): NoNewPrivs 1, Seccomp 2, CapEff 0, own uid_map", n), n == 24
+}
+
+func keyAcross(ctx context.Context, s *side, finder *tenant) (string, bool) {
+	_, put, _ := evilGet(ctx, s, s.a, "/keyring/put?v=secret-of-tenant-a")
+	_, get, _ := evilGet(ctx, s, finder, "/keyring/get")
+	who := "B"
+	if finder == s.a {
+		who = "A's next fiber"
+	}
+	return fmt.Sprintf("A stores: %s; %s: %s", put.Result, who, get.Result), !get.Escaped
+}
+
+func holdAcross(ctx context.Context, s *side, what string) (string, bool) {
+	line, stop := stream(ctx, s, s.a, "/hold?what="+what+"&ms=60000")
+	defer stop()
+	var held evilProbe
+	json.Unmarshal([]byte(line), &held)
+	_, aMap, _ := evilGet(ctx, s, s.a, "/status")
+	_, took, _ := evilGet(ctx, s, s.b, "/take?what="+what+"&n=8")
+	_, bMap, _ := evilGet(ctx, s, s.b, "/status")
+	obs := fmt.Sprintf("A %s; B %s", held.Result, took.Result)
+	distinct := fmt.Sprint(aMap.Details["uid_map"]) != fmt.Sprint(bMap.Details["uid_map"]) && aMap.Details["uid_map"] != nil
+	if what == "inotify" {
+		obs += fmt.Sprintf("; uid_map A %v, B %v", aMap.Details["uid_map"], bMap.Details["uid_map"])
+	}
+	return obs, !took.Escaped && distinct
+}
+
+// latencies times n sequential requests for B's /hello, 100 ms apart.
+func latencies(ctx context.Context, s *side, n int) (p50, p99 time.Duration, failed int) {
+	var lat []time.Duration
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		code, _, err := gatewayGet(ctx, s, host(evilSvc, nsB), "/hello", nil)
+		d := time.Since(t0)
+		if err != nil || code != http.StatusOK {
+			failed++
+		}
+		lat = append(lat, d)
+		time.Sleep(100 * time.Millisecond)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return lat[len(lat)/2], lat[min(len(lat)-1, len(lat)*99/100)], failed
+}
+
+func cpuStarvation(ctx context.Context, s *side) (string, bool) {
+	base50, base99, f0 := latencies(ctx, s, 60)
+	var stops []func()
+	for i := 0; i < 2; i++ {
+		_, stop := stream(ctx, s, s.a, "/spin?threads=4&ms=120000")
+		stops = append(stops, stop)
+	}
+	time.Sleep(2 * time.Second)
+	p50, p99, f1 := latencies(ctx, s, 60)
+	for _, stop := range stops {
+		stop()
+	}
+	bound := cpuBoundFactor*base99 + cpuBoundSlack
+	obs := fmt.Sprintf("B p50/p99 alone %s/%s, beside A's 8 spinning threads %s/%s (bound %s); failures %d/%d",
+		base50.Round(time.Millisecond), base99.Round(time.Millisecond), p50.Round(time.Millisecond), p99.Round(time.Millisecond), bound.Round(time.Millisecond), f0, f1)
+	return obs, p99 <= bound && f1 == 0
+}
+
+func networkEscape(ctx context.Context, s *side) (string, bool) {
+	// Addresses a scanning attacker would know: the API server's
+	// ClusterIP, the node, both Homes, fiber-router, cluster DNS.
+	svc, err := s.admin.Kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
+	must(err, "reading the kubernetes Service")
+	dns, err := s.admin.Kube.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{})
+	must(err, "reading the kube-dns Service")
+	nodes, err := s.admin.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	must(err, "listing nodes")
+	tcp := []string{net.JoinHostPort(svc.Spec.ClusterIP, "443"), net.JoinHostPort(dns.Spec.ClusterIP, "53"),
+		net.JoinHostPort(s.homeB.Status.PodIP, "9090"), net.JoinHostPort(s.routerIPs[0], "80")}
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == "InternalIP" {
+			tcp = append(tcp, net.JoinHostPort(a.Address, "10250"))
+		}
+	}
+	homes, err := e2eutil.HomePods(ctx, s.admin, nsA, evilRev)
+	must(err, "finding A's evil Home")
+	for _, p := range homes.Items {
+		if p.Status.PodIP != "" {
+			tcp = append(tcp, net.JoinHostPort(p.Status.PodIP, "9090"))
+			break
+		}
+	}
+	// Outside the cluster only a route is asked for (no packet is sent).
+	route := []string{"169.254.169.254:80", "8.8.8.8:53", "1.1.1.1:443"}
+	code, p, body := evilGet(ctx, s, s.a, "/net?tcp="+strings.Join(tcp, ",")+"&route="+strings.Join(route, ","))
+	if code != http.StatusOK {
+		abortf("evil /net answered %d: %s", code, short(body, 200))
+	}
+	return p.Result, !p.Escaped
+}
+
+func bombThenServe(path string, want int) func(ctx context.Context, s *side) (string, bool) {
+	return func(ctx context.Context, s *side) (string, bool) {
+		code, p, body := evilGet(ctx, s, s.a, path)
+		obs := fmt.Sprintf("%d %s", code, short(p.Result, 120))
+		if p.Result == "" {
+			obs = fmt.Sprintf("%d %s", code, short(firstLine(body), 120))
+		}
+		refused := !p.Escaped
+		if want == 0 {
+			refused = code >= 500
+		} else if code != want {
+			refused = false
+		}
+		for _, t := range s.tenants() {
+			c, q, _ := evilGet(ctx, s, t, "/contract")
+			obs += fmt.Sprintf("; then %s: %d", t.ns, c)
+			if c != http.StatusOK || q.Escaped {
+				refused = false
+			}
+		}
+		return obs, refused
+	}
+}
+
+func gzipBombSnapshot(ctx context.Context, s *side) (string, bool) {
+	const svc = "bomb"
+	dir := GinkgoT().TempDir()
+	must(os.MkdirAll(filepath.Join(dir, "app"), 0o755), "staging")
+	layer, err := artifact.GzipBomb(dir, "handler", 2<<30)
+	must(err, "making the gzip bomb")
+	img, err := artifact.FromLayer(evilBuilt.Config, layer)
+	must(err, "making the bomb artifact")
+	repo, err := name.NewRepository(s.registry + "/" + nsA + "/bomb-snapshot")
+	must(err, "repository")
+	ref, err := artifact.Push(ctx, img, repo.Tag("bomb").String())
+	must(err, "pushing the bomb")
+	_, err = deployProject(ctx, s, s.a, evilProject, evilBuilt.Config, svc, ref)
+	must(err, "tenant-a deploying the bomb")
+	defer deleteService(s.a.c, nsA, svc)
+	rev := svc + "-00001"
+	var last cond
+	_, err = waitRevision(ctx, s.a.c, nsA, rev, "to report SnapshotTooLarge", 6*time.Minute, func(u *unstructured.Unstructured) (cond, bool) {
+		for _, typ := range []string{"ContainerHealthy", "ResourcesAvailable", "Ready"} {
+			c := revisionCond(u, typ)
+			if c.reason == "SnapshotTooLarge" || strings.Contains(c.message, "SnapshotTooLarge") {
+				last = c
+				return c, true
+			}
+		}
+		last = revisionCond(u, "Ready")
+		return last, false
+	})
+	obs := fmt.Sprintf("%d bytes compressed; %v: %s", len(layer), last, short(last.message, 200))
+	if err != nil {
+		return obs + "; " + err.Error(), false
+	}
+	code, _, _ := evilGet(ctx, s, s.b, "/hello")
+	obs += fmt.Sprintf("; B answers %d", code)
+	return obs, strings.Contains(last.message, "unpacked size limit") && code == http.StatusOK
+}
