@@ -256,6 +256,23 @@ func TestSandboxCPUShare(t *testing.T) {
 	if p99 > 50*time.Millisecond+4*base99 {
 		t.Errorf("victim p99 %s beside a spinning fiber (alone %s): starved", p99, base99)
 	}
+	// The victim's latency alone cannot show the bound: the scheduler
+	// favours a task that wakes for a short request over busy ones, so
+	// a light victim looks fine beside an unbounded spinner too. The
+	// spinner's own CPU time shows it: 4 threads for 2 s on a machine with
+	// at least 2 CPUs get about 2 CPUs unbounded, at most 0.5 (the quota)
+	// plus a CFS period's rounding bounded.
+	resp, b := get(t, c, spinner.ID, "/spin?threads=4&ms=2000&report=1")
+	var p probe
+	if resp.StatusCode != 200 || json.Unmarshal(b, &p) != nil {
+		t.Fatalf("spin report: %d %q", resp.StatusCode, b)
+	}
+	cpu, _ := p.Details["cpu_seconds"].(float64)
+	wall, _ := p.Details["wall_seconds"].(float64)
+	t.Logf("spinner: %s", p.Result)
+	if wall <= 0 || cpu/wall > 0.6 {
+		t.Errorf("a fiber bounded to 0.5 CPU %s: its cpu quota does not hold", p.Result)
+	}
 }
 
 // A tenant's snapshot is hostile too: a gzip bomb stops at the unpack
