@@ -3,11 +3,13 @@ package integration
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -53,7 +55,9 @@ func startEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
 	o.fiberd.HandlerPackage = handlerPackage
 	if o.fiberd.Logf == nil {
-		o.fiberd.Logf = func(string, ...any) {} // fibers are chatty; failures are asserted, not logged
+		// Fibers are chatty: their logs and fiberd's are kept, and shown
+		// only when the test fails (or always with ROUTER_TEST_DEBUG).
+		o.fiberd.Logf = failureLog(t)
 	}
 	fd := fiberdtest.StartInstance(t, o.fiberd)
 	meta := routermeta.Metadata{
@@ -132,6 +136,34 @@ func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision
 	return srv
 }
 
+// failureLog collects fiberd's and the fibers' log lines and writes them to
+// the test's log if it fails (every line as it comes with ROUTER_TEST_DEBUG).
+func failureLog(t testing.TB) func(string, ...any) {
+	var mu sync.Mutex
+	var lines []string
+	debug := os.Getenv("ROUTER_TEST_DEBUG") != ""
+	t.Cleanup(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if t.Failed() && !debug {
+			t.Logf("fiberd and fiber logs (%d lines):\n%s", len(lines), strings.Join(lines, "\n"))
+		}
+		lines = nil
+	})
+	return func(format string, args ...any) {
+		line := time.Now().Format("15:04:05.000 ") + fmt.Sprintf(format, args...)
+		if debug {
+			fmt.Fprintln(os.Stderr, "fiberd:", line)
+			return
+		}
+		mu.Lock()
+		if len(lines) < 20000 {
+			lines = append(lines, line)
+		}
+		mu.Unlock()
+	}
+}
+
 func (e *env) url(path string) string { return "http://" + e.srv.HTTPAddr() + path }
 
 // request builds a request the way a Knative gateway would forward it.
@@ -165,7 +197,7 @@ func (e *env) do(req *http.Request) (*http.Response, []byte) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		e.t.Fatalf("%s %s: reading body: %v", req.Method, req.URL, err)
+		e.t.Fatalf("%s %s: reading body: %v (status %d, %d bytes read of Content-Length %d, headers %v)", req.Method, req.URL, err, resp.StatusCode, len(b), resp.ContentLength, resp.Header)
 	}
 	return resp, b
 }

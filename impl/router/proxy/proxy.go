@@ -167,6 +167,9 @@ func (r *Router) newReverseProxy(t http.RoundTripper, prepare func(*http.Request
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			lease := pr.In.Context().Value(leaseKey{}).(*pool.Lease)
 			prepare(pr.Out, lease.Fiber)
+			if pr.Out.Body != nil && pr.Out.Body != http.NoBody && pr.Out.ContentLength > 0 {
+				pr.Out.Body = &declaredLengthBody{rc: pr.Out.Body, left: pr.Out.ContentLength}
+			}
 			pr.Out.Host = pr.In.Host // the handler sees the Host the client used
 			setForwarded(pr)
 		},
