@@ -197,7 +197,7 @@ func (r *ociRuntime) start(id string, spec *backend.Spec, slot int) (*ociFiber, 
 		}
 		time.Sleep(500 * time.Microsecond)
 	}
-	return f, checkConfined(f.pid)
+	return f, helper.CheckConfined(f.pid)
 }
 
 // dial connects to the handler from a thread inside its network namespace
@@ -250,29 +250,6 @@ func (f *ociFiber) destroy() error {
 	}
 	errs = append(errs, os.RemoveAll(f.bundle))
 	return errors.Join(errs...)
-}
-
-// checkConfined is the helper's check: no_new_privs, a seccomp filter, no
-// capabilities.
-func checkConfined(pid int) error {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return err
-	}
-	want := map[string]string{"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000", "CapPrm": "0000000000000000"}
-	for _, line := range strings.Split(string(b), "\n") {
-		k, v, ok := strings.Cut(line, ":")
-		if w, check := want[k]; ok && check {
-			if strings.TrimSpace(v) != w {
-				return fmt.Errorf("handler %d has %s %s, want %s", pid, k, strings.TrimSpace(v), w)
-			}
-			delete(want, k)
-		}
-	}
-	if len(want) > 0 {
-		return fmt.Errorf("handler %d: /proc status lacks %v", pid, want)
-	}
-	return nil
 }
 
 // ociConfig is the OCI runtime spec (config.json) closest to what the
