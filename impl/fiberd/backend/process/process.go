@@ -196,15 +196,14 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("process backend: opening fiberd's own network namespace: %w", err)
 	}
 	removeLeftovers(cfg)
+	if cfg.SpawnerPath == "" {
+		cfg.SpawnerPath = cfg.HelperPath
+	}
 	b := &Backend{cfg: cfg, hostNS: host, ids: ids}
 	b.pidsGroups = &cgPool{parent: cfg.PidsParent, setup: func(dir string) error {
 		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(cfg.PidsMax)), 0)
 	}}
 	b.cpuGroups = &cgPool{parent: cfg.CPUParent, setup: b.setupCPU}
-	if cfg.SpawnerPath == "" {
-		cfg.SpawnerPath = cfg.HelperPath
-		b.cfg.SpawnerPath = cfg.HelperPath
-	}
 	if b.spawner, err = startSpawner(cfg.SpawnerPath, cfg.Log); err != nil {
 		host.Close()
 		return nil, fmt.Errorf("process backend: %w", err)
@@ -448,10 +447,10 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	if err := f.joinCgroup(pid, spec.MemoryBytes); err != nil {
 		return err
 	}
-	if err := f.joinPids(pid, cfg.PidsMax); err != nil {
+	if err := f.joinPooled(f.b.pidsGroups, &f.pids, pid, "pids"); err != nil {
 		return err
 	}
-	if err := f.joinCPU(pid, cfg.CPUMillis); err != nil {
+	if err := f.joinPooled(f.b.cpuGroups, &f.cpu, pid, "cpu"); err != nil {
 		return err
 	}
 	env := make([]string, 0, len(spec.Env))
@@ -538,27 +537,17 @@ func (f *fiber) joinCgroup(pid int, limit int64) error {
 	return nil
 }
 
-func (f *fiber) joinPids(pid, max int) error {
-	dir, err := f.b.pidsGroups.get()
+// joinPooled puts the fiber's helper in a cgroup of its own from pool (its
+// pids.max, or cpu shares and quota, were set when the pool made it: see
+// setupCPU and the pids pool's setup) and records it in *dir for cleanup.
+func (f *fiber) joinPooled(pool *cgPool, dir *string, pid int, controller string) error {
+	d, err := pool.get()
 	if err != nil {
-		return fmt.Errorf("pids cgroup: %w", err)
+		return fmt.Errorf("%s cgroup: %w", controller, err)
 	}
-	f.pids = dir
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
-	}
-	return nil
-}
-
-// joinCPU puts the fiber in a cpu cgroup of its own (setupCPU).
-func (f *fiber) joinCPU(pid, millis int) error {
-	dir, err := f.b.cpuGroups.get()
-	if err != nil {
-		return fmt.Errorf("cpu cgroup: %w", err)
-	}
-	f.cpu = dir
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
-		return fmt.Errorf("moving helper %d into %s: %w", pid, dir, err)
+	*dir = d
+	if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("moving helper %d into %s: %w", pid, d, err)
 	}
 	return nil
 }
