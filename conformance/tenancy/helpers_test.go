@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/clusters/e2eutil"
+	grantconfig "lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -686,4 +687,64 @@ func slug(s string) string {
 		s = s[:80]
 	}
 	return strings.Trim(s, "_")
+}
+
+// The suite's CPU operating point (config-lampyr home-cpu-limit and
+// fiber-cpu-limit while it runs; what was there is put back after).
+//
+// At the default of 1 CPU per Home the CPU case (F6) could not tell the
+// defence from its absence on the 2-vCPU machines this runs on: two idle
+// Kind control planes already keep them near saturation (CPU pressure
+// "some" 70-88%), and a tenant spinning 8 threads got 0.75-0.91 CPU with
+// its limit and 0.63-0.91 without it (2026-12-02, measured on the node's
+// cgroups), while the neighbour's p99 moved between 73 ms and 1.2 s with
+// the machine's load alone. A limit the node can afford makes the kernel's
+// quota, not the machine, what bounds the attacker: at 300m the spinning
+// tenant got 0.27-0.28 CPU, the neighbour's p99 284 ms beside it against
+// 289 ms alone. docs/security.md ("Sizing the CPU limits") says the same
+// to operators: a Home's limit protects its neighbours only if the node
+// has that much CPU to spare.
+const (
+	suiteHomeCPULimit  = "300m"
+	suiteFiberCPULimit = "300m"
+)
+
+// cpuLimitsBefore holds config-lampyr's CPU limit entries before the suite
+// set its own (nil: absent).
+var cpuLimitsBefore map[string]*string
+
+// setSuiteCPULimits puts the suite's CPU operating point in config-lampyr,
+// before any of its Homes exist.
+func setSuiteCPULimits(ctx context.Context, c *e2eutil.Clients) error {
+	before := map[string]*string{}
+	err := editConfigMap(ctx, c, e2eutil.LampyrSystemNamespace, ly.ConfigLampyr, false, func(d map[string]string) {
+		for k, v := range map[string]string{grantconfig.KeyHomeCPULimit: suiteHomeCPULimit, grantconfig.KeyFiberCPULimit: suiteFiberCPULimit} {
+			if old, ok := d[k]; ok {
+				before[k] = &old
+			} else {
+				before[k] = nil
+			}
+			d[k] = v
+		}
+	})
+	if err == nil {
+		cpuLimitsBefore = before
+	}
+	return err
+}
+
+// restoreCPULimits undoes setSuiteCPULimits.
+func restoreCPULimits(ctx context.Context, c *e2eutil.Clients) error {
+	if cpuLimitsBefore == nil {
+		return nil
+	}
+	return editConfigMap(ctx, c, e2eutil.LampyrSystemNamespace, ly.ConfigLampyr, false, func(d map[string]string) {
+		for k, v := range cpuLimitsBefore {
+			if v == nil {
+				delete(d, k)
+			} else {
+				d[k] = *v
+			}
+		}
+	})
 }

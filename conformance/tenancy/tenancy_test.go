@@ -269,6 +269,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		}
 	})).To(Succeed())
 
+	By(fmt.Sprintf("setting the suite's CPU operating point in config-lampyr (home-cpu-limit %s, fiber-cpu-limit %s; put back after)", suiteHomeCPULimit, suiteFiberCPULimit))
+	Expect(setSuiteCPULimits(ctx, lampyr.admin)).To(Succeed())
+
 	By("each tenant deploys its victim Service as itself: seal the template, push it, apply the Service")
 	for _, t := range lampyr.tenants() {
 		inst, err := readInstallation(ctx, t.c)
@@ -366,7 +369,7 @@ var _ = AfterSuite(func(ctx SpecContext) {
 		}
 	}
 	if keep {
-		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: namespaces %s, %s and the sealer entries left in place\n", nsA, nsB)
+		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: namespaces %s, %s, the sealer entries and config-lampyr's CPU limits (%s, %s) left in place\n", nsA, nsB, suiteHomeCPULimit, suiteFiberCPULimit)
 	} else {
 		for _, s := range sides {
 			if s.admin == nil {
@@ -385,6 +388,9 @@ var _ = AfterSuite(func(ctx SpecContext) {
 			})
 			if err != nil {
 				fmt.Fprintf(GinkgoWriter, "removing the tenants' sealer entries: %v\n", err)
+			}
+			if err := restoreCPULimits(ctx, lampyr.admin); err != nil {
+				fmt.Fprintf(GinkgoWriter, "restoring config-lampyr's CPU limits: %v\n", err)
 			}
 		}
 	}
