@@ -24,6 +24,14 @@ import (
 // before the request reaches the handler.
 const FiberHeader = "Lampyr-Fiber"
 
+// AnswerHeader marks an answer fiberd itself made to a proxied request
+// (value "1"; the body is an Error naming the reason: FiberFailed,
+// UnknownFiber, RequestTimeout ...), as opposed to the handler's. fiberd removes it from every handler
+// response, so a handler cannot claim to be fiberd. fiber-router turns a
+// marked answer into its own error, never passing fiberd's message (fiber
+// ids, loopback addresses) to the client, and ends the lease.
+const AnswerHeader = "Lampyr-Fiberd-Answer"
+
 // ProxyAuthHeader carries the router token ("Bearer <token>") on proxied
 // requests instead of Authorization, so the client's own Authorization header
 // reaches the handler untouched. fiberd removes it.

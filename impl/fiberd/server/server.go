@@ -659,17 +659,23 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
+	// Every answer fiberd makes here, rather than the handler, is marked
+	// (client.AnswerHeader) for the router.
+	own := func() { w.Header().Set(client.AnswerHeader, "1") }
 	if status, reason, msg := s.credentialOK(r.Header.Get(client.ProxyAuthHeader)); status != 0 {
+		own()
 		writeErr(w, status, reason, msg+" (proxied requests carry it in "+client.ProxyAuthHeader+")")
 		return
 	}
 	l, g, status, reason, msg := s.current()
 	if l == nil {
+		own()
 		writeErr(w, status, reason, msg)
 		return
 	}
 	f, end, err := l.pool.Begin(r.Context(), id)
 	if err != nil {
+		own()
 		writeBeginErr(w, err)
 		return
 	}
@@ -683,12 +689,23 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 	reuse := l.pool.Mode() == pool.ModeReuse
 	mk := func() *http.Transport {
 		tr := &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return f.Dial(ctx) },
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				c, err := f.Dial(ctx)
+				if err != nil || l.protocol == "h2c" {
+					return c, err
+				}
+				return &answerFirstConn{Conn: c}, nil
+			},
 			// A fresh fiber serves one request: no connection to keep.
 			DisableKeepAlives: !reuse && l.protocol != "h2c",
 			// The router already decompresses nothing; pass bytes through.
 			DisableCompression:  true,
 			MaxIdleConnsPerHost: 1,
+			// As Knative's own transports (http.DefaultTransport's value):
+			// a request with "Expect: 100-continue" gets its body sent
+			// once the handler asks for it, so the client sees a 100
+			// Continue only if the handler reads the body, as on stock.
+			ExpectContinueTimeout: time.Second,
 		}
 		if l.protocol == "h2c" {
 			tr.Protocols = new(http.Protocols)
@@ -730,7 +747,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 		Transport:     tr,
 		FlushInterval: -1,
 		BufferPool:    copyBuffers{},
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del(client.AnswerHeader) // only fiberd's own answers carry it
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			own()
+			log.Printf("fiber %s: %s %s: %v", id, r.Method, r.URL.Path, err)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				writeErr(w, http.StatusGatewayTimeout, "RequestTimeout", fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
 				return

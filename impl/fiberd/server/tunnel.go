@@ -83,7 +83,8 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n")
+	switched := "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n"
+	brw.WriteString(switched)
 	if err := brw.Flush(); err != nil {
 		return
 	}
@@ -92,6 +93,7 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	s.metrics.tunnelsOpen.Inc()
 	defer s.metrics.tunnelsOpen.Dec()
 	var kernelIdle func() time.Duration
+	var delivered func() bool
 	if pair != nil {
 		kernelIdle = func() time.Duration {
 			d, err := pair.Idle()
@@ -99,6 +101,10 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 				return 0 // cannot tell: count it as active
 			}
 			return d
+		}
+		delivered = func() bool {
+			ok, err := pair.Delivered(uint64(len(switched)))
+			return ok || err != nil
 		}
 	}
 	// A proxied request checks the grant when it starts; a tunnel carries
@@ -108,7 +114,7 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		cur, _, _, _, _ := s.current()
 		return cur == l
 	}
-	why := splice(rc, brw.Reader, fc, f.Done(), silence, kernelIdle, covered)
+	why := splice(rc, brw.Reader, fc, f.Done(), silence, kernelIdle, delivered, covered)
 	if why != "" {
 		s.cfg.Logf("tunnel to fiber %s closed: %s", id, why)
 	}
@@ -144,14 +150,16 @@ const maxSplicedTunnels = 4096
 // copied; with kernelIdle set the sockets are joined in the kernel, reads
 // here only see the ends, and kernelIdle says how long since the kernel
 // last moved a byte. covered is polled every grantCheck; the tunnel ends
-// when it turns false. It returns why it ended when fiberd ended it, ""
-// when a side closed.
-func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration, covered func() bool) string {
+// when it turns false. delivered (kernel joins only) says whether the
+// fiber's bytes have all reached the router. It returns why it ended when
+// fiberd ended it, "" when a side closed.
+func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration, delivered func() bool, covered func() bool) string {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
-	done := make(chan struct{}, 2)
-	pump := func(dst net.Conn, src interface{ Read([]byte) (int, error) }) {
-		defer func() { done <- struct{}{} }()
+	// done carries which pump ended: true for fiber -> router.
+	done := make(chan bool, 2)
+	pump := func(dst net.Conn, src interface{ Read([]byte) (int, error) }, fromFiber bool) {
+		defer func() { done <- fromFiber }()
 		bp := tunnelBuffers.Get().(*[]byte)
 		defer tunnelBuffers.Put(bp)
 		buf := *bp
@@ -168,9 +176,16 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 			}
 		}
 	}
-	go pump(fiber, routerR)
-	go pump(router, fiber)
+	go pump(fiber, routerR, false)
+	go pump(router, fiber, true)
 	closeBoth := func() { router.Close(); fiber.Close() }
+	pending := 2
+	// wait collects the pumps still running once both sockets are closed.
+	wait := func() {
+		for ; pending > 0; pending-- {
+			<-done
+		}
+	}
 	var tick <-chan time.Time
 	var timer *time.Timer
 	if silence > 0 {
@@ -187,18 +202,47 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 				continue
 			}
 			closeBoth()
-			<-done
-			<-done
+			wait()
 			return "the grant no longer covers this Revision"
-		case <-done:
-			// One side closed: the other has nothing more to say.
+		case fromFiber := <-done:
+			pending--
+			if !fromFiber {
+				// Router -> fiber ended: the router closed its side, or
+				// the handler stopped reading (it may answer without
+				// reading the whole body, and close). Its answer can
+				// still be on its way back: pass the end on and keep
+				// carrying fiber -> router.
+				closeWrite(fiber)
+				continue
+			}
+			// The handler has said all it will say. The router gets its
+			// last bytes and then an EOF: a FIN after them, never a reset
+			// that could discard them while the router is still sending
+			// (a body the handler did not read). Then the tunnel ends,
+			// once the router closes or after lingerAfterFiber.
+			if delivered != nil {
+				// Joined in the kernel: the handler's last bytes may still
+				// be on their way out to the router.
+				for end := time.Now().Add(lingerAfterFiber); !delivered() && time.Now().Before(end); {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			closeWrite(router)
+			if pending > 0 {
+				t := time.NewTimer(lingerAfterFiber)
+				select {
+				case <-done:
+					pending--
+				case <-t.C:
+				}
+				t.Stop()
+			}
 			closeBoth()
-			<-done
+			wait()
 			return ""
 		case <-fiberDone:
 			closeBoth()
-			<-done
-			<-done
+			wait()
 			return "the fiber ended"
 		case <-tick:
 			idle := time.Since(time.Unix(0, last.Load()))
@@ -210,10 +254,21 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 				continue
 			}
 			closeBoth()
-			<-done
-			<-done
+			wait()
 			return fmt.Sprintf("nothing sent either way for %s (max of idleTimeoutSeconds and maxRequestSeconds)", silence)
 		}
+	}
+}
+
+// lingerAfterFiber is how long a tunnel whose handler closed its side
+// waits for the router to close too, so that the handler's last bytes are
+// delivered before the connection is torn down (net/http's server waits
+// as long for the same reason, rstAvoidanceDelay).
+const lingerAfterFiber = 500 * time.Millisecond
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
 	}
 }
 

@@ -201,3 +201,40 @@ func (p *Pair) Idle() (time.Duration, error) {
 	}
 	return idle, nil
 }
+
+// Delivered reports whether everything the second socket received has been
+// acknowledged by the first socket's peer, beyond base bytes the first
+// socket sent by other means (a header written before the join, say). The
+// kernel moves redirected bytes asynchronously: a socket that has seen its
+// peer's end may still have bytes on their way out of the other, and a
+// FIN or a close before they are out would lose them.
+func (p *Pair) Delivered(base uint64) (bool, error) {
+	var infos [2]*unix.TCPInfo
+	for i, c := range p.conns {
+		rc, err := c.SyscallConn()
+		if err != nil {
+			return false, err
+		}
+		var ierr error
+		if err := rc.Control(func(fd uintptr) { infos[i], ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+			return false, err
+		}
+		if ierr != nil {
+			return false, ierr
+		}
+	}
+	need := base + uint64(infos[1].Bytes_received)
+	switch infos[1].State {
+	case tcpCloseWait, tcpClosing, tcpLastAck, tcpTimeWait:
+		need-- // the peer's FIN counts in bytes_received and is not redirected
+	}
+	return infos[0].Bytes_acked >= need, nil
+}
+
+// TCP states (include/net/tcp_states.h) after the peer's FIN arrived.
+const (
+	tcpTimeWait  = 6
+	tcpCloseWait = 8
+	tcpLastAck   = 9
+	tcpClosing   = 11
+)

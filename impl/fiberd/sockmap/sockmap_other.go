@@ -33,3 +33,6 @@ func (p *Pair) Close() {}
 
 // Idle reports nothing.
 func (p *Pair) Idle() (time.Duration, error) { return 0, errors.New("sockmap: Linux only") }
+
+// Delivered reports nothing.
+func (p *Pair) Delivered(base uint64) (bool, error) { return false, errors.New("sockmap: Linux only") }

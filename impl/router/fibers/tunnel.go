@@ -10,8 +10,12 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tunnelTransport is the router's HTTP/1.1 client over fiber tunnels.
@@ -82,6 +86,10 @@ func (t *tunnelTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	tc := t.take(id)
+	if tc != nil && !quiet(tc) {
+		tc.conn.Close()
+		tc = nil
+	}
 	if tc != nil {
 		resp, err := t.roundTrip(ctx, id, tc, req)
 		// A kept connection fiberd already closed fails before anything was
@@ -108,8 +116,51 @@ func (t *tunnelTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// replayable: a request that may have reached the handler is sent again
+// only if doing so twice is harmless, as http.Transport decides: its body
+// can be had again and its method is idempotent (or it carries an
+// idempotency key). A POST or DELETE is never replayed, body or not.
 func replayable(req *http.Request) bool {
-	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	if req.Body != nil && req.Body != http.NoBody && req.GetBody == nil {
+		return false
+	}
+	switch req.Method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := req.Header["Idempotency-Key"]
+	_, xkey := req.Header["X-Idempotency-Key"]
+	return key || xkey
+}
+
+// quiet reports whether an idle tunnel can carry a request: nothing has
+// arrived on it since its last response (a handler writing unsolicited
+// bytes would have them read as the next user's response) and fiberd has
+// not closed it. Nothing is sent on a tunnel that is not quiet, so a new
+// one can be dialled without any question of replay.
+func quiet(tc *tunnelConn) bool {
+	if tc.br.Buffered() > 0 {
+		return false
+	}
+	sc, ok := tc.conn.(syscall.Conn)
+	if !ok {
+		return true // cannot look without blocking; the response read still checks framing
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var perr error
+	if err := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, perr = unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		return true
+	}); err != nil {
+		return false
+	}
+	// EAGAIN: nothing there, still open. No error: a byte is waiting
+	// (unsolicited) or the peer closed (EOF). Any other error: reset.
+	return errors.Is(perr, unix.EAGAIN)
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
@@ -132,6 +183,16 @@ func (t *tunnelTransport) roundTrip(ctx context.Context, id string, tc *tunnelCo
 	}
 	hasBody := req.Body != nil && req.Body != http.NoBody
 	var wrote chan error
+	var body *tunnelReqBody
+	if hasBody {
+		body = &tunnelReqBody{rc: req.Body, flush: tc.bw.Flush}
+		if expectsContinue(req) {
+			body.gate = make(chan bool, 1)
+		}
+		out := *req
+		out.Body = body
+		req = &out
+	}
 	if !hasBody {
 		if err := req.Write(tc.bw); err != nil {
 			return fail(err)
@@ -146,9 +207,13 @@ func (t *tunnelTransport) roundTrip(ctx context.Context, id string, tc *tunnelCo
 			if err == nil {
 				err = tc.bw.Flush()
 			}
-			if err != nil {
-				// The response read below may be waiting on a handler
-				// that waits for the rest of the body: unblock it.
+			if err != nil && body.readErr() != nil {
+				// The client's body failed: the response read below may
+				// be waiting on a handler that waits for the rest of it,
+				// so unblock it. A write that failed because the handler
+				// closed its side leaves the read alone: its answer may
+				// be there (a handler may answer without reading the
+				// body); the connection is not reused either way.
 				tc.conn.SetDeadline(aLongTimeAgo)
 			}
 			wrote <- err
@@ -173,6 +238,9 @@ func (t *tunnelTransport) roundTrip(ctx context.Context, id string, tc *tunnelCo
 			return fail(err)
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			if resp.StatusCode == http.StatusContinue && body != nil {
+				body.open(true)
+			}
 			if trace != nil && trace.Got1xxResponse != nil {
 				if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
 					return fail(err)
@@ -184,6 +252,12 @@ func (t *tunnelTransport) roundTrip(ctx context.Context, id string, tc *tunnelCo
 			// The caller owns the connection now; cancellation still ends it.
 			resp.Body = &upgraded{tc: tc, stop: stop}
 			return resp, nil
+		}
+		if body != nil {
+			// A final answer before a 100 Continue: the handler does not
+			// want the body, which is then not sent (the connection is
+			// not reused).
+			body.open(false)
 		}
 		b := &tunnelBody{t: t, id: id, tc: tc, stop: stop, wrote: wrote,
 			reuse: !resp.Close && !req.Close && resp.ProtoAtLeast(1, 1)}
@@ -260,11 +334,95 @@ func (b *tunnelBody) finish(atEOF bool) {
 			t.Stop()
 		}
 	}
-	if ok {
+	// Bytes after the response's end are not the next response: a
+	// handler that writes more than it framed (a body on a HEAD or 204
+	// answer, an extra response) would shift every later user's answer.
+	if ok && b.tc.br.Buffered() == 0 {
 		b.t.put(b.id, b.tc)
 		return
 	}
 	b.tc.conn.Close()
+}
+
+// continueTimeout is how long a request that expects 100-continue waits
+// for it before its body is sent anyway (http.DefaultTransport's value,
+// which Knative's transports keep).
+const continueTimeout = time.Second
+
+// errBodyNotWanted ends a body write when the handler answered an
+// "Expect: 100-continue" request without asking for the body.
+var errBodyNotWanted = errors.New("the handler answered without asking for the body")
+
+func expectsContinue(req *http.Request) bool {
+	for _, v := range req.Header.Values("Expect") {
+		if strings.EqualFold(strings.TrimSpace(v), "100-continue") {
+			return true
+		}
+	}
+	return false
+}
+
+// tunnelReqBody is a request body on its way into a tunnel: it tells a
+// failure of the client's body from a failure to write into the tunnel,
+// and, when the request expects 100-continue, holds the body back (the
+// headers flushed) until the handler's 100 Continue, its final answer or
+// continueTimeout.
+type tunnelReqBody struct {
+	rc    io.ReadCloser
+	flush func() error
+	gate  chan bool // nil: no 100-continue; true: send the body, false: do not
+
+	waited bool
+	send   bool
+	mu     sync.Mutex
+	err    error
+}
+
+func (b *tunnelReqBody) open(send bool) {
+	if b.gate == nil {
+		return
+	}
+	select {
+	case b.gate <- send:
+	default:
+	}
+}
+
+func (b *tunnelReqBody) Read(p []byte) (int, error) {
+	if b.gate != nil && !b.waited {
+		// Request.Write calls this on its own goroutine after writing the
+		// headers into the buffer: send them, then wait.
+		b.waited = true
+		if err := b.flush(); err != nil {
+			return 0, err
+		}
+		t := time.NewTimer(continueTimeout)
+		select {
+		case b.send = <-b.gate:
+		case <-t.C:
+			b.send = true
+		}
+		t.Stop()
+	}
+	if b.gate != nil && !b.send {
+		return 0, errBodyNotWanted
+	}
+	n, err := b.rc.Read(p)
+	if err != nil && err != io.EOF {
+		b.mu.Lock()
+		b.err = err
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *tunnelReqBody) Close() error { return b.rc.Close() }
+
+// readErr is the client's body's failure, if it failed.
+func (b *tunnelReqBody) readErr() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 // upgraded is a 101 response's body: the connection itself.

@@ -84,7 +84,9 @@ func isFiberBusy(resp *http.Response) (bool, io.ReadCloser) {
 		return false, body
 	}
 	var e fiberdclient.Error
-	if json.Unmarshal(b, &e) != nil || e.Reason != fiberdclient.ReasonFiberBusy {
+	// fiberd's own answer only: a handler's 409 saying FiberBusy is the
+	// handler's (fiberd strips the header from handler responses).
+	if resp.Header.Get(fiberdclient.AnswerHeader) == "" || json.Unmarshal(b, &e) != nil || e.Reason != fiberdclient.ReasonFiberBusy {
 		return false, body
 	}
 	resp.Body.Close()

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/router/pool"
 )
 
@@ -39,7 +40,20 @@ func answer(code int, ctype, body string) func() *http.Response {
 	}
 }
 
-var fiberBusy = answer(409, "application/json", `{"reason":"FiberBusy","message":"fiber f1 is serving a request"}`)
+var fiberBusy = func() *http.Response {
+	r := answer(409, "application/json", `{"reason":"FiberBusy","message":"fiber f1 is serving a request"}`)()
+	r.Header.Set(fiberdclient.AnswerHeader, "1")
+	return r
+}
+
+func TestHandlersOwnFiberBusyPassesThrough(t *testing.T) {
+	forged := `{"reason":"FiberBusy","message":"not fiberd"}`
+	s := &scripted{answers: []func() *http.Response{answer(409, "application/json", forged)}}
+	resp, body := send(t, busyRetry{s}, true, "")
+	if resp.StatusCode != 409 || body != forged || len(s.bodies) != 1 {
+		t.Fatalf("a handler's own FiberBusy: %d %q after %d tries, want it passed through once", resp.StatusCode, body, len(s.bodies))
+	}
+}
 
 func send(t *testing.T, rt http.RoundTripper, reused bool, body string) (*http.Response, string) {
 	t.Helper()

@@ -6,6 +6,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"knative.dev/networking/pkg/http/header"
+
+	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
@@ -147,6 +150,11 @@ func newHTTP1Transport() *http.Transport {
 		IdleConnTimeout:     90 * time.Second,
 		// Bodies pass through untouched; the handler owns compression.
 		DisableCompression: true,
+		// As Knative's transports (http.DefaultTransport's value): the body
+		// of an "Expect: 100-continue" request goes once fiberd (and so the
+		// handler) asks for it, and the client sees the handler's 100
+		// Continue, or none if it answers without reading, as on stock.
+		ExpectContinueTimeout: time.Second,
 	}
 }
 
@@ -177,11 +185,58 @@ func (r *Router) newReverseProxy(t http.RoundTripper, prepare func(*http.Request
 		// 0 still flushes every write of a streamed response (no
 		// Content-Length) and of text/event-stream at once, and saves a
 		// syscall per write for bodies of known length.
-		FlushInterval: 0,
-		BufferPool:    bufferPool{},
-		ErrorHandler:  r.proxyError,
-		ErrorLog:      log.New(slogWriter{r.log}, "", 0),
+		FlushInterval:  0,
+		BufferPool:     bufferPool{},
+		ErrorHandler:   r.proxyError,
+		ModifyResponse: r.fiberdAnswer,
+		ErrorLog:       log.New(slogWriter{r.log}, "", 0),
 	}
+}
+
+// fiberdAnswer turns an answer fiberd made itself (fiberdclient.AnswerHeader:
+// the fiber failed, ended or timed out, the credential was refused) into the
+// router's own error, as proxyError does for a fiber it could not reach:
+// fiberd's message names fiber ids and loopback addresses, which go to the
+// log, never to the client. The lease ends: the fiber is not put back.
+func (r *Router) fiberdAnswer(resp *http.Response) error {
+	if resp.Header.Get(fiberdclient.AnswerHeader) == "" {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	var fe fiberdclient.Error
+	_ = json.Unmarshal(b, &fe)
+	req := resp.Request
+	reqID := req.Header.Get(RequestIDHeader)
+	err := fmt.Errorf("fiberd answered %d %s: %s", resp.StatusCode, fe.Reason, truncateString(fe.Message, 512))
+	if pe, ok := req.Context().Value(proxyErrKey{}).(*proxyErr); ok {
+		pe.err = err
+	}
+	status, msg := http.StatusBadGateway, "the fiber failed before it answered"
+	switch {
+	case fe.Reason == "RequestTimeout" || resp.StatusCode == http.StatusGatewayTimeout:
+		status, msg = http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds"
+	case fe.Reason == fiberdclient.ReasonFiberBusy:
+		status, msg = http.StatusServiceUnavailable, "the fiber is busy"
+	}
+	r.log.Warn("fiberd answered instead of the handler", "request", reqID, "status", resp.StatusCode, "reason", fe.Reason, "err", err)
+	body := fmt.Sprintf("fiber-router: %s\n", msg)
+	h := http.Header{}
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	if status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	if reqID != "" {
+		h.Set(RequestIDHeader, reqID)
+	}
+	resp.StatusCode, resp.Status = status, fmt.Sprintf("%d %s", status, http.StatusText(status))
+	resp.Header, resp.Trailer = h, nil
+	resp.ContentLength = int64(len(body))
+	resp.TransferEncoding = nil
+	resp.Body = io.NopCloser(strings.NewReader(body))
+	return nil
 }
 
 // Changed implements revision.Listener: it creates, retunes or retires the

@@ -5,6 +5,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -43,6 +44,22 @@ func main() {
 			"proto":           r.Proto,
 			"host":            r.Host,
 		})
+	})
+	// upload: reads the whole body and says how long it was.
+	mux.HandleFunc("/upload", func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "%d", n)
+	})
+	// forge: a handler claiming to be fiberd (client.AnswerHeader).
+	mux.HandleFunc("/forge", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Lampyr-Fiberd-Answer", "1")
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadGateway)
+		io.WriteString(w, `{"reason":"FiberFailed","message":"forged by the handler"}`)
 	})
 	// read?path=P: can the fiber read P?
 	mux.HandleFunc("/read", func(w http.ResponseWriter, r *http.Request) {

@@ -44,6 +44,10 @@ func main() {
 			"body":       string(body),
 		})
 	})
+	// /early: answers without reading the request body (Knative allows it).
+	mux.HandleFunc("/early", func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "early")
+	})
 	// /stream?n=N: N chunks, each flushed, then the response stays open
 	// until the client leaves. A client can only read all N if the router
 	// forwards them as they come.
