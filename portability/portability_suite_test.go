@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -348,6 +349,34 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		a, b := onBoth(func(s *side) ([]string, error) { return WebSocketEcho(ctx, s.gateway, host(), msgs) })
 		Expect(a).To(HaveLen(len(msgs)))
 		expectSame("websocket", "the WebSocket replies on /ws", a, b)
+	})
+
+	It("answers every request whose body the handler does not read", func(ctx SpecContext) {
+		n := 1000
+		if v, err := strconv.Atoi(os.Getenv("LAMPYR_UNREAD_BODY_REQUESTS")); err == nil && v > 0 {
+			n = v
+		}
+		start := CurrentSpecReport().StartTime
+		a, b := onBoth(func(s *side) (*UnreadBodyTally, error) { return UnreadBodies(ctx, s.gateway, host(), n), nil })
+		fmt.Fprintf(GinkgoWriter, "unread bodies, stock:  %s\nunread bodies, lampyr: %s\n", a, b)
+		var problems []string
+		for _, t := range []struct {
+			name string
+			t    *UnreadBodyTally
+		}{{"stock", a}, {"lampyr", b}} {
+			if t.t.Failures() > 0 {
+				problems = append(problems, fmt.Sprintf("%s: %s", t.name, t.t))
+			}
+			if len(t.t.Leaks) > 0 {
+				problems = append(problems, fmt.Sprintf("%s: an error named an internal address: %s", t.name, t.t.Leaks[0]))
+			}
+		}
+		if a.Continues != b.Continues {
+			problems = append(problems, fmt.Sprintf("100 Continue answers: stock %d, lampyr %d", a.Continues, b.Continues))
+		}
+		detail := strings.Join(problems, "; ")
+		record("unread bodies", start, &detail)
+		Expect(problems).To(BeEmpty())
 	})
 
 	It("answers gRPC over h2c identically", func(ctx SpecContext) {

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -125,8 +128,12 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 		if ad == "" {
 			ad = dir + "/" + ArtifactDir
 		}
-		if built, err = LoadArtifact(ad); err != nil {
+		var fresh bool
+		if built, fresh, err = EnsureArtifact(ctx, dir, p, ad); err != nil {
 			return err
+		}
+		if fresh {
+			ph.Detail("there was no artifact in %s: built it (ly build)", ad)
 		}
 		ph.Detail("local artifact %s (%s, port %d, %s)", built.Digest, built.Config.Runtime.Name, built.Config.Port, built.Config.Protocol)
 		if pushed, err = Push(ctx, built, o.Image, o.Remote...); err != nil {
@@ -335,3 +342,17 @@ func conditionsSummary(cs duckConditions, types ...apis.ConditionType) string {
 }
 
 type duckConditions = duckv1.Conditions
+
+// EnsureArtifact loads the snapshot artifact in ad, building it from dir
+// first when there is none (seed 000: ly deploy builds and publishes the
+// artifact). One already built is used as it is: ly build makes a new one.
+func EnsureArtifact(ctx context.Context, dir string, p *Project, ad string) (b *Built, built bool, err error) {
+	if _, serr := os.Stat(filepath.Join(ad, "index.json")); errors.Is(serr, fs.ErrNotExist) {
+		if b, err = Build(ctx, dir, p, BuildOptions{ArtifactDir: ad}); err != nil {
+			return nil, false, fmt.Errorf("building the artifact into %s: %w", ad, err)
+		}
+		return b, true, nil
+	}
+	b, err = LoadArtifact(ad)
+	return b, false, err
+}

@@ -152,3 +152,28 @@ func TestWaitServiceStopsOnTemplateRefusal(t *testing.T) {
 		})
 	}
 }
+
+// ly deploy builds the artifact when there is none, and uses one already
+// built as it is.
+func TestEnsureArtifactBuildsWhenMissing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go build")
+	}
+	dir := filepath.Join(t.TempDir(), "hello")
+	if _, err := Scaffold(dir, "hello", false); err != nil {
+		t.Fatal(err)
+	}
+	p, err := LoadProject(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad := filepath.Join(dir, ArtifactDir)
+	b1, built, err := EnsureArtifact(context.Background(), dir, p, ad)
+	if err != nil || !built {
+		t.Fatalf("no artifact yet: built %v, err %v; want it built", built, err)
+	}
+	b2, built, err := EnsureArtifact(context.Background(), dir, p, ad)
+	if err != nil || built || b2.Digest != b1.Digest {
+		t.Fatalf("artifact present: built %v, err %v, digest %s vs %s; want it loaded as it is", built, err, b2.Digest, b1.Digest)
+	}
+}

@@ -1,0 +1,115 @@
+package portability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// UnreadBodyTally is what one platform answered to requests whose bodies
+// the handler does not read (/echo answers without reading it, as
+// Knative allows a handler to).
+type UnreadBodyTally struct {
+	Requests int
+	// Outcomes counts each distinct outcome: "200", "502", or the client's
+	// error ("error: unexpected EOF").
+	Outcomes map[string]int
+	// Continues counts the 100 Continue answers to requests sent with
+	// "Expect: 100-continue" (the handler never asks for the body).
+	Continues int
+	// Leaks are answers that named an internal address (127.0.0.1, a fiber).
+	Leaks    []string
+	Duration time.Duration
+}
+
+// Failures is the number of requests not answered 200.
+func (t *UnreadBodyTally) Failures() int { return t.Requests - t.Outcomes["200"] }
+
+func (t *UnreadBodyTally) String() string {
+	keys := make([]string, 0, len(t.Outcomes))
+	for k := range t.Outcomes {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s x%d", k, t.Outcomes[k]))
+	}
+	return fmt.Sprintf("%d requests in %s: %s; %d 100 Continue", t.Requests, t.Duration.Round(time.Millisecond), strings.Join(parts, ", "), t.Continues)
+}
+
+// unreadBodyCases cycle through sizes, framing and Expect.
+var unreadBodyCases = []struct {
+	size            int
+	chunked, expect bool
+}{
+	{100 << 10, false, false}, {1 << 20, false, false}, {10 << 20, false, false},
+	{100 << 10, true, false}, {1 << 20, true, false},
+	{1 << 20, false, true}, {10 << 20, false, true},
+}
+
+// UnreadBodies sends n POST /echo requests with bodies the handler does
+// not read and tallies the answers.
+func UnreadBodies(ctx context.Context, gateway, host string, n int) *UnreadBodyTally {
+	t := &UnreadBodyTally{Requests: n, Outcomes: map[string]int{}}
+	// ExpectContinueTimeout as Go's default client: a request that expects
+	// 100-continue sends its body after 1 s without an answer.
+	hc := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{ExpectContinueTimeout: time.Second, MaxIdleConnsPerHost: 4}}
+	bodies := map[int][]byte{}
+	for _, c := range unreadBodyCases {
+		if bodies[c.size] == nil {
+			bodies[c.size] = bytes.Repeat([]byte("b"), c.size)
+		}
+	}
+	var continues atomic.Int64
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, _ textproto.MIMEHeader) error {
+		if code == http.StatusContinue {
+			continues.Add(1)
+		}
+		return nil
+	}}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		c := unreadBodyCases[i%len(unreadBodyCases)]
+		var body io.Reader = bytes.NewReader(bodies[c.size])
+		if c.chunked {
+			body = io.MultiReader(body)
+		}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), http.MethodPost, gateway+"/echo?unread=1", body)
+		if err != nil {
+			t.Outcomes["error: "+err.Error()]++
+			continue
+		}
+		req.Host = host
+		req.Header.Set("Content-Type", "application/octet-stream")
+		if c.expect {
+			req.Header.Set("Expect", "100-continue")
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Outcomes["error: "+err.Error()]++
+			continue
+		}
+		raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		outcome := fmt.Sprint(resp.StatusCode)
+		if err != nil {
+			outcome += " (reading: " + err.Error() + ")"
+		}
+		t.Outcomes[outcome]++
+		if resp.StatusCode != 200 && (bytes.Contains(raw, []byte("127.0.0.1")) || bytes.Contains(raw, []byte("fiber "))) {
+			t.Leaks = append(t.Leaks, fmt.Sprintf("%d %.200s", resp.StatusCode, raw))
+		}
+	}
+	t.Duration = time.Since(start)
+	t.Continues = int(continues.Load())
+	return t
+}
