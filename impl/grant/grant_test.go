@@ -887,3 +887,24 @@ func TestTemplatesAreFetchedOnce(t *testing.T) {
 		t.Fatalf("template fetched %d times, want once", h.templates.calls)
 	}
 }
+
+// TestRevisionPortAndProtocolWin: the Revision's containerPort and port
+// name (copied into the grant) decide PORT and the protocol, as on stock
+// Knative; the template's, what the build declared, only fill a gap.
+func TestRevisionPortAndProtocolWin(t *testing.T) {
+	trust := seal.NewTrust(seal.TrustedSealer{Name: "c", Key: testSealer.Public(), Namespaces: []string{"*"}})
+	for _, c := range []struct {
+		port  int32
+		proto string
+		want  signedgrant.Helper
+	}{
+		{8801, "h2c", signedgrant.Helper{Port: 8801, Protocol: "h2c"}},
+		{0, "", testHelper},
+	} {
+		g := grant("hello-00001", func(g *v1alpha1.CapacityGrant) { g.Spec.Port, g.Spec.Protocol = c.port, c.proto })
+		h := newHarness(t, g)
+		if helper, refusal := h.r.openTemplate(context.Background(), g, []*seal.PrivateKey{testFleet}, trust, nil); refusal != nil || helper != c.want {
+			t.Fatalf("grant port %d protocol %q: %+v %+v, want %+v", c.port, c.proto, helper, refusal, c.want)
+		}
+	}
+}

@@ -105,5 +105,16 @@ func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant
 	if err := opened.Matches(g.Namespace, g.Spec.RevisionName, snap.DigestStr(), want); err != nil {
 		return signedgrant.Helper{}, &templateRefusal{reason: v1alpha1.ReasonTemplateMismatch, message: err.Error()}
 	}
-	return signedgrant.Helper{Port: opened.Helper.Port, Protocol: opened.Helper.Protocol}, nil
+	// The Revision's containerPort and port name decide PORT and the
+	// protocol, as on stock Knative (the Revision reconciler copies them
+	// into the grant); the template's are what the build declared, kept
+	// where the grant names none. Neither reaches outside the fiber.
+	h := signedgrant.Helper{Port: opened.Helper.Port, Protocol: opened.Helper.Protocol}
+	if g.Spec.Port > 0 {
+		h.Port = g.Spec.Port
+	}
+	if g.Spec.Protocol != "" {
+		h.Protocol = g.Spec.Protocol
+	}
+	return h, nil
 }

@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"strings"
@@ -72,21 +73,32 @@ func TestCredentialsAreForOneHome(t *testing.T) {
 	}
 }
 
-// TestHelperFactsMustMatchTheSnapshot: the grant carries the template facts
-// the grant controller opened; a snapshot whose port differs is refused.
-func TestHelperFactsMustMatchTheSnapshot(t *testing.T) {
+// TestGrantPortIsThePORT: the port the grant names (the Revision's
+// containerPort) is the handler's PORT and the one fiberd dials, whatever
+// port the snapshot's build declared (Knative's runtime contract).
+func TestGrantPortIsThePORT(t *testing.T) {
 	inst := fiberdtest.StartInstance(t, fiberdtest.Options{})
 	ctx := context.Background()
 	c := inst.Claims
-	c.Helper.Port = 9999
+	c.Helper.Port = 8801
 	c.GrantID = "grant-port"
 	c.IssuedAt = time.Now()
 	inst.WriteGrant(t, c)
-	_, err := inst.Client.Acquire(ctx)
-	if !client.IsUnavailable(err) || !strings.Contains(err.Error(), "TemplateMismatch") || !strings.Contains(err.Error(), "helper.port 9999") {
-		t.Fatalf("acquire under a grant whose template port differs: %v", err)
-	}
-	if g, err := inst.Client.Grant(ctx); err != nil || g.TemplateLoaded || !strings.Contains(g.LoadError, "TemplateMismatch") {
-		t.Fatalf("GET /v1/grant: %+v %v", g, err)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		f, err := inst.Client.Acquire(ctx)
+		if err == nil {
+			resp, body := get(t, inst.Client, f.ID, "/")
+			inst.Client.Release(ctx, f.ID)
+			var h struct{ Port string }
+			if resp.StatusCode != 200 || json.Unmarshal(body, &h) != nil || h.Port != "8801" {
+				t.Fatalf("handler under a grant naming port 8801: %d %s; want PORT=8801", resp.StatusCode, body)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acquire under a grant naming port 8801: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

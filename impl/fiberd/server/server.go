@@ -347,9 +347,11 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	if err != nil {
 		return nil, &LoadError{"SnapshotUnavailable", err}
 	}
-	if snap.Config.Port != c.Helper.Port {
-		return nil, &LoadError{"TemplateMismatch", fmt.Errorf("template helper.port %d differs from the snapshot's port %d; rebuild and redeploy", c.Helper.Port, snap.Config.Port)}
-	}
+	// The port and protocol are the Revision's (Knative's runtime contract:
+	// PORT is the containerPort, a port named h2c means HTTP/2), carried by
+	// the grant; the snapshot's are what its build declared, used where a
+	// grant names no protocol.
+	port := c.Helper.Port
 	root, err := s.unpack(snap)
 	if err != nil {
 		return nil, snapshotErr(err)
@@ -358,7 +360,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	for k, v := range c.Env {
 		env[k] = v
 	}
-	env["PORT"] = strconv.Itoa(int(snap.Config.Port))
+	env["PORT"] = strconv.Itoa(int(port))
 	env["HOME"] = "/tmp"
 	env["TMPDIR"] = "/tmp"
 	env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
@@ -373,7 +375,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		Revision:       c.Revision,
 		RootFS:         root,
 		Entrypoint:     snap.Config.Entrypoint,
-		Port:           snap.Config.Port,
+		Port:           port,
 		Env:            env,
 		MemoryBytes:    c.MemoryPerFiberBytes,
 		StartupTimeout: startup,
@@ -395,7 +397,10 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	if err != nil {
 		return nil, &LoadError{"InvalidGrant", err}
 	}
-	proto := snap.Config.Protocol
+	proto := c.Helper.Protocol
+	if proto == "" {
+		proto = snap.Config.Protocol
+	}
 	if proto == "" {
 		proto = "http1"
 	}
