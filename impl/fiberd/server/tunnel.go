@@ -156,10 +156,13 @@ const maxSplicedTunnels = 4096
 func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-chan struct{}, silence time.Duration, kernelIdle func() time.Duration, delivered func() bool, covered func() bool) string {
 	var last atomic.Int64
 	last.Store(time.Now().UnixNano())
-	// done carries which pump ended: true for fiber -> router.
-	done := make(chan bool, 2)
+	// done carries which pump ended (fromFiber: fiber -> router) and
+	// whether its source ended (srcEnded) or its destination refused a write.
+	type pumpEnd struct{ fromFiber, srcEnded bool }
+	done := make(chan pumpEnd, 2)
 	pump := func(dst net.Conn, src interface{ Read([]byte) (int, error) }, fromFiber bool) {
-		defer func() { done <- fromFiber }()
+		end := pumpEnd{fromFiber: fromFiber}
+		defer func() { done <- end }()
 		bp := tunnelBuffers.Get().(*[]byte)
 		defer tunnelBuffers.Put(bp)
 		buf := *bp
@@ -172,6 +175,7 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 				}
 			}
 			if err != nil {
+				end.srcEnded = true
 				return
 			}
 		}
@@ -204,16 +208,30 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 			closeBoth()
 			wait()
 			return "the grant no longer covers this Revision"
-		case fromFiber := <-done:
+		case e := <-done:
 			pending--
-			if !fromFiber {
-				// Router -> fiber ended: the router closed its side, or
-				// the handler stopped reading (it may answer without
-				// reading the whole body, and close). Its answer can
-				// still be on its way back: pass the end on and keep
-				// carrying fiber -> router.
-				closeWrite(fiber)
+			if !e.fromFiber && !e.srcEnded {
+				// The handler stopped reading (it may answer without
+				// reading the whole body, and close): its answer can
+				// still be on its way back. Keep carrying fiber -> router.
 				continue
+			}
+			if !e.fromFiber {
+				// The router closed: pass the end on, give the handler
+				// lingerAfterFiber to finish, then end the tunnel (a
+				// handler that ignores the end does not keep its fiber
+				// busy).
+				closeWrite(fiber)
+				t := time.NewTimer(lingerAfterFiber)
+				select {
+				case <-done:
+					pending--
+				case <-t.C:
+				}
+				t.Stop()
+				closeBoth()
+				wait()
+				return ""
 			}
 			// The handler has said all it will say. The router gets its
 			// last bytes and then an EOF: a FIN after them, never a reset
