@@ -83,15 +83,17 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	// Counted before the 101 goes out: a caller that has read it (and
+	// been answered through the tunnel) must find the tunnel counted.
+	s.metrics.tunnels.WithLabelValues(path).Inc()
+	s.metrics.tunnelsOpen.Inc()
+	defer s.metrics.tunnelsOpen.Dec()
 	switched := "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + client.TunnelProtocol + "\r\n\r\n"
 	brw.WriteString(switched)
 	if err := brw.Flush(); err != nil {
 		return
 	}
 	silence := time.Duration(max(g.Execution.IdleTimeoutSeconds, g.MaxRequestSeconds)) * time.Second
-	s.metrics.tunnels.WithLabelValues(path).Inc()
-	s.metrics.tunnelsOpen.Inc()
-	defer s.metrics.tunnelsOpen.Dec()
 	var kernelIdle func() time.Duration
 	var delivered func() bool
 	if pair != nil {
