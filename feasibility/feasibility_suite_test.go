@@ -385,14 +385,23 @@ func runGate(ctx context.Context, prov, strategy string) {
 		for {
 			ing, err := c.Dynamic.Resource(e2eutil.Ingresses).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
 			if err == nil {
-				if s, r, m := e2eutil.Condition(ing, "Ready"); s == "True" {
+				// Ready for the 50/50 configuration, not the 100% one the
+				// KIngress had before rev2: its spec names rev2 and its
+				// status observed that spec. Measuring the split against a
+				// Ready left over from the old spec counted the old routes
+				// (CI, 2026-12-02: split-00001 132 of 200, the first ~64
+				// requests all to it).
+				spec, _ := json.Marshal(ing.Object["spec"])
+				observed, _, _ := unstructured.NestedInt64(ing.Object, "status", "observedGeneration")
+				current := strings.Contains(string(spec), `"`+rev2+`"`) && observed == ing.GetGeneration()
+				if s, r, m := e2eutil.Condition(ing, "Ready"); s == "True" && current {
 					ss := ""
 					if svc != nil {
 						ss, _, _ = e2eutil.Condition(svc, "Ready")
 					}
 					return fmt.Sprintf("KIngress %s/%s Ready (Service Ready=%s)", ns, svcName, ss), 0, nil
 				} else if time.Now().After(deadline) {
-					return "", 0, fmt.Errorf("KIngress not Ready within 2m: Ready=%s %s %s", s, r, m)
+					return "", 0, fmt.Errorf("KIngress not Ready for the 50/50 spec within 2m: Ready=%s %s %s (spec names %s: %v; observedGeneration %d of %d)", s, r, m, rev2, strings.Contains(string(spec), `"`+rev2+`"`), observed, ing.GetGeneration())
 				}
 			} else if time.Now().After(deadline) {
 				return "", 0, fmt.Errorf("KIngress not found within 2m: %v", err)
