@@ -192,6 +192,20 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 			<-done
 		}
 	}
+	// linger gives the pump still running lingerAfterFiber to end by
+	// itself, once one side's end has been passed on to the other.
+	linger := func() {
+		if pending == 0 {
+			return
+		}
+		t := time.NewTimer(lingerAfterFiber)
+		defer t.Stop()
+		select {
+		case <-done:
+			pending--
+		case <-t.C:
+		}
+	}
 	var tick <-chan time.Time
 	var timer *time.Timer
 	if silence > 0 {
@@ -224,13 +238,7 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 				// handler that ignores the end does not keep its fiber
 				// busy).
 				closeWrite(fiber)
-				t := time.NewTimer(lingerAfterFiber)
-				select {
-				case <-done:
-					pending--
-				case <-t.C:
-				}
-				t.Stop()
+				linger()
 				closeBoth()
 				wait()
 				return ""
@@ -248,15 +256,7 @@ func splice(router net.Conn, routerR *bufio.Reader, fiber net.Conn, fiberDone <-
 				}
 			}
 			closeWrite(router)
-			if pending > 0 {
-				t := time.NewTimer(lingerAfterFiber)
-				select {
-				case <-done:
-					pending--
-				case <-t.C:
-				}
-				t.Stop()
-			}
+			linger()
 			closeBoth()
 			wait()
 			return ""
