@@ -36,6 +36,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -70,6 +71,15 @@ type Spec struct {
 	StartupTimeoutMillis int64 `json:"startupTimeoutMillis"`
 	// ReadinessPath, if set, must answer GET with 2xx before "ready".
 	ReadinessPath string `json:"readinessPath,omitempty"`
+	// Cgroups maps a cgroup v1 controller ("cpu", "memory", "pids") to the
+	// host path of the fiber's own cgroup of that controller, bound
+	// read-only at /sys/fs/cgroup/<controller> (the runtime contract's
+	// read-only cgroup view).
+	Cgroups map[string]string `json:"cgroups,omitempty"`
+	// ResolvConf is the host path of the file bound read-only over the
+	// snapshot's /etc/resolv.conf (which fiberd's unpack leaves a regular
+	// file).
+	ResolvConf string `json:"resolvConf,omitempty"`
 }
 
 // Limits are rlimits set (soft = hard) on the handler. Zero leaves one as
@@ -98,7 +108,11 @@ const ReadyLine = "ready\n"
 
 // MountPoints are the directories the read-only root must already contain;
 // fiberd creates them when it unpacks a snapshot.
-var MountPoints = []string{"proc", "tmp", "dev"}
+var MountPoints = []string{"proc", "tmp", "dev", "sys"}
+
+// ResolvConfPath is the file, relative to the root, that Spec.ResolvConf
+// is bound over; fiberd's unpack makes it a regular file.
+const ResolvConfPath = "etc/resolv.conf"
 
 // Main runs the helper and returns its exit code.
 func Main() int {
@@ -369,21 +383,16 @@ func setupRoot(spec *Spec) error {
 	if err := unix.Mount("tmpfs", filepath.Join(root, "tmp"), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpOpts); err != nil {
 		return fmt.Errorf("mounting /tmp: %w", err)
 	}
-	dev := filepath.Join(root, "dev")
-	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
-		return fmt.Errorf("mounting /dev: %w", err)
+	if err := setupDev(filepath.Join(root, "dev")); err != nil {
+		return err
 	}
-	for _, d := range []string{"null", "zero", "random", "urandom"} {
-		p := filepath.Join(dev, d)
-		if err := os.WriteFile(p, nil, 0o666); err != nil {
+	if err := setupSys(filepath.Join(root, "sys"), spec.Cgroups); err != nil {
+		return err
+	}
+	if spec.ResolvConf != "" {
+		if err := bindFileRO(spec.ResolvConf, root, ResolvConfPath); err != nil {
 			return err
 		}
-		if err := unix.Mount("/dev/"+d, p, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("binding /dev/%s: %w", d, err)
-		}
-	}
-	if err := unix.Mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
-		return fmt.Errorf("making /dev read-only: %w", err)
 	}
 	// We are PID 1 of the new PID namespace, so this /proc shows only the
 	// fiber's processes.
@@ -403,6 +412,120 @@ func setupRoot(spec *Spec) error {
 		return fmt.Errorf("detaching the host root: %w", err)
 	}
 	return unix.Chdir("/")
+}
+
+// devFiles are the device nodes of the fiber's /dev, bound from the Home's
+// own /dev (a user namespace cannot create device nodes). /dev/console is
+// deliberately absent (the runtime contract says it should not exist).
+var devFiles = []string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// devLinks are the runtime contract's /dev symlinks.
+var devLinks = map[string]string{
+	"fd":     "/proc/self/fd",
+	"stdin":  "/proc/self/fd/0",
+	"stdout": "/proc/self/fd/1",
+	"stderr": "/proc/self/fd/2",
+	"ptmx":   "pts/ptmx",
+}
+
+// setupDev builds the fiber's /dev on a small tmpfs, read-only once built:
+// the device nodes of devFiles, the contract's symlinks and a
+// private devpts instance (its own ptys, none of the Home's) behind
+// /dev/ptmx.
+func setupDev(dev string) error {
+	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
+		return fmt.Errorf("mounting /dev: %w", err)
+	}
+	for _, d := range devFiles {
+		p := filepath.Join(dev, d)
+		if err := os.WriteFile(p, nil, 0o666); err != nil {
+			return err
+		}
+		if err := unix.Mount("/dev/"+d, p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding /dev/%s: %w", d, err)
+		}
+	}
+	for name, target := range devLinks {
+		if err := os.Symlink(target, filepath.Join(dev, name)); err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+	}
+	pts := filepath.Join(dev, "pts")
+	if err := os.Mkdir(pts, 0o755); err != nil {
+		return err
+	}
+	// A new devpts instance belongs to this fiber's user namespace: its
+	// ptys are the fiber's alone, and ptmx is usable by the handler.
+	if err := unix.Mount("devpts", pts, "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
+		return fmt.Errorf("mounting /dev/pts: %w", err)
+	}
+	if err := unix.Mount("", dev, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NOEXEC, "mode=755,size=64k"); err != nil {
+		return fmt.Errorf("making /dev read-only: %w", err)
+	}
+	return nil
+}
+
+// setupSys gives the fiber a /sys holding only fs/cgroup/<controller>: its
+// own cgroups, read-only (how a container runtime shows cgroup v1 to a
+// container). Nothing else of the host's sysfs is there.
+func setupSys(sys string, cgroups map[string]string) error {
+	if err := unix.Mount("tmpfs", sys, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=16k"); err != nil {
+		return fmt.Errorf("mounting /sys: %w", err)
+	}
+	cg := filepath.Join(sys, "fs", "cgroup")
+	if err := os.MkdirAll(cg, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", cg, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=16k"); err != nil {
+		return fmt.Errorf("mounting /sys/fs/cgroup: %w", err)
+	}
+	names := make([]string, 0, len(cgroups))
+	for c := range cgroups {
+		names = append(names, c)
+	}
+	sort.Strings(names)
+	for _, c := range names {
+		if c == "" || strings.ContainsAny(c, "/.") {
+			return fmt.Errorf("cgroup controller name %q", c)
+		}
+		p := filepath.Join(cg, c)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(cgroups[c], p, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("binding the fiber's %s cgroup: %w", c, err)
+		}
+		if err := unix.Mount("", p, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|lockedFlags(p), ""); err != nil {
+			return fmt.Errorf("making the %s cgroup view read-only: %w", c, err)
+		}
+	}
+	for _, p := range []string{cg, sys} {
+		if err := unix.Mount("", p, "", unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=755,size=16k"); err != nil {
+			return fmt.Errorf("making %s read-only: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// bindFileRO binds the host file src read-only over rel inside root. The
+// target must be a regular file of the root itself: a symlink there would
+// be followed on the host's side of pivot_root.
+func bindFileRO(src, root, rel string) error {
+	dst := filepath.Join(root, rel)
+	fi, err := os.Lstat(dst)
+	if err != nil {
+		return fmt.Errorf("/%s: %w", rel, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("/%s is not a regular file in the snapshot", rel)
+	}
+	if err := unix.Mount(src, dst, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("binding /%s: %w", rel, err)
+	}
+	if err := unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC|lockedFlags(dst), ""); err != nil {
+		return fmt.Errorf("making /%s read-only: %w", rel, err)
+	}
+	return nil
 }
 
 // lockedFlags are the mount flags of the mount at p that a remount inside

@@ -461,6 +461,21 @@ func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
 		f.WriteString("127.0.0.1 localhost\n::1 localhost\n")
 		f.Close()
 	}
+	// fiberd binds each fiber's resolver configuration over
+	// /etc/resolv.conf (helper.Spec.ResolvConf), so it must be a regular
+	// file of the root: an image's symlink (to a systemd stub, say) is
+	// replaced, since the helper would follow it on the host's side.
+	rc := filepath.Join(root, helper.ResolvConfPath)
+	if fi, err := os.Lstat(rc); err == nil && !fi.Mode().IsRegular() {
+		if err := os.RemoveAll(rc); err != nil {
+			return "", err
+		}
+	}
+	if f, err := os.OpenFile(rc, os.O_CREATE|os.O_EXCL|os.O_WRONLY|syscall.O_NOFOLLOW, 0o644); err == nil {
+		f.Close()
+	} else if !errors.Is(err, os.ErrExist) {
+		return "", fmt.Errorf("snapshot %s: creating /%s: %w", snap.Digest(), helper.ResolvConfPath, err)
+	}
 	// Only root may change the unpacked snapshot; fibers see it read-only anyway.
 	os.Chmod(dir, 0o755)
 	return root, os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644)

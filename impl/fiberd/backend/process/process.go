@@ -75,6 +75,9 @@ type Config struct {
 	// TmpBytes caps each fiber's /tmp; default 64 MiB (also charged to the
 	// memory cgroup, since tmpfs pages are memory).
 	TmpBytes int64
+	// ResolvConf is the content of every fiber's /etc/resolv.conf (read
+	// only); default NoResolverConf.
+	ResolvConf string
 	// Log receives the helpers' and handlers' stdout/stderr; default stderr.
 	Log io.Writer
 }
@@ -95,10 +98,16 @@ type Backend struct {
 	// spawner clones helpers (spawn.go); restarted if it dies.
 	spawnMu sync.Mutex
 	spawner *spawner
+	// resolvConf is the host file bound over each fiber's /etc/resolv.conf.
+	resolvConf string
 	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
 	// inherit it instead (logged once).
 	cpuQuotaOnce sync.Once
 }
+
+// NoResolverConf is a fiber's /etc/resolv.conf when it has no resolver:
+// no nameserver line, so lookups of anything but /etc/hosts fail at once.
+const NoResolverConf = "# This fiber has no DNS resolver (fiber egress is off); only /etc/hosts resolves.\noptions attempts:1 timeout:1\n"
 
 // DefaultCgroupParent is where fibers' memory cgroups go by default.
 const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
@@ -199,7 +208,14 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.SpawnerPath == "" {
 		cfg.SpawnerPath = cfg.HelperPath
 	}
-	b := &Backend{cfg: cfg, hostNS: host, ids: ids}
+	if cfg.ResolvConf == "" {
+		cfg.ResolvConf = NoResolverConf
+	}
+	b := &Backend{cfg: cfg, hostNS: host, ids: ids, resolvConf: filepath.Join(cfg.StateDir, "resolv.conf")}
+	if err := os.WriteFile(b.resolvConf, []byte(cfg.ResolvConf), 0o644); err != nil {
+		host.Close()
+		return nil, fmt.Errorf("process backend: writing the fibers' resolv.conf: %w", err)
+	}
 	b.pidsGroups = &cgPool{parent: cfg.PidsParent, setup: func(dir string) error {
 		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(cfg.PidsMax)), 0)
 	}}
@@ -471,6 +487,8 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 		TmpBytes:             cfg.TmpBytes,
 		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
 		ReadinessPath:        spec.ReadinessPath,
+		Cgroups:              map[string]string{"memory": f.cgroup, "cpu": f.cpu, "pids": f.pids},
+		ResolvConf:           f.b.resolvConf,
 	}
 	if err := json.NewEncoder(specW).Encode(hs); err != nil {
 		return fmt.Errorf("sending spec to helper: %w", err)
