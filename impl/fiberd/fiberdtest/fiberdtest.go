@@ -89,6 +89,8 @@ type Options struct {
 	// UID is the handler's uid and gid inside its user namespace; default
 	// 65534.
 	UID uint32
+	// Egress gives the fibers service bindings (nil: loopback only).
+	Egress *process.Egress
 }
 
 // Instance is a running fiberd under test.
@@ -308,6 +310,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		CPUMillis:    opts.FiberCPUMillis,
 		UID:          opts.UID,
 		GID:          opts.UID,
+		Egress:       opts.Egress,
 		Log:          logWriter{opts.Logf},
 	})
 	if err != nil {

@@ -30,6 +30,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/helper"
 )
 
@@ -76,8 +77,12 @@ type Config struct {
 	// memory cgroup, since tmpfs pages are memory).
 	TmpBytes int64
 	// ResolvConf is the content of every fiber's /etc/resolv.conf (read
-	// only); default NoResolverConf.
+	// only); default Egress.Policy.ResolvConf() with egress, else
+	// NoResolverConf.
 	ResolvConf string
+	// Egress, if set, gives every fiber its service bindings
+	// (impl/fiberd/egress); nil leaves fibers with loopback only.
+	Egress *Egress
 	// Log receives the helpers' and handlers' stdout/stderr; default stderr.
 	Log io.Writer
 }
@@ -103,6 +108,15 @@ type Backend struct {
 	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
 	// inherit it instead (logged once).
 	cpuQuotaOnce sync.Once
+}
+
+// Egress configures fibers' service bindings.
+type Egress struct {
+	Policy *egress.Policy
+	// Lookup is the Home's resolver; default net.DefaultResolver.
+	Lookup egress.Lookup
+	// Dial opens forwarded connections; default a net.Dialer.
+	Dial egress.Dialer
 }
 
 // NoResolverConf is a fiber's /etc/resolv.conf when it has no resolver:
@@ -207,6 +221,17 @@ func New(cfg Config) (*Backend, error) {
 	removeLeftovers(cfg)
 	if cfg.SpawnerPath == "" {
 		cfg.SpawnerPath = cfg.HelperPath
+	}
+	if e := cfg.Egress; e != nil {
+		if e.Policy == nil {
+			return nil, errors.New("process backend: egress without a policy")
+		}
+		if e.Lookup == nil {
+			e.Lookup = net.DefaultResolver.LookupNetIP
+		}
+		if cfg.ResolvConf == "" {
+			cfg.ResolvConf = e.Policy.ResolvConf()
+		}
 	}
 	if cfg.ResolvConf == "" {
 		cfg.ResolvConf = NoResolverConf
@@ -340,6 +365,8 @@ type fiber struct {
 	nsMu   sync.RWMutex
 	ns     netns.NsHandle
 	addr   string
+	// egress is the fiber's service-binding link (nil when egress is off).
+	egress *egress.Link
 	cgroup string
 	pids   string
 	cpu    string
@@ -457,6 +484,12 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	f.ns = ns
 	f.nsMu.Unlock()
 	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
+	if e := f.b.cfg.Egress; e != nil {
+		// Before the handler starts, so its first call finds the way out.
+		if f.egress, err = egress.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
+			return fmt.Errorf("fiber egress: %w", err)
+		}
+	}
 	// The helper waits for its spec before starting the handler, so joining
 	// the cgroups here, before sending the spec, puts every process of the
 	// fiber under the limits.
@@ -693,6 +726,9 @@ func (f *fiber) cleanup() error {
 		}
 		unix.Close(f.pidfd)
 		f.pidfd = -1
+	}
+	if f.egress != nil {
+		f.egress.Close()
 	}
 	// A cgroup can only be removed once its last task has been reaped,
 	// which may trail the helper's exit by a moment.
