@@ -93,15 +93,21 @@ func NewController(ctx context.Context, o Options) *Controller {
 		now:       time.Now,
 		pending:   map[string]int64{},
 	}
+	ranges := &clusterRanges{kube: o.Kube}
 	r.config = func() (*config.Config, error) {
 		cm, err := cmInformer.Lister().ConfigMaps(o.SystemNamespace).Get(config.ConfigMapName)
 		if apierrs.IsNotFound(err) {
-			return config.FromConfigMap(nil)
+			cm, err = nil, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		return config.FromConfigMap(cm)
+		cfg, err := config.FromConfigMap(cm)
+		if err != nil {
+			return nil, err
+		}
+		ranges.withEgressDefaults(ctx, cfg, logger.Warnf)
+		return cfg, nil
 	}
 	// One worker: admission is a decision over all grants, best made one at
 	// a time; the work per grant is small.

@@ -8,6 +8,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -22,6 +23,7 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
@@ -53,6 +55,12 @@ func main() {
 	flag.IntVar(&sb.limits.Entries, "max-snapshot-entries", artifact.DefaultLimits.Entries, "most files, directories and symlinks in a snapshot")
 	flag.StringVar(&sb.idLockDir, "id-lock-dir", process.DefaultIDLockDir, "directory shared by every Home on the node (a hostPath) in which fiberd locks the id ranges its fibers hold")
 	flag.Var(&mirrors, "registry-mirror", "from=to: reach registry host `from` at `to` (repeatable), e.g. localhost:5002=kind-registry:5000")
+	flag.StringVar(&sb.egress, "egress", "off", "fibers' service bindings: \"cluster\" (a restricted resolver and TCP to the addresses it answers, within --egress-allow) or \"off\" (loopback only)")
+	flag.StringVar(&sb.egressDomains, "egress-domains", "svc.cluster.local", "comma-separated DNS suffixes fibers may resolve")
+	flag.StringVar(&sb.egressDenyNames, "egress-deny-names", "", "comma-separated names (or .suffix) fibers may not resolve")
+	flag.StringVar(&sb.egressAllow, "egress-allow", "", "comma-separated CIDRs fibers may connect to (e.g. the Service CIDR); required with --egress=cluster")
+	flag.StringVar(&sb.egressDeny, "egress-deny", "", "comma-separated CIDRs refused inside --egress-allow (the Home's POD_IP and HOST_IP are added)")
+	flag.StringVar(&sb.egressNamespace, "egress-namespace", "", "the Revision's namespace, first in fibers' DNS search path")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -68,6 +76,47 @@ type sandboxFlags struct {
 	idRanges       int
 	idLockDir      string
 	limits         artifact.Limits
+
+	egress, egressDomains, egressDenyNames, egressAllow, egressDeny, egressNamespace string
+}
+
+// egressConfig is the process backend's egress from the flags, nil when
+// off. The Home's own addresses (downward API) are always denied.
+func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
+	switch sb.egress {
+	case "off", "":
+		return nil, nil
+	case "cluster":
+	default:
+		return nil, fmt.Errorf("--egress %q: want \"cluster\" or \"off\"", sb.egress)
+	}
+	allow, err := egress.ParsePrefixes("--egress-allow", sb.egressAllow)
+	if err != nil {
+		return nil, err
+	}
+	if len(allow) == 0 {
+		return nil, errors.New("--egress=cluster needs --egress-allow (the ranges fibers may reach, e.g. the Service CIDR)")
+	}
+	deny, err := egress.ParsePrefixes("--egress-deny", sb.egressDeny+","+os.Getenv("POD_IP")+","+os.Getenv("HOST_IP"))
+	if err != nil {
+		return nil, err
+	}
+	split := func(v string) []string {
+		var out []string
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				out = append(out, f)
+			}
+		}
+		return out
+	}
+	return &process.Egress{Policy: &egress.Policy{
+		Domains:         split(sb.egressDomains),
+		DenyNames:       split(sb.egressDenyNames),
+		Allow:           allow,
+		Deny:            deny,
+		SearchNamespace: sb.egressNamespace,
+	}}, nil
 }
 
 type uint32Flag uint32
@@ -109,7 +158,15 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 	if err != nil {
 		return fmt.Errorf("fibers need a cpu cgroup (a CPU share and bound): %w", err)
 	}
+	eg, err := sb.egressConfig()
+	if err != nil {
+		return err
+	}
+	if eg != nil {
+		log.Printf("fiber egress: resolving %v (not %v), connecting within %v (not %v)", eg.Policy.Domains, eg.Policy.DenyNames, eg.Policy.Allow, eg.Policy.Deny)
+	}
 	be, err := process.New(process.Config{
+		Egress:       eg,
 		HelperPath:   helper,
 		StateDir:     filepath.Join(stateDir, "f"),
 		CgroupParent: cgroupParent,

@@ -6,6 +6,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"lampyr.dev/serving/impl/fiberd/egress"
 )
 
 // ConfigMap name and keys.
@@ -40,7 +43,39 @@ const (
 	// (unpacked snapshot, fibers' mount points); fiberd's unpack limit is
 	// set to half of it.
 	KeyHomeStorageLimit = "home-storage-limit"
+	// KeyFiberEgress turns fibers' service bindings on ("cluster", the
+	// default) or off ("off": loopback only). docs/networking.md,
+	// "Service bindings".
+	KeyFiberEgress = "fiber-egress"
+	// KeyFiberEgressDomains: DNS suffixes fibers may resolve.
+	KeyFiberEgressDomains = "fiber-egress-domains"
+	// KeyFiberEgressDenyNames: names (or ".suffix") fibers may not
+	// resolve even inside the domains.
+	KeyFiberEgressDenyNames = "fiber-egress-deny-names"
+	// KeyFiberEgressAllowCIDRs: address ranges fibers may connect to;
+	// default the cluster's Service CIDRs (ServiceCIDR objects).
+	KeyFiberEgressAllowCIDRs = "fiber-egress-allow-cidrs"
+	// KeyFiberEgressDenyCIDRs: ranges refused inside those (the
+	// Kubernetes API's ClusterIPs are always added).
+	KeyFiberEgressDenyCIDRs = "fiber-egress-deny-cidrs"
 )
+
+// Fiber egress modes.
+const (
+	EgressCluster = "cluster"
+	EgressOff     = "off"
+)
+
+// DefaultEgressDenyNames keep fibers' resolver away from the platform's
+// own Services and the Kubernetes API by name (the address ranges are the
+// real bound; these are a second one).
+var DefaultEgressDenyNames = []string{
+	"kubernetes.default.svc.cluster.local",
+	".kube-system.svc.cluster.local",
+	".knative-serving.svc.cluster.local",
+	".lampyr-system.svc.cluster.local",
+	".lampyr-homes.svc.cluster.local",
+}
 
 // Environment overrides for the images (names from the seed).
 const (
@@ -76,6 +111,16 @@ type Config struct {
 	FiberCPULimit resource.Quantity
 	// HomeStorageLimit is the sizeLimit of the Home's state emptyDir.
 	HomeStorageLimit resource.Quantity
+	// Egress is EgressCluster or EgressOff.
+	Egress string
+	// EgressDomains, EgressDenyNames, EgressAllow and EgressDeny are the
+	// fibers' egress policy (impl/fiberd/egress.Policy). An empty
+	// EgressAllow means the cluster's Service CIDRs, which the grant
+	// controller discovers.
+	EgressDomains   []string
+	EgressDenyNames []string
+	EgressAllow     []netip.Prefix
+	EgressDeny      []netip.Prefix
 }
 
 // Defaults returns the configuration of an empty ConfigMap.
@@ -92,6 +137,9 @@ func Defaults() *Config {
 		HomeCPULimit:        resource.MustParse("1"),
 		FiberCPULimit:       resource.MustParse("1"),
 		HomeStorageLimit:    resource.MustParse("2Gi"),
+		Egress:              EgressCluster,
+		EgressDomains:       []string{"svc.cluster.local"},
+		EgressDenyNames:     append([]string(nil), DefaultEgressDenyNames...),
 	}
 }
 
@@ -158,6 +206,38 @@ func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
 			c.HomeRegistryMirrors = append(c.HomeRegistryMirrors, m)
 		}
 	}
+	if v, ok := d[KeyFiberEgress]; ok {
+		switch v = strings.TrimSpace(v); v {
+		case EgressCluster, EgressOff:
+			c.Egress = v
+		default:
+			errs = append(errs, fmt.Sprintf("%s %q: want %q or %q", KeyFiberEgress, v, EgressCluster, EgressOff))
+		}
+	}
+	list := func(key string, into *[]string) {
+		if v, ok := d[key]; ok {
+			*into = nil
+			for _, f := range strings.Split(v, ",") {
+				if f = strings.TrimSpace(f); f != "" {
+					*into = append(*into, f)
+				}
+			}
+		}
+	}
+	list(KeyFiberEgressDomains, &c.EgressDomains)
+	list(KeyFiberEgressDenyNames, &c.EgressDenyNames)
+	cidrs := func(key string, into *[]netip.Prefix) {
+		if v, ok := d[key]; ok {
+			p, err := egress.ParsePrefixes(key, v)
+			if err != nil {
+				errs = append(errs, err.Error())
+				return
+			}
+			*into = p
+		}
+	}
+	cidrs(KeyFiberEgressAllowCIDRs, &c.EgressAllow)
+	cidrs(KeyFiberEgressDenyCIDRs, &c.EgressDeny)
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("ConfigMap %s: %s", ConfigMapName, strings.Join(errs, "; "))
 	}

@@ -15,7 +15,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -279,6 +281,22 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 	for _, m := range cfg.HomeRegistryMirrors {
 		args = append(args, "--registry-mirror="+m)
 	}
+	var env []corev1.EnvVar
+	if cfg.Egress == config.EgressCluster && len(cfg.EgressAllow) > 0 {
+		args = append(args,
+			"--egress="+config.EgressCluster,
+			"--egress-domains="+strings.Join(cfg.EgressDomains, ","),
+			"--egress-deny-names="+strings.Join(cfg.EgressDenyNames, ","),
+			"--egress-allow="+prefixes(cfg.EgressAllow),
+			"--egress-deny="+prefixes(cfg.EgressDeny),
+			"--egress-namespace="+g.Namespace,
+		)
+		// fiberd denies its own Pod's and node's addresses too.
+		env = []corev1.EnvVar{
+			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
+			{Name: "HOST_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}},
+		}
+	}
 	// Both probes allow fiberd 5 s to answer: on a busy node (hundreds of
 	// fiber starts a second, two cores) the kubelet's 1 s default failed
 	// the liveness probe of healthy Homes, and a restarted fiberd loses
@@ -309,6 +327,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 				Image:           cfg.HomeImage,
 				Command:         []string{"/fiberd"},
 				Args:            args,
+				Env:             env,
 				Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources: corev1.ResourceRequirements{
@@ -326,4 +345,12 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 			Volumes: volumes,
 		},
 	}
+}
+
+func prefixes(ps []netip.Prefix) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.String()
+	}
+	return strings.Join(out, ",")
 }

@@ -31,6 +31,7 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/egress"
+	"lampyr.dev/serving/impl/fiberd/egress/netstack"
 	"lampyr.dev/serving/impl/fiberd/helper"
 )
 
@@ -116,7 +117,7 @@ type Egress struct {
 	// Lookup is the Home's resolver; default net.DefaultResolver.
 	Lookup egress.Lookup
 	// Dial opens forwarded connections; default a net.Dialer.
-	Dial egress.Dialer
+	Dial netstack.Dialer
 }
 
 // NoResolverConf is a fiber's /etc/resolv.conf when it has no resolver:
@@ -366,7 +367,7 @@ type fiber struct {
 	ns     netns.NsHandle
 	addr   string
 	// egress is the fiber's service-binding link (nil when egress is off).
-	egress *egress.Link
+	egress *netstack.Link
 	cgroup string
 	pids   string
 	cpu    string
@@ -486,7 +487,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	if e := f.b.cfg.Egress; e != nil {
 		// Before the handler starts, so its first call finds the way out.
-		if f.egress, err = egress.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
+		if f.egress, err = netstack.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
 			return fmt.Errorf("fiber egress: %w", err)
 		}
 	}

@@ -34,9 +34,10 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	os.Chmod(state, 0o711) // the helper runs as the fiber's own host uid
 	t.Cleanup(func() { os.RemoveAll(state) })
 	root := filepath.Join(state, "root")
-	for _, d := range append(helper.MountPoints, "app") {
+	for _, d := range append(helper.MountPoints, "app", "etc") {
 		os.MkdirAll(filepath.Join(root, d), 0o755)
 	}
+	os.WriteFile(filepath.Join(root, helper.ResolvConfPath), nil, 0o644) // as fiberd's unpack leaves it
 	b, _ := os.ReadFile(handler)
 	os.WriteFile(filepath.Join(root, "app", "handler"), b, 0o755)
 	cg := filepath.Join(process.DefaultCgroupParent, filepath.Base(state))
