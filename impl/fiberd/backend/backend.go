@@ -57,3 +57,43 @@ type Fiber interface {
 	// idempotent and returns once the fiber's processes are gone.
 	Destroy() error
 }
+
+// StartFailure is the error of a Start that failed because of the handler
+// itself (it exited, or did not listen or answer its readiness path in
+// time), as opposed to the sandbox. The pool backs off on it and fiberd
+// reports it as a typed reason (docs/contracts.md §4) so the Revision can
+// say what stock Knative says of a crashing container.
+type StartFailure struct {
+	// Reason is HandlerExited, HandlerNotListening or HandlerNotReady.
+	Reason string `json:"reason"`
+	// ExitCode is the handler's exit status, 128+N when signal N killed it
+	// (as kubelet reports a container's); meaningful for HandlerExited.
+	ExitCode int32 `json:"exitCode"`
+	// Signal names the signal that killed the handler, if one did.
+	Signal string `json:"signal,omitempty"`
+	// Message says what happened, about the handler only (its port, its
+	// timeout): it is shown to the Revision's owner.
+	Message string `json:"message"`
+	// Output is the end of the handler's stdout and stderr (at most
+	// MaxFailureOutput bytes and MaxFailureOutputLines lines, valid UTF-8,
+	// control characters other than newline and tab replaced). The
+	// backend fills it in; the process backend's helper, which reports
+	// the rest of the failure, never sees the output.
+	Output string `json:"output,omitempty"`
+}
+
+// Bounds of StartFailure.Output: those of kubelet's
+// FallbackToLogsOnError termination message, which stock Knative shows.
+const (
+	MaxFailureOutput      = 2048
+	MaxFailureOutputLines = 80
+)
+
+// Reasons of a StartFailure.
+const (
+	ReasonHandlerExited       = "HandlerExited"
+	ReasonHandlerNotListening = "HandlerNotListening"
+	ReasonHandlerNotReady     = "HandlerNotReady"
+)
+
+func (f *StartFailure) Error() string { return f.Reason + ": " + f.Message }
