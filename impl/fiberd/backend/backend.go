@@ -7,7 +7,9 @@ package backend
 import (
 	"context"
 	"net"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Spec describes the fibers of one Revision: the same for every fiber of a
@@ -97,3 +99,37 @@ const (
 )
 
 func (f *StartFailure) Error() string { return f.Reason + ": " + f.Message }
+
+// LastOutput makes the end of a handler's output fit to show its owner: at
+// most MaxFailureOutput bytes and MaxFailureOutputLines lines (a
+// partial first line is dropped when whole ones remain), valid UTF-8, and
+// no control characters but newline and tab (a terminal or a log viewer
+// must not interpret them).
+func LastOutput(b []byte) string {
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' {
+			return r
+		}
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return '\uFFFD'
+		}
+		return r
+	}, s)
+	s = strings.TrimRight(s, "\n")
+	if len(s) > MaxFailureOutput {
+		cut := len(s) - MaxFailureOutput
+		for cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut++
+		}
+		rest := s[cut:]
+		if i := strings.IndexByte(rest, '\n'); i >= 0 && i < len(rest)-1 {
+			rest = rest[i+1:]
+		}
+		s = rest
+	}
+	if lines := strings.Split(s, "\n"); len(lines) > MaxFailureOutputLines {
+		s = strings.Join(lines[len(lines)-MaxFailureOutputLines:], "\n")
+	}
+	return s
+}

@@ -25,7 +25,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -782,41 +781,7 @@ func (t *tailBuffer) Write(b []byte) (int, error) {
 func (t *tailBuffer) String() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return LastOutput(t.buf)
-}
-
-// LastOutput makes the end of a handler's output fit to show its owner: at
-// most backend.MaxFailureOutput bytes and MaxFailureOutputLines lines (a
-// partial first line is dropped when whole ones remain), valid UTF-8, and
-// no control characters but newline and tab (a terminal or a log viewer
-// must not interpret them).
-func LastOutput(b []byte) string {
-	s := strings.ToValidUTF8(string(b), "\uFFFD")
-	s = strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\t' {
-			return r
-		}
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return '\uFFFD'
-		}
-		return r
-	}, s)
-	s = strings.TrimRight(s, "\n")
-	if len(s) > backend.MaxFailureOutput {
-		cut := len(s) - backend.MaxFailureOutput
-		for cut < len(s) && !utf8.RuneStart(s[cut]) {
-			cut++
-		}
-		rest := s[cut:]
-		if i := strings.IndexByte(rest, '\n'); i >= 0 && i < len(rest)-1 {
-			rest = rest[i+1:]
-		}
-		s = rest
-	}
-	if lines := strings.Split(s, "\n"); len(lines) > backend.MaxFailureOutputLines {
-		s = strings.Join(lines[len(lines)-backend.MaxFailureOutputLines:], "\n")
-	}
-	return s
+	return backend.LastOutput(t.buf)
 }
 
 // prefixWriter prefixes each line with the fiber id so handler logs from
