@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
@@ -616,16 +617,18 @@ func TestAdmissionDoesNotDoubleBook(t *testing.T) {
 // fakeDiagnoser answers as fiberd's /readyz would, and counts the calls.
 type fakeDiagnoser struct {
 	reason, msg string
+	handler     *fiberdclient.HandlerFailure
 	ok          bool
 	calls       int
 }
 
-func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (string, string, bool) {
+func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (fiberdclient.Error, bool) {
 	f.calls++
+	e := fiberdclient.Error{Reason: f.reason, Message: f.msg, Handler: f.handler}
 	if f.reason == "" {
-		return "NotReady", f.msg, f.ok
+		e.Reason = "NotReady"
 	}
-	return f.reason, f.msg, f.ok
+	return e, f.ok
 }
 
 // TestHomeDiagnosis: a running, not-ready Home says why through its grant:
@@ -638,13 +641,47 @@ func TestHomeDiagnosis(t *testing.T) {
 		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
 	}
 	for _, tc := range []struct {
-		name      string
-		pod       func(*corev1.Pod)
-		diag      *fakeDiagnoser
-		want      cond
-		wantInMsg string
-		wantCalls int
+		name        string
+		pod         func(*corev1.Pod)
+		diag        *fakeDiagnoser
+		want        cond
+		wantInMsg   string
+		wantCalls   int
+		wantFailure *v1alpha1.HandlerFailure
 	}{{
+		name: "handler exits at start-up",
+		pod:  running,
+		diag: &fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited with code 5 before it listened on $PORT (8080)", ok: true,
+			handler: &fiberdclient.HandlerFailure{ExitCode: 5, Output: "Started...\nCrashed...\x1b[0m", ConsecutiveFailures: 3}},
+		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerExited},
+		wantInMsg:   "the handler exited with code 5 before it listened on $PORT (8080); last output:\nStarted...\nCrashed...\ufffd[0m",
+		wantCalls:   1,
+		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed...\ufffd[0m"},
+	}, {
+		name: "handler killed by a signal",
+		pod:  running,
+		diag: &fakeDiagnoser{reason: "HandlerExited", msg: "the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)", ok: true,
+			handler: &fiberdclient.HandlerFailure{ExitCode: 137, Signal: "SIGKILL"}},
+		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerExited},
+		wantInMsg:   "killed by signal SIGKILL",
+		wantCalls:   1,
+		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+	}, {
+		name: "handler never listens",
+		pod:  running,
+		diag: &fakeDiagnoser{reason: "HandlerNotListening", msg: "the handler did not listen on $PORT (8080) within the start-up timeout of 10s", ok: true,
+			handler: &fiberdclient.HandlerFailure{Output: strings.Repeat("y", 5000)}},
+		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerNotListening},
+		wantInMsg:   "within the start-up timeout of 10s; last output:\n" + strings.Repeat("y", v1alpha1.MaxHandlerOutput),
+		wantCalls:   1,
+		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerNotListening, Output: strings.Repeat("y", v1alpha1.MaxHandlerOutput)},
+	}, {
+		name:      "a handler reason without details is not a handler failure",
+		pod:       running,
+		diag:      &fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited", ok: true},
+		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		wantCalls: 1,
+	}, {
 		name:      "template port differs from the snapshot's",
 		pod:       running,
 		diag:      &fakeDiagnoser{reason: "TemplateMismatch", msg: `TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000`, ok: true},
@@ -693,6 +730,12 @@ func TestHomeDiagnosis(t *testing.T) {
 			if tc.diag.calls != tc.wantCalls {
 				t.Errorf("fiberd asked %d times, want %d", tc.diag.calls, tc.wantCalls)
 			}
+			if diff := cmp.Diff(tc.wantFailure, st.Status.HandlerFailure); diff != "" {
+				t.Errorf("handlerFailure (-want +got):\n%s", diff)
+			}
+			if strings.Contains(c.Message, "10.244.0.7") || (tc.wantFailure != nil && strings.Contains(c.Message, resources.HomeName(g))) {
+				t.Errorf("message names the Home: %q", c.Message)
+			}
 		})
 	}
 }
@@ -719,11 +762,11 @@ func TestHTTPHomeDiagnoser(t *testing.T) {
 			return (&net.Dialer{}).DialContext(ctx, network, target)
 		},
 	}}}
-	reason, msg, ok := d.Diagnose(context.Background(), &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}})
-	if !ok || reason != "NotReady" || msg != "TemplateMismatch: no" {
-		t.Fatalf("Diagnose = %q %q %v", reason, msg, ok)
+	e, ok := d.Diagnose(context.Background(), &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}})
+	if !ok || e.Reason != "NotReady" || e.Message != "TemplateMismatch: no" || e.Handler != nil {
+		t.Fatalf("Diagnose = %+v %v", e, ok)
 	}
-	if _, _, ok := d.Diagnose(context.Background(), &corev1.Pod{}); ok {
+	if _, ok := d.Diagnose(context.Background(), &corev1.Pod{}); ok {
 		t.Error("a Pod without an IP was diagnosed")
 	}
 }

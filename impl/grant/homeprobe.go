@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/grant/resources"
 )
@@ -22,18 +24,19 @@ import (
 // (its /readyz answer), so the grant, and through it the Revision, can say
 // so instead of a generic "not ready yet".
 type HomeDiagnoser interface {
-	// Diagnose returns fiberd's reason and message; ok is false when fiberd
-	// could not be asked.
-	Diagnose(ctx context.Context, pod *corev1.Pod) (reason, message string, ok bool)
+	// Diagnose returns fiberd's answer (reason, message and, for a
+	// handler that fails its starts, the details); ok is false when fiberd
+	// could not be asked or is ready.
+	Diagnose(ctx context.Context, pod *corev1.Pod) (answer client.Error, ok bool)
 }
 
 // HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP.
 type HTTPHomeDiagnoser struct{ Client *http.Client }
 
 // Diagnose implements HomeDiagnoser.
-func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (string, string, bool) {
+func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (client.Error, bool) {
 	if pod.Status.PodIP == "" {
-		return "", "", false
+		return client.Error{}, false
 	}
 	c := h.Client
 	if c == nil {
@@ -42,22 +45,22 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (strin
 	u := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + "/readyz"
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return "", "", false
+		return client.Error{}, false
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return "", "", false
+		return client.Error{}, false
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
 	if resp.StatusCode == http.StatusOK {
-		return "", "", false
+		return client.Error{}, false
 	}
 	var e client.Error
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
-		return "", "", false
+		return client.Error{}, false
 	}
-	return e.Reason, e.Message, true
+	return e, true
 }
 
 // loadFailures are fiberd's reasons for not loading a Revision
@@ -80,8 +83,15 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	reason, msg, ok := r.diagnoser.Diagnose(ctx, pod)
+	e, ok := r.diagnoser.Diagnose(ctx, pod)
 	if !ok {
+		return homeDiagnosisInterval
+	}
+	reason, msg := e.Reason, e.Message
+	if f := handlerFailure(e); f != nil {
+		// The handler's own failure, in its own words: no Pod name or
+		// address of the Home, since it is shown to the Revision's owner.
+		g.Status.MarkHandlerFailed(*f, boundMessage(msg))
 		return homeDiagnosisInterval
 	}
 	if slices.Contains(loadFailures, reason) {
@@ -99,4 +109,39 @@ func podReady(p *corev1.Pod) bool {
 		}
 	}
 	return false
+}
+
+// handlerFailures are fiberd's reasons for a Revision whose handler fails
+// every fiber start (impl/fiberd/client): the handler must change, so they
+// are HomeReady False, and the Revision's ContainerHealthy follows.
+var handlerFailures = []string{v1alpha1.ReasonHandlerExited, v1alpha1.ReasonHandlerNotListening, v1alpha1.ReasonHandlerNotReady}
+
+// handlerFailure is fiberd's typed report of a failing handler, bounded and
+// cleaned again (the output is the tenant's: fiberd bounds it, and the
+// grant controller does not take a larger one from any Home).
+func handlerFailure(e client.Error) *v1alpha1.HandlerFailure {
+	if e.Handler == nil || !slices.Contains(handlerFailures, e.Reason) {
+		return nil
+	}
+	f := &v1alpha1.HandlerFailure{
+		Reason:   e.Reason,
+		ExitCode: e.Handler.ExitCode,
+		Output:   backend.LastOutput([]byte(e.Handler.Output)),
+	}
+	if sig := e.Handler.Signal; len(sig) <= 16 && strings.TrimLeft(sig, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-") == "" {
+		f.Signal = sig
+	}
+	return f
+}
+
+// maxHandlerMessage bounds fiberd's message about a failing handler.
+const maxHandlerMessage = 512
+
+func boundMessage(msg string) string {
+	msg = backend.LastOutput([]byte(msg))
+	msg = strings.ReplaceAll(msg, "\n", " ")
+	if len(msg) > maxHandlerMessage {
+		msg = strings.ToValidUTF8(msg[:maxHandlerMessage], "") + "..."
+	}
+	return msg
 }

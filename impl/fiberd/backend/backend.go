@@ -7,7 +7,9 @@ package backend
 import (
 	"context"
 	"net"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Spec describes the fibers of one Revision: the same for every fiber of a
@@ -56,4 +58,78 @@ type Fiber interface {
 	// Destroy kills the fiber and removes every trace of its sandbox. It is
 	// idempotent and returns once the fiber's processes are gone.
 	Destroy() error
+}
+
+// StartFailure is the error of a Start that failed because of the handler
+// itself (it exited, or did not listen or answer its readiness path in
+// time), as opposed to the sandbox. The pool backs off on it and fiberd
+// reports it as a typed reason (docs/contracts.md §4) so the Revision can
+// say what stock Knative says of a crashing container.
+type StartFailure struct {
+	// Reason is HandlerExited, HandlerNotListening or HandlerNotReady.
+	Reason string `json:"reason"`
+	// ExitCode is the handler's exit status, 128+N when signal N killed it
+	// (as kubelet reports a container's); meaningful for HandlerExited.
+	ExitCode int32 `json:"exitCode"`
+	// Signal names the signal that killed the handler, if one did.
+	Signal string `json:"signal,omitempty"`
+	// Message says what happened, about the handler only (its port, its
+	// timeout): it is shown to the Revision's owner.
+	Message string `json:"message"`
+	// Output is the end of the handler's stdout and stderr (at most
+	// MaxFailureOutput bytes and MaxFailureOutputLines lines, valid UTF-8,
+	// control characters other than newline and tab replaced). The
+	// backend fills it in; the process backend's helper, which reports
+	// the rest of the failure, never sees the output.
+	Output string `json:"output,omitempty"`
+}
+
+// Bounds of StartFailure.Output: those of kubelet's
+// FallbackToLogsOnError termination message, which stock Knative shows.
+const (
+	MaxFailureOutput      = 2048
+	MaxFailureOutputLines = 80
+)
+
+// Reasons of a StartFailure.
+const (
+	ReasonHandlerExited       = "HandlerExited"
+	ReasonHandlerNotListening = "HandlerNotListening"
+	ReasonHandlerNotReady     = "HandlerNotReady"
+)
+
+func (f *StartFailure) Error() string { return f.Reason + ": " + f.Message }
+
+// LastOutput makes the end of a handler's output fit to show its owner: at
+// most MaxFailureOutput bytes and MaxFailureOutputLines lines (a
+// partial first line is dropped when whole ones remain), valid UTF-8, and
+// no control characters but newline and tab (a terminal or a log viewer
+// must not interpret them).
+func LastOutput(b []byte) string {
+	s := strings.ToValidUTF8(string(b), "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' {
+			return r
+		}
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return '\uFFFD'
+		}
+		return r
+	}, s)
+	s = strings.TrimRight(s, "\n")
+	if len(s) > MaxFailureOutput {
+		cut := len(s) - MaxFailureOutput
+		for cut < len(s) && !utf8.RuneStart(s[cut]) {
+			cut++
+		}
+		rest := s[cut:]
+		if i := strings.IndexByte(rest, '\n'); i >= 0 && i < len(rest)-1 {
+			rest = rest[i+1:]
+		}
+		s = rest
+	}
+	if lines := strings.Split(s, "\n"); len(lines) > MaxFailureOutputLines {
+		s = strings.Join(lines[len(lines)-MaxFailureOutputLines:], "\n")
+	}
+	return s
 }

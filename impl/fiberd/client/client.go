@@ -18,6 +18,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"lampyr.dev/serving/impl/fiberd/backend"
 )
 
 // FiberHeader names the fiber a proxied request is for. fiberd removes it
@@ -110,6 +112,9 @@ type Error struct {
 	// Reason is a CamelCase machine-readable reason, e.g. "MaxFibersReached".
 	Reason  string `json:"reason"`
 	Message string `json:"message"`
+	// Handler details a start the handler itself failed: set on /readyz
+	// with reason HandlerExited, HandlerNotListening or HandlerNotReady.
+	Handler *HandlerFailure `json:"handler,omitempty"`
 	// RetryAfter is the Retry-After header of a 429 or 503 (not on the wire).
 	RetryAfter time.Duration `json:"-"`
 }
@@ -118,8 +123,33 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("fiberd: %d %s: %s", e.Status, e.Reason, e.Message)
 }
 
+// HandlerFailure is a Revision's handler failing its fiber starts: the last
+// consecutive start failed because of the handler (it exited, or did not
+// listen or answer its readiness path in time), and none succeeded since.
+// The Error's Message says what happened; it and Output are about the
+// handler alone (no fiberd or Home address), for the Revision's owner.
+type HandlerFailure struct {
+	// ExitCode is the handler's exit status, 128+N when signal N killed it
+	// (as kubelet reports a container's); meaningful for HandlerExited.
+	ExitCode int32 `json:"exitCode"`
+	// Signal names the signal that killed the handler, if one did.
+	Signal string `json:"signal,omitempty"`
+	// Output is the end of the handler's stdout and stderr (at most 2048
+	// bytes and 80 lines, like kubelet's FallbackToLogsOnError message),
+	// valid UTF-8 without control characters but newline and tab.
+	Output string `json:"output,omitempty"`
+	// ConsecutiveFailures counts the failed starts since the last good one.
+	ConsecutiveFailures int `json:"consecutiveFailures"`
+}
+
 // Reasons the API uses.
 const (
+	// A Revision's handler fails its fiber starts (/readyz, with Handler
+	// set; docs/contracts.md §4).
+	ReasonHandlerExited       = backend.ReasonHandlerExited
+	ReasonHandlerNotListening = backend.ReasonHandlerNotListening
+	ReasonHandlerNotReady     = backend.ReasonHandlerNotReady
+
 	ReasonMaxFibersReached = "MaxFibersReached"
 	ReasonNoGrant          = "NoValidGrant"
 	ReasonNotReady         = "NotReady"

@@ -43,6 +43,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"lampyr.dev/serving/impl/fiberd/backend"
 )
 
 // Spec is what fiberd tells the helper on fd 3.
@@ -106,6 +108,29 @@ const (
 // ReadyLine is the status line of a ready fiber.
 const ReadyLine = "ready\n"
 
+// FailedPrefix starts the status line of a start that failed because of the
+// handler itself: the rest of the line is a backend.StartFailure as JSON.
+// Failures of the sandbox are "error: ..." lines; fiberd tells the two
+// apart by the prefix, never by the wording of a message.
+const FailedPrefix = "failed: "
+
+// exitStatus is how the handler ended.
+type exitStatus struct {
+	code   int32
+	signal string
+}
+
+func (e exitStatus) String() string {
+	if e.signal != "" {
+		return fmt.Sprintf("was killed by signal %s (exit code %d)", e.signal, e.code)
+	}
+	return fmt.Sprintf("exited with code %d", e.code)
+}
+
+func exitedFailure(e exitStatus, before string) backend.StartFailure {
+	return backend.StartFailure{Reason: backend.ReasonHandlerExited, ExitCode: e.code, Signal: e.signal, Message: "the handler " + e.String() + " before " + before}
+}
+
 // MountPoints are the directories the read-only root must already contain;
 // fiberd creates them when it unpacks a snapshot.
 var MountPoints = []string{"proc", "tmp", "dev", "sys"}
@@ -129,6 +154,14 @@ func Main() int {
 	fail := func(err error) int {
 		fmt.Fprintf(status, "error: %v\n", err)
 		fmt.Fprintf(os.Stderr, "lampyr-helper: %v\n", err)
+		return 1
+	}
+	// failed reports the handler's own failure. Nothing goes to stderr:
+	// fiberd logs it, and the fiber's output is the handler's alone, which
+	// fiberd shows the Revision's owner.
+	failed := func(f backend.StartFailure) int {
+		b, _ := json.Marshal(f)
+		fmt.Fprintf(status, "%s%s\n", FailedPrefix, b)
 		return 1
 	}
 	if os.Getpid() != 1 {
@@ -175,7 +208,7 @@ func Main() int {
 	}
 	handler := cmd.Process.Pid
 
-	exited := make(chan int, 1)
+	exited := make(chan exitStatus, 1)
 	go reap(sigs, handler, exited)
 
 	if err := CheckConfined(handler); err != nil {
@@ -192,26 +225,25 @@ func Main() int {
 			break
 		}
 		select {
-		case code := <-exited:
-			fail(fmt.Errorf("handler exited with status %d before listening on %s", code, addr))
-			return 1
+		case e := <-exited:
+			return failed(exitedFailure(e, fmt.Sprintf("it listened on $PORT (%d)", spec.Port)))
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fail(fmt.Errorf("handler did not listen on %s within %s (start-up contract: listen on $PORT)", addr, time.Duration(spec.StartupTimeoutMillis)*time.Millisecond))
+			return failed(backend.StartFailure{Reason: backend.ReasonHandlerNotListening, Message: fmt.Sprintf("the handler did not listen on $PORT (%d) within the start-up timeout of %s", spec.Port, time.Duration(spec.StartupTimeoutMillis)*time.Millisecond)})
 		}
 		time.Sleep(500 * time.Microsecond)
 	}
 
 	if spec.ReadinessPath != "" {
-		if err := waitHTTPReady(addr, spec.ReadinessPath, deadline, exited); err != nil {
-			return fail(err)
+		if f := waitHTTPReady(addr, spec.ReadinessPath, deadline, exited); f != nil {
+			return failed(*f)
 		}
 	}
 
 	io.WriteString(status, ReadyLine)
 	status.Close()
-	return <-exited
+	return int((<-exited).code)
 }
 
 // startConfined starts cmd from an OS thread that has entered a new
@@ -310,7 +342,7 @@ func checkOwnUserNamespace() error {
 
 // waitHTTPReady polls GET path until it answers 2xx, the handler exits or
 // the deadline passes.
-func waitHTTPReady(addr, path string, deadline time.Time, exited chan int) error {
+func waitHTTPReady(addr, path string, deadline time.Time, exited chan exitStatus) *backend.StartFailure {
 	c := &http.Client{Timeout: time.Second}
 	last := ""
 	for {
@@ -322,15 +354,18 @@ func waitHTTPReady(addr, path string, deadline time.Time, exited chan int) error
 			}
 			last = resp.Status
 		} else {
-			last = err.Error()
+			// Not err itself: it names the loopback address, which the
+			// owner did not choose and need not see.
+			last = "no HTTP answer"
 		}
 		select {
-		case code := <-exited:
-			return fmt.Errorf("handler exited with status %d before GET %s answered 2xx", code, path)
+		case e := <-exited:
+			f := exitedFailure(e, fmt.Sprintf("GET %s answered 2xx", path))
+			return &f
 		default:
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("GET %s did not answer 2xx before the start-up deadline (last: %s)", path, last)
+			return &backend.StartFailure{Reason: backend.ReasonHandlerNotReady, Message: fmt.Sprintf("GET %s did not answer 2xx within the start-up timeout (last: %s)", path, last)}
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -338,7 +373,7 @@ func waitHTTPReady(addr, path string, deadline time.Time, exited chan int) error
 
 // reap collects every child (orphans reparent to PID 1), forwards
 // termination signals to the handler and reports the handler's exit.
-func reap(sigs chan os.Signal, handler int, exited chan<- int) {
+func reap(sigs chan os.Signal, handler int, exited chan<- exitStatus) {
 	for sig := range sigs {
 		if sig != unix.SIGCHLD {
 			unix.Kill(handler, sig.(syscall.Signal))
@@ -351,12 +386,12 @@ func reap(sigs chan os.Signal, handler int, exited chan<- int) {
 				break
 			}
 			if pid == handler {
-				code := ws.ExitStatus()
+				e := exitStatus{code: int32(ws.ExitStatus())}
 				if ws.Signaled() {
 					fmt.Fprintf(os.Stderr, "lampyr-helper: handler killed by %s\n", ws.Signal())
-					code = 128 + int(ws.Signal())
+					e = exitStatus{code: 128 + int32(ws.Signal()), signal: unix.SignalName(ws.Signal())}
 				}
-				exited <- code
+				exited <- e
 			}
 		}
 	}

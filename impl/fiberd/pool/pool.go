@@ -113,6 +113,14 @@ type Pool struct {
 	changed  chan struct{} // closed and replaced on every state change
 	warmOnce bool          // the warm target has been reached once
 
+	// Consecutive failed starts: the handler's own failure of the last
+	// one (nil if the sandbox failed), how many, and when the next start
+	// may begin (see recordStartLocked).
+	failure   *backend.StartFailure
+	failures  int
+	backoff   time.Duration
+	notBefore time.Time
+
 	wake chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -261,6 +269,13 @@ func (p *Pool) Acquire(ctx context.Context) (*Fiber, error) {
 			}
 			return f, nil
 		}
+		if wait := time.Until(p.notBefore); wait > 0 && p.failure != nil {
+			// A handler that keeps failing is not started again for every
+			// request: the last failure stands until the back-off ends.
+			f := *p.failure
+			p.mu.Unlock()
+			return nil, &f
+		}
 		if len(p.fibers)+p.starting < p.cfg.MaxFibers {
 			p.starting++
 			p.mu.Unlock()
@@ -294,6 +309,7 @@ func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
 	}
 	p.mu.Lock()
 	p.starting--
+	p.recordStartLocked(err)
 	if err != nil {
 		p.notifyLocked()
 		p.mu.Unlock()
@@ -317,6 +333,56 @@ func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
 	p.mu.Unlock()
 	go p.watch(f)
 	return f, nil
+}
+
+// Back-off between failed starts: doubling from the first to the longest,
+// reset by a start that succeeds. A handler that fails by itself (exits,
+// never listens) will fail the same way next time, so it is retried at
+// most once a minute, like kubelet's crash-loop back-off but sooner to
+// notice a dependency that came back; a sandbox failure may be transient
+// (ids, cgroups) and is retried within seconds.
+const (
+	firstStartBackoff   = 100 * time.Millisecond
+	maxStartBackoff     = 5 * time.Second
+	maxHandlerFailDelay = time.Minute
+)
+
+// recordStartLocked updates the failure record and back-off with the
+// outcome of a start.
+func (p *Pool) recordStartLocked(err error) {
+	if err == nil {
+		p.failure, p.failures, p.backoff, p.notBefore = nil, 0, 0, time.Time{}
+		return
+	}
+	if errors.Is(err, ErrClosed) || errors.Is(err, context.Canceled) {
+		return
+	}
+	p.failures++
+	limit := maxStartBackoff
+	var sf *backend.StartFailure
+	if errors.As(err, &sf) {
+		f := *sf
+		p.failure = &f
+		limit = maxHandlerFailDelay
+	} else {
+		p.failure = nil
+	}
+	p.backoff = min(max(2*p.backoff, firstStartBackoff), limit)
+	p.notBefore = time.Now().Add(p.backoff)
+}
+
+// StartFailure is the handler's own failure that ended the last fiber
+// start, if every start since the last one that succeeded failed and the
+// last failed that way, with the number of consecutive failed starts. A
+// start that succeeds clears it.
+func (p *Pool) StartFailure() (*backend.StartFailure, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failure == nil {
+		return nil, 0
+	}
+	f := *p.failure
+	return &f, p.failures
 }
 
 // watch replaces a fiber that dies on its own (killed, OOM, crashed).
@@ -489,18 +555,25 @@ func (p *Pool) Counts() (warm, leased, starting int) {
 func (p *Pool) refillLoop() {
 	defer p.wg.Done()
 	sem := make(chan struct{}, p.cfg.StartConcurrency)
-	var failMu sync.Mutex
-	backoff := time.Duration(0)
 	for {
+		// No start begins before the back-off of the last failure ends
+		// (recordStartLocked), whoever wakes the loop: a broken snapshot
+		// or handler must not spin the CPU.
+		wait := time.Second
+		p.mu.Lock()
+		if d := time.Until(p.notBefore); d > 0 {
+			wait = d
+		}
+		p.mu.Unlock()
 		select {
 		case <-p.stop:
 			return
 		case <-p.wake:
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 		for {
 			p.mu.Lock()
-			need := !p.closed && len(p.warm)+p.starting < p.warmTargetLocked() && len(p.fibers)+p.starting < p.cfg.MaxFibers
+			need := !p.closed && !time.Now().Before(p.notBefore) && len(p.warm)+p.starting < p.warmTargetLocked() && len(p.fibers)+p.starting < p.cfg.MaxFibers
 			if need {
 				p.starting++
 			}
@@ -515,21 +588,7 @@ func (p *Pool) refillLoop() {
 				defer cancel()
 				if _, err := p.startOne(ctx, "warm"); err != nil && !errors.Is(err, ErrClosed) {
 					p.cfg.Logf("warming a fiber: %v", err)
-					// Back off so a broken snapshot does not spin the CPU.
-					failMu.Lock()
-					backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
-					d := backoff
-					failMu.Unlock()
-					select {
-					case <-time.After(d):
-					case <-p.stop:
-					}
-					p.kick()
-					return
 				}
-				failMu.Lock()
-				backoff = 0
-				failMu.Unlock()
 				p.kick()
 			}()
 		}

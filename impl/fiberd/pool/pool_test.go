@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,8 @@ type fakeBackend struct {
 	delay   time.Duration
 	mu      sync.Mutex
 	live    map[string]*fakeFiber
+	// fail, while set, is the error of every start.
+	fail error
 }
 
 type fakeFiber struct {
@@ -39,6 +42,12 @@ func (b *fakeBackend) Name() string { return "fake" }
 func (b *fakeBackend) Start(ctx context.Context, id string, _ *backend.Spec) (backend.Fiber, error) {
 	b.started.Add(1)
 	time.Sleep(b.delay)
+	b.mu.Lock()
+	fail := b.fail
+	b.mu.Unlock()
+	if fail != nil {
+		return nil, fmt.Errorf("starting fiber %s: %w", id, fail)
+	}
 	f := &fakeFiber{id: id, done: make(chan struct{})}
 	b.mu.Lock()
 	if b.live == nil {
@@ -229,4 +238,60 @@ func TestReuseBeginWaitsForThePreviousRequestToEnd(t *testing.T) {
 		t.Errorf("ErrBusy after %s, want about %s", d, BusyWait)
 	}
 	end2()
+}
+
+// A handler that fails at start-up is reported (StartFailure), retried
+// with a growing back-off rather than as fast as the loop wakes, refused
+// to Acquire during the back-off, and forgotten once a start succeeds.
+func TestHandlerFailureBacksOff(t *testing.T) {
+	exited := &backend.StartFailure{Reason: backend.ReasonHandlerExited, ExitCode: 5, Message: "the handler exited with code 5", Output: "Crashed..."}
+	be := &fakeBackend{fail: exited}
+	p := newPool(t, be, ModeFresh, 4, 2)
+	eventually(t, "the failure is recorded", func() bool { f, _ := p.StartFailure(); return f != nil })
+	f, n := p.StartFailure()
+	if f.Reason != backend.ReasonHandlerExited || f.ExitCode != 5 || f.Output != "Crashed..." || n < 1 {
+		t.Fatalf("StartFailure() = %+v, %d", f, n)
+	}
+	if p.Warm() {
+		t.Fatal("pool reports warm although no fiber started")
+	}
+	// 100ms, 200ms, 400ms, 800ms ... doubling per failed start: in 1.5 s a
+	// few starts, never one per wake-up.
+	time.Sleep(1500 * time.Millisecond)
+	if got := be.started.Load(); got > 8 {
+		t.Fatalf("%d starts in 1.5s: the pool does not back off", got)
+	}
+	var sf *backend.StartFailure
+	if _, err := p.Acquire(context.Background()); !errors.As(err, &sf) || sf.ExitCode != 5 {
+		t.Fatalf("Acquire during the back-off = %v, want the handler's failure", err)
+	}
+
+	be.mu.Lock()
+	be.fail = nil
+	be.mu.Unlock()
+	// The back-off has reached about a second by now; the next start works.
+	eventually2 := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if cond() {
+				return
+			}
+		}
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	eventually2("the pool to warm", p.Warm)
+	if f, n := p.StartFailure(); f != nil || n != 0 {
+		t.Fatalf("after a good start StartFailure() = %+v, %d; want none", f, n)
+	}
+}
+
+// A sandbox failure (not the handler's) is retried but not reported as the
+// handler's.
+func TestSandboxFailureIsNotAHandlerFailure(t *testing.T) {
+	be := &fakeBackend{fail: errors.New("no host id range free")}
+	p := newPool(t, be, ModeFresh, 4, 2)
+	eventually(t, "a start to fail", func() bool { return be.started.Load() >= 2 })
+	if f, _ := p.StartFailure(); f != nil {
+		t.Fatalf("StartFailure() = %+v, want nil for a sandbox failure", f)
+	}
 }

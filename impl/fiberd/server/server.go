@@ -592,6 +592,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !l.pool.Warm() {
+		// Before the pool was ever warm, a handler that fails every start
+		// is why (stock Knative reports a crashing container at once):
+		// the grant controller reads the typed failure from here.
+		if f, n := l.pool.StartFailure(); f != nil {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			json.NewEncoder(w).Encode(client.Error{Reason: f.Reason, Message: f.Message, Handler: &client.HandlerFailure{
+				ExitCode: f.ExitCode, Signal: f.Signal, Output: f.Output, ConsecutiveFailures: n,
+			}})
+			return
+		}
 		writeErr(w, http.StatusServiceUnavailable, client.ReasonNotReady, "warm pool not filled yet")
 		return
 	}

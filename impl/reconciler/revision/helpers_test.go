@@ -288,6 +288,13 @@ func grantHomeFailed(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	}
 }
 
+func grantHandlerFailed(f fiberdv1alpha1.HandlerFailure, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+	return func(g *fiberdv1alpha1.CapacityGrant) {
+		grantAdmitted(g)
+		g.Status.MarkHandlerFailed(f, msg)
+	}
+}
+
 func grantRefused(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		g.Status.InitializeConditions()

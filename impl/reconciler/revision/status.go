@@ -1,6 +1,7 @@
 package revision
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -140,6 +141,9 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 		// refusal; nothing ran, so health is unknown, and the refusal is
 		// reported once, on ResourcesAvailable.
 		m.MarkUnknown(v1.RevisionConditionContainerHealthy, fiberdv1alpha1.ReasonNotAdmitted, "%s", MessageNotAdmitted)
+	case home.IsFalse() && p.handlerFailure(home) != nil:
+		reason, msg := containerFailed(p.handlerFailure(home), home.Message)
+		m.MarkFalse(v1.RevisionConditionContainerHealthy, reason, "%s", msg)
 	case home.IsFalse():
 		m.MarkFalse(v1.RevisionConditionContainerHealthy, reasonOr(home.Reason, ReasonWaitingForHome), "%s", home.Message)
 	case home.IsTrue():
@@ -173,6 +177,41 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	case ready != nil:
 		m.MarkUnknown(v1.RevisionConditionActive, reasonOr(ready.Reason, v1.ReasonDeploying), "%s", ready.Message)
 	}
+}
+
+// handlerFailure is the grant's typed report of a handler that fails its
+// fiber starts, when that is what HomeReady says.
+func (p *progress) handlerFailure(home *apis.Condition) *fiberdv1alpha1.HandlerFailure {
+	f := p.grant.Status.HandlerFailure
+	if f == nil || home == nil || f.Reason != home.Reason {
+		return nil
+	}
+	return f
+}
+
+// containerFailed says what stock Knative says of a container that exits
+// before it is ready (ContainerHealthy=False, reason ExitCode<N>, message
+// "Container failed with: " and the container's last output), for a
+// handler that exits; a handler that never listens or never answers its
+// readiness path keeps fiberd's reason (stock would wait out the progress
+// deadline instead) and the grant's message (what it did not do, on which
+// port, within which timeout; then its output), which names nothing of the
+// Home.
+func containerFailed(f *fiberdv1alpha1.HandlerFailure, homeMessage string) (reason, message string) {
+	if f.Reason == fiberdv1alpha1.ReasonHandlerExited {
+		out := f.Output
+		switch {
+		case out != "":
+		case f.Signal != "":
+			out = "container was killed by signal " + f.Signal + " and wrote no output"
+		case f.ExitCode == 0:
+			out = "container exited with no error"
+		default:
+			out = fmt.Sprintf("container exited with code %d and wrote no output", f.ExitCode)
+		}
+		return v1.ExitCodeReason(f.ExitCode), v1.RevisionContainerExitingMessage(out)
+	}
+	return f.Reason, v1.RevisionContainerExitingMessage(homeMessage)
 }
 
 // markRejected reports a template outside the subset: ResourcesAvailable

@@ -34,6 +34,7 @@ var (
 func TestReconcile(t *testing.T) {
 	tmpl := accepted()
 	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
+	const notListening = "Container failed with: the handler did not listen on $PORT (8080) within the start-up timeout of 10s; last output:\nlistening nowhere"
 	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
 
 	table := rtesting.TableTest{{
@@ -153,6 +154,74 @@ func TestReconcile(t *testing.T) {
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
 				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
 			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		// As stock Knative reports a container that exits at start-up.
+		Name: "handler exits at start-up: ContainerHealthy False ExitCode5 with its last output",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
+				"the handler exited with code 5 before it listened on $PORT (8080)")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, "ExitCode5", "Container failed with: Started...\nCrashed..."),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, "ExitCode5", "Container failed with: Started...\nCrashed..."),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "handler killed by a signal without output: ExitCode137 saying so",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+				"the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, "ExitCode137", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, "ExitCode137", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "handler never listens: ContainerHealthy False HandlerNotListening",
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerNotListening, Output: "listening nowhere"},
+				"the handler did not listen on $PORT (8080) within the start-up timeout of 10s")),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(withConditions(
+				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+			), withContainerStatus("user-container", testImage))),
+		},
+	}, {
+		Name: "handler starts again (the grant's Home is ready): ContainerHealthy True, nothing of the failure left",
+		Objects: []runtime.Object{
+			rev(withConditions(
+				healthy(corev1.ConditionFalse, "ExitCode5", "Container failed with: Crashed..."),
+				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+				active(corev1.ConditionUnknown, "ExitCode5", "Container failed with: Crashed..."),
+			), withContainerStatus("user-container", testImage)),
+			grant(tmpl, grantReady),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
 		},
 	}, {
 		Name: "Ready Revision whose Home went away is withdrawn from fiber-router",

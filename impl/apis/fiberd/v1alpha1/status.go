@@ -59,7 +59,24 @@ const (
 	// snapshot or execution policy (or, from fiberd, another port than the
 	// snapshot's).
 	ReasonTemplateMismatch = "TemplateMismatch"
+
+	// Why the Revision's handler does not start (from fiberd's /readyz;
+	// HandlerFailure carries the details).
+
+	// ReasonHandlerExited: it exited, or a signal killed it, before it
+	// listened on $PORT.
+	ReasonHandlerExited = "HandlerExited"
+	// ReasonHandlerNotListening: it did not listen on $PORT within the
+	// snapshot's startupTimeoutSeconds.
+	ReasonHandlerNotListening = "HandlerNotListening"
+	// ReasonHandlerNotReady: it did not answer the snapshot's readinessPath
+	// with 2xx within the start-up timeout.
+	ReasonHandlerNotReady = "HandlerNotReady"
 )
+
+// MaxHandlerOutput bounds HandlerFailure.Output (kubelet's bound on a
+// container's termination message taken from its logs).
+const MaxHandlerOutput = 2048
 
 // GetConditionSet implements apis.ConditionsAccessor's companion interface.
 func (*CapacityGrant) GetConditionSet() apis.ConditionSet { return grantConditions }
@@ -96,18 +113,32 @@ func (s *CapacityGrantStatus) MarkNotAdmitted(reason, messageFormat string, args
 
 // MarkHomeReady records that the Home holds a valid grant and loaded the template.
 func (s *CapacityGrantStatus) MarkHomeReady() {
+	s.HandlerFailure = nil
 	grantConditions.Manage(s).MarkTrue(GrantConditionHomeReady)
 }
 
 // MarkHomeNotReady records why the Home is not ready yet (Unknown: it may
 // still become ready).
 func (s *CapacityGrantStatus) MarkHomeNotReady(reason, messageFormat string, args ...any) {
+	s.HandlerFailure = nil
 	grantConditions.Manage(s).MarkUnknown(GrantConditionHomeReady, reason, messageFormat, args...)
 }
 
 // MarkHomeFailed records that the Home failed.
 func (s *CapacityGrantStatus) MarkHomeFailed(reason, messageFormat string, args ...any) {
+	s.HandlerFailure = nil
 	grantConditions.Manage(s).MarkFalse(GrantConditionHomeReady, reason, messageFormat, args...)
+}
+
+// MarkHandlerFailed records that the Home runs but the Revision's handler
+// fails its fiber starts: HomeReady False with f's reason and message (the
+// handler's last output included), and f itself in HandlerFailure.
+func (s *CapacityGrantStatus) MarkHandlerFailed(f HandlerFailure, message string) {
+	if f.Output != "" {
+		message += "; last output:\n" + f.Output
+	}
+	grantConditions.Manage(s).MarkFalse(GrantConditionHomeReady, f.Reason, "%s", message)
+	s.HandlerFailure = &f
 }
 
 // IsAdmitted reports whether the grant is admitted.

@@ -100,6 +100,26 @@ type CapacityGrantStatus struct {
 	// Home names the Home's Pod, Service and Secret in the Homes namespace
 	// (lampyr-homes): the audience of the credentials fiber-router presents.
 	Home string `json:"home,omitempty"`
+	// HandlerFailure is set while HomeReady is False because the Revision's
+	// handler fails its fiber starts (MarkHandlerFailed): the typed facts
+	// the Revision reconciler turns into ContainerHealthy=False.
+	HandlerFailure *HandlerFailure `json:"handlerFailure,omitempty"`
+}
+
+// HandlerFailure is why the Revision's handler did not start in a fiber,
+// as fiberd reported it (docs/contracts.md §4).
+type HandlerFailure struct {
+	// Reason is ReasonHandlerExited, ReasonHandlerNotListening or
+	// ReasonHandlerNotReady (also HomeReady's reason).
+	Reason string `json:"reason"`
+	// ExitCode is the handler's exit status, 128+N when signal N killed it
+	// (as kubelet reports a container's); meaningful for HandlerExited.
+	ExitCode int32 `json:"exitCode"`
+	// Signal names the signal that killed the handler, if one did.
+	Signal string `json:"signal,omitempty"`
+	// Output is the end of the handler's stdout and stderr (at most
+	// MaxHandlerOutput bytes).
+	Output string `json:"output,omitempty"`
 }
 
 // CapacityGrantList is a list of CapacityGrants.

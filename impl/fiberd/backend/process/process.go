@@ -440,8 +440,14 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	}
 	defer logW.Close()
 	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
+	// The end of the fiber's output is kept for a failed start's report.
+	// It costs a bounded copy per write and never slows the reader, so the
+	// handler cannot block on it or make fiberd hold more than tailSize.
+	tail := &tailBuffer{}
+	logDone := make(chan struct{})
 	go func() {
-		io.Copy(out, logR)
+		defer close(logDone)
+		io.Copy(io.MultiWriter(out, tail), logR)
 		logR.Close()
 	}()
 	sp, err := f.b.currentSpawner()
@@ -459,6 +465,9 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	if err != nil {
 		return fmt.Errorf("starting %s in new namespaces: %w", cfg.HelperPath, err)
 	}
+	// The helper holds its own copy now: the output ends (logDone) once
+	// the fiber's last process is gone.
+	logW.Close()
 	f.pid = pid
 	// A handle on exactly this process: signalling it by pid after it was
 	// reaped could hit another.
@@ -554,6 +563,19 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 			return nil
 		case strings.HasPrefix(r.line, "error: ") && strings.HasSuffix(r.line, "\n"):
 			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))
+		case strings.HasPrefix(r.line, helper.FailedPrefix) && strings.HasSuffix(r.line, "\n"):
+			var sf backend.StartFailure
+			if json.Unmarshal([]byte(strings.TrimPrefix(r.line, helper.FailedPrefix)), &sf) == nil && sf.Reason != "" {
+				// The helper exits right after its report, and the
+				// fiber's processes with it: wait briefly for their last
+				// output, then report what arrived.
+				select {
+				case <-logDone:
+				case <-time.After(failureOutputWait):
+				}
+				sf.Output = tail.String()
+				return &sf
+			}
 		}
 		select {
 		case <-f.done:
@@ -780,6 +802,41 @@ func (f *fiber) cleanup() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// failureOutputWait bounds how long a failed start waits for the end of
+// the fiber's output.
+const failureOutputWait = time.Second
+
+// tailSize is how much of a fiber's output tailBuffer keeps: twice what a
+// report shows, so the lines around the cut are whole.
+const tailSize = 2 * backend.MaxFailureOutput
+
+// tailBuffer keeps the last tailSize bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	n := len(b)
+	if len(b) > tailSize {
+		b = b[len(b)-tailSize:]
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if drop := len(t.buf) + len(b) - tailSize; drop > 0 {
+		t.buf = append(t.buf[:0], t.buf[drop:]...)
+	}
+	t.buf = append(t.buf, b...)
+	return n, nil
+}
+
+// String is the kept output as StartFailure.Output wants it.
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return backend.LastOutput(t.buf)
 }
 
 // prefixWriter prefixes each line with the fiber id so handler logs from

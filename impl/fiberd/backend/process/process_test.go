@@ -2,6 +2,7 @@ package process_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -102,6 +103,68 @@ func TestStartFailsClearly(t *testing.T) {
 	} else {
 		t.Log(err)
 	}
+}
+
+// A handler that fails at start-up is reported as a typed StartFailure
+// with its exit code (128+N for a signal, as kubelet reports) and the end
+// of its own output, bounded and without control characters; a good
+// handler on the same backend is unaffected.
+func TestStartFailureIsTyped(t *testing.T) {
+	be, spec := newBackend(t)
+	start := func(id string, args ...string) *backend.StartFailure {
+		t.Helper()
+		s := *spec
+		s.Entrypoint = append([]string{"/app/handler"}, args...)
+		s.StartupTimeout = time.Second
+		f, err := be.Start(context.Background(), id, &s)
+		if err == nil {
+			f.Destroy()
+			t.Fatalf("%v: fiber started", args)
+		}
+		var sf *backend.StartFailure
+		if !errors.As(err, &sf) {
+			t.Fatalf("%v: %v is not a StartFailure", args, err)
+		}
+		t.Logf("%v: %+v", args, *sf)
+		return sf
+	}
+
+	sf := start("exit5", "exit:5")
+	if sf.Reason != backend.ReasonHandlerExited || sf.ExitCode != 5 || sf.Signal != "" {
+		t.Errorf("exit 5: %+v", *sf)
+	}
+	if want := "Started...\n\ufffd[31mabout to crash\ufffd[0m\ufffd\nCrashed..."; sf.Output != want {
+		t.Errorf("exit 5 output %q, want %q", sf.Output, want)
+	}
+	if strings.Contains(sf.Message, "127.0.0.1") {
+		t.Errorf("message names the fiber's loopback address: %q", sf.Message)
+	}
+
+	sf = start("kill", "kill")
+	if sf.Reason != backend.ReasonHandlerExited || sf.ExitCode != 137 || sf.Signal != "SIGKILL" || !strings.Contains(sf.Output, "killing myself") {
+		t.Errorf("killed: %+v", *sf)
+	}
+
+	t0 := time.Now()
+	sf = start("nolisten", "nolisten")
+	if sf.Reason != backend.ReasonHandlerNotListening || sf.Output != "listening nowhere" || !strings.Contains(sf.Message, "$PORT (8080)") {
+		t.Errorf("never listening: %+v", *sf)
+	}
+	if d := time.Since(t0); d < time.Second || d > 4*time.Second {
+		t.Errorf("never listening reported after %s; want the start-up timeout (1s)", d)
+	}
+
+	sf = start("flood", "flood")
+	if len(sf.Output) > backend.MaxFailureOutput || strings.Count(sf.Output, "\n") >= backend.MaxFailureOutputLines ||
+		!strings.HasSuffix(sf.Output, "line 199 "+strings.Repeat("x", 90)) || !strings.HasPrefix(sf.Output, "line ") {
+		t.Errorf("flood output (%d bytes) not the whole last lines within bounds: %q", len(sf.Output), sf.Output)
+	}
+
+	f, err := be.Start(context.Background(), "good", spec)
+	if err != nil {
+		t.Fatalf("a good handler after failing ones: %v", err)
+	}
+	f.Destroy()
 }
 
 // BenchmarkStartParallel is the backend's fiber throughput: concurrent

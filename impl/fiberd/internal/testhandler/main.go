@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -25,6 +26,34 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "sleep" {
 		time.Sleep(time.Hour)
 		return
+	}
+	// A handler that fails at start-up (argument or TESTHANDLER_START):
+	// "exit:N" writes a few lines and exits with N, "kill" is killed by
+	// SIGKILL, "nolisten" writes a line and never listens, "flood" writes
+	// 200 long lines and exits with 1.
+	start := os.Getenv("TESTHANDLER_START")
+	if len(os.Args) > 1 {
+		start = os.Args[1]
+	}
+	switch {
+	case strings.HasPrefix(start, "exit:"):
+		code, _ := strconv.Atoi(strings.TrimPrefix(start, "exit:"))
+		fmt.Println("Started...")
+		fmt.Fprintln(os.Stderr, "\x1b[31mabout to crash\x1b[0m\r")
+		fmt.Println("Crashed...")
+		os.Exit(code)
+	case start == "kill":
+		fmt.Println("killing myself")
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		time.Sleep(time.Hour)
+	case start == "nolisten":
+		fmt.Println("listening nowhere")
+		time.Sleep(time.Hour)
+	case start == "flood":
+		for i := 0; i < 200; i++ {
+			fmt.Printf("line %03d %s\n", i, strings.Repeat("x", 90))
+		}
+		os.Exit(1)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
