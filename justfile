@@ -123,6 +123,7 @@ test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance tes
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.
-test-knative-portability:
+# Extra arguments go to Ginkgo, e.g. `just test-knative-portability -ginkgo.label-filter=bindings`.
+test-knative-portability *GINKGO_ARGS:
     @mkdir -p {{artifacts}}/portability
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}

@@ -63,6 +63,8 @@ type Response struct {
 	// Body for plain answers; Echo for /echo (parsed, filtered).
 	Body string `json:",omitempty"`
 	Echo *Echo  `json:",omitempty"`
+	// Call for /call (parsed; the callee's /echo answer filtered).
+	Call *Call `json:",omitempty"`
 }
 
 // Echo is the fixture's /echo answer, filtered to the compared facts.
@@ -73,6 +75,42 @@ type Echo struct {
 	Host    string
 	Headers map[string][]string
 	Env     map[string]string
+}
+
+// Call is the fixture's /call answer: what the handler got when it sent a
+// GET to URL itself. Error classifies a call that got no answer ("dns",
+// "dns-failure", "connect", "timeout", "protocol"); the handler never
+// reports the error's text, which names per-cluster addresses.
+type Call struct {
+	URL       string            `json:"url"`
+	Status    int               `json:"status"`
+	Headers   map[string]string `json:"headers,omitempty"`
+	Body      string            `json:"body,omitempty"`
+	Truncated bool              `json:"truncated,omitempty"`
+	Error     string            `json:"error,omitempty"`
+	// Echo replaces Body when the callee was the fixture's /echo.
+	Echo *Echo `json:"echo,omitempty"`
+}
+
+// CallPath is the request path that has the fixture call target.
+func CallPath(target string) string { return "/call?url=" + url.QueryEscape(target) }
+
+// ParseCall parses a /call body; when the call went to /echo and was
+// answered 200, the callee's echo is parsed and filtered as Do does for
+// /echo (its request headers include each platform's proxies').
+func ParseCall(raw []byte) (*Call, error) {
+	var c Call
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return nil, err
+	}
+	if u, err := url.Parse(c.URL); err == nil && strings.HasPrefix(u.Path, "/echo") && c.Status == 200 {
+		e, err := ParseEcho([]byte(c.Body))
+		if err != nil {
+			return nil, fmt.Errorf("the callee's /echo answer: %w (body %q)", err, c.Body)
+		}
+		c.Echo, c.Body = e, ""
+	}
+	return &c, nil
 }
 
 // Do sends r to a gateway (http://127.0.0.1:PORT) for host and reduces the
@@ -102,13 +140,20 @@ func Do(ctx context.Context, gateway, host string, r Request) (*Response, error)
 		return nil, err
 	}
 	out := &Response{Status: resp.StatusCode, Headers: pick(resp.Header, ComparedResponseHeaders)}
-	if strings.HasPrefix(r.Path, "/echo") && resp.StatusCode == 200 {
+	switch {
+	case strings.HasPrefix(r.Path, "/echo") && resp.StatusCode == 200:
 		e, err := ParseEcho(raw)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w (body %q)", r.Name, err, raw)
 		}
 		out.Echo = e
-	} else {
+	case strings.HasPrefix(r.Path, "/call?") && resp.StatusCode == 200:
+		c, err := ParseCall(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w (body %q)", r.Name, err, raw)
+		}
+		out.Call = c
+	default:
 		out.Body = string(raw)
 	}
 	return out, nil

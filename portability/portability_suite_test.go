@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
@@ -60,6 +61,12 @@ var fixtureServices = []*fixtureService{
 	{name: grpcName, dir: "fixtures/services/handler-grpc"},
 }
 
+// backend is the cluster-local Service the bindings spec has the handler
+// call by its cluster DNS name. Built, sealed and applied like
+// fixtureServices, but only by that spec: the others count exactly the
+// fixtureServices' Revisions.
+var backend = &fixtureService{name: "handler-backend", dir: "fixtures/services/handler-backend"}
+
 var crds = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // side is one platform of the pair.
@@ -82,6 +89,7 @@ var (
 	created  = map[string]bool{}
 	suiteT0  time.Time
 	runnable string // the handler as a runnable image, digest-pinned
+	lyBin    string // the ly CLI, built from this tree
 	checks   []Check
 	checksMu sync.Mutex
 	artDir   string
@@ -135,6 +143,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		for _, f := range fixtureServices {
 			deleteService(ctx, s, f.name)
 		}
+		// Left by a run that kept its clusters.
+		deleteService(ctx, s, backend.name)
 	}
 
 	By("building the handler as a runnable image (the project's image builder)")
@@ -142,51 +152,75 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	fmt.Fprintf(GinkgoWriter, "runnable image: %s\n", runnable)
 
-	lyBin := filepath.Join(GinkgoT().TempDir(), "ly")
+	lyBin = filepath.Join(GinkgoT().TempDir(), "ly")
 	goBuild := exec.CommandContext(ctx, "go", "build", "-o", lyBin, "./impl/cmd/ly")
 	goBuild.Dir = e2eutil.RepoRoot()
 	out, err := goBuild.CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), string(out))
 	for _, f := range fixtureServices {
-		By("building " + f.name + " as a Lampyr snapshot artifact with `ly build`")
-		artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact-"+f.name)
-		svcDir := filepath.Join(e2eutil.RepoRoot(), f.dir)
-		runLy(ctx, lyBin, "build", svcDir, "--artifact", artifactDir)
-
-		By("deploying " + f.name + " on Lampyr with `ly deploy` (push, seal the template), then deleting that Service")
-		events := runLy(ctx, lyBin, "deploy", svcDir, "--artifact", artifactDir,
-			"--image", lampyr.info.Registry+"/portability/"+f.name+":snapshot",
-			"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
-		var res ly.DeployResult
-		for _, e := range events {
-			if e.Event == "result" {
-				raw, _ := json.Marshal(e.Fields)
-				Expect(json.Unmarshal(raw, &res)).To(Succeed())
-			}
-		}
-		Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
-		Expect(res.Revision).To(Equal(f.name+"-00001"), "the template is sealed for the first Revision of a new Service")
-		f.snapshot, f.template = res.Snapshot, res.Template
-		runLy(ctx, lyBin, "delete", f.name, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
+		sealOnLampyr(ctx, f)
 	}
+	applyOnBoth(ctx, fixtureServices...)
+}, NodeTimeout(60*time.Minute))
 
+// sealOnLampyr builds f as a Lampyr snapshot artifact and has `ly deploy`
+// push it and seal its template for the Service's first Revision, then
+// deletes that Service, so that applyOnBoth creates it anew from the same
+// manifest as on stock.
+func sealOnLampyr(ctx context.Context, f *fixtureService) {
+	By("building " + f.name + " as a Lampyr snapshot artifact with `ly build`")
+	artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact-"+f.name)
+	svcDir := filepath.Join(e2eutil.RepoRoot(), f.dir)
+	runLy(ctx, lyBin, "build", svcDir, "--artifact", artifactDir)
+
+	By("deploying " + f.name + " on Lampyr with `ly deploy` (push, seal the template), then deleting that Service")
+	events := runLy(ctx, lyBin, "deploy", svcDir, "--artifact", artifactDir,
+		"--image", lampyr.info.Registry+"/portability/"+f.name+":snapshot",
+		"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
+	var res ly.DeployResult
+	for _, e := range events {
+		if e.Event == "result" {
+			raw, _ := json.Marshal(e.Fields)
+			Expect(json.Unmarshal(raw, &res)).To(Succeed())
+		}
+	}
+	Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
+	Expect(res.Revision).To(Equal(f.name+"-00001"), "the template is sealed for the first Revision of a new Service")
+	f.snapshot, f.template = res.Snapshot, res.Template
+	runLy(ctx, lyBin, "delete", f.name, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
+}
+
+// serviceManifest is the one Service applied to both clusters for f: the
+// runnable image for stock, the sealed snapshot for Lampyr, visibility as
+// the workspace says (as `ly deploy` decides it). It is written to the
+// artifacts folder.
+func serviceManifest(f *fixtureService) *unstructured.Unstructured {
+	dir := filepath.Join(e2eutil.RepoRoot(), f.dir)
+	p, err := ly.LoadProject(dir)
+	Expect(err).NotTo(HaveOccurred())
+	ws, _, err := ly.FindWorkspace(dir)
+	Expect(err).NotTo(HaveOccurred())
+	svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: f.snapshot, Template: f.template, Public: ws.Public(p.Name)})
+	manifest, err := yaml.Marshal(svc.Object)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(os.WriteFile(filepath.Join(artDir, "service-"+f.name+".yaml"), manifest, 0o644)).To(Succeed())
+	fmt.Fprintf(GinkgoWriter, "the Service applied to both clusters:\n%s", manifest)
+	return svc
+}
+
+// applyOnBoth applies each Service identically to both clusters, then
+// waits until every one is Ready on each.
+func applyOnBoth(ctx context.Context, fs ...*fixtureService) {
 	var wg sync.WaitGroup
 	type waited struct {
 		side *side
 		svc  string
 		err  error
 	}
-	results := make(chan waited, len(sides)*len(fixtureServices))
-	for _, f := range fixtureServices {
+	results := make(chan waited, len(sides)*len(fs))
+	for _, f := range fs {
 		By("applying one identical Service " + f.name + " to both clusters")
-		p, err := ly.LoadProject(filepath.Join(e2eutil.RepoRoot(), f.dir))
-		Expect(err).NotTo(HaveOccurred())
-		svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: f.snapshot, Template: f.template, Public: true})
-		manifest, err := yaml.Marshal(svc.Object)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(os.WriteFile(filepath.Join(artDir, "service-"+f.name+".yaml"), manifest, 0o644)).To(Succeed())
-		fmt.Fprintf(GinkgoWriter, "the Service applied to both clusters:\n%s", manifest)
-		body, err := svc.MarshalJSON()
+		body, err := serviceManifest(f).MarshalJSON()
 		Expect(err).NotTo(HaveOccurred())
 		for _, s := range sides {
 			force := true
@@ -207,7 +241,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	for r := range results {
 		Expect(r.err).NotTo(HaveOccurred(), "Service %s on %s", r.svc, r.side.name)
 	}
-}, NodeTimeout(60*time.Minute))
+}
 
 // runLy runs the ly binary, echoing its output, and returns its JSON events
 // (when --output json).
@@ -450,7 +484,102 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ld.Items).To(BeEmpty(), "Lampyr must not run Revisions as Deployments")
 	})
+
+	// Service bindings (issue 19): a Revision reaches another Service by
+	// its cluster DNS name. The public handler calls the cluster-local
+	// backend (the same fixture) with GET /call and reports what it got;
+	// last in the container because it adds a Service the checks above do
+	// not expect.
+	It("calls a cluster-local Service by its DNS name identically", Label("bindings"), func(ctx SpecContext) {
+		if !keep {
+			DeferCleanup(func(ctx SpecContext) {
+				for _, s := range sides {
+					deleteService(ctx, s, backend.name)
+				}
+			})
+		}
+		sealOnLampyr(ctx, backend)
+		applyOnBoth(ctx, backend)
+		for _, s := range sides {
+			u, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, backend.name, metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(u.GetLabels()).To(HaveKeyWithValue(ly.LabelVisibility, ly.VisibilityClusterLocal),
+				"%s on %s must be cluster-local: it is not in %s's ingress.services", backend.name, s.name, ly.WorkspaceFile)
+		}
+
+		fqdn := backend.name + "." + ns + ".svc.cluster.local"
+		calls := []Request{
+			{Name: "call-fqdn", Method: "GET", Path: CallPath("http://" + fqdn + "/")},
+			// /echo tells the backend apart from the caller: K_SERVICE,
+			// and the Host it was reached by.
+			{Name: "call-fqdn-echo", Method: "GET", Path: CallPath("http://" + fqdn + "/echo?via=call")},
+			// <service>.<namespace>: resolved through the search path, and
+			// one of the hosts Knative routes a cluster-local Service by.
+			{Name: "call-short", Method: "GET", Path: CallPath("http://" + backend.name + "." + ns + "/")},
+			{Name: "call-missing", Method: "GET", Path: CallPath("http://nope." + ns + ".svc.cluster.local/")},
+		}
+		// Ready means the cluster-local Route is programmed; still, give
+		// each side a minute to reach the backend before comparing (a side
+		// that never does shows in the diff).
+		for _, s := range sides {
+			r, err := awaitCall(ctx, s, calls[0], time.Minute)
+			raw, _ := json.Marshal(r)
+			fmt.Fprintf(GinkgoWriter, "%s: calling %s: %s (err %v)\n", s.name, fqdn, raw, err)
+		}
+
+		a, b := onBoth(func(s *side) ([]*Response, error) {
+			var out []*Response
+			for _, r := range calls {
+				resp, err := Do(ctx, s.gateway, host(), r)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", r.Name, err)
+				}
+				out = append(out, resp)
+			}
+			return out, nil
+		})
+		writeJSON("bindings-stock.json", a)
+		writeJSON("bindings-lampyr.json", b)
+		var diffs []string
+		for i, r := range calls {
+			d := Diff("the answer to GET "+r.Path, a[i], b[i])
+			record("binding "+r.Name, CurrentSpecReport().StartTime, &d)
+			if d != "" {
+				diffs = append(diffs, d)
+			}
+		}
+		// Stock is the reference: it must show what the case is about.
+		for i, r := range a {
+			Expect(r.Call).NotTo(BeNil(), "stock answered %s without a call report: %+v", calls[i].Name, r)
+		}
+		Expect(a[0].Call.Status).To(Equal(200), "stock did not reach %s: %+v", fqdn, a[0].Call)
+		Expect(a[1].Call.Echo).NotTo(BeNil(), "stock: %+v", a[1].Call)
+		Expect(a[1].Call.Echo.Env).To(HaveKeyWithValue("K_SERVICE", backend.name), "stock reached another Service than %s", backend.name)
+		Expect(a[2].Call.Status).To(Equal(200), "stock did not reach %s.%s: %+v", backend.name, ns, a[2].Call)
+		Expect(a[3].Call.Error).To(Equal("dns"), "stock: a name that does not exist: %+v", a[3].Call)
+		Expect(diffs).To(BeEmpty())
+	})
 })
+
+// awaitCall sends r (a /call) to s until the callee answered 200 or
+// timeout passes, and returns the last answer.
+func awaitCall(ctx context.Context, s *side, r Request, timeout time.Duration) (*Response, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		resp, err := Do(ctx, s.gateway, host(), r)
+		if err == nil && resp.Call != nil && resp.Call.Status == 200 {
+			return resp, nil
+		}
+		if time.Now().After(deadline) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return resp, ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
 
 // podsScaledToZero: stock may have scaled the Revision to zero between the
 // requests and this check; its Deployment still exists.
