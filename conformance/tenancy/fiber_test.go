@@ -28,6 +28,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	corev1 "k8s.io/api/core/v1"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -266,9 +267,9 @@ var fiberAttacks = []attack{
 		run:       escape("/raw"),
 	},
 	{
-		name:      "F11 A's handler reaches the Kubernetes API, the node, B's Home, its own Home, fiber-router, DNS; routes to link-local metadata and the internet",
+		name:      "F11 A's handler reaches the Kubernetes API, the node, B's Home, its own Home, fiber-router, DNS by address and by name (also through Services A made to point at them); UDP to link-local metadata, the internet, DNS",
 		appliesTo: onLampyr,
-		expected:  "no connection, no route (only lo)",
+		expected:  "refused (ECONNREFUSED, NXDOMAIN), no UDP answer",
 		run:       networkEscape,
 	},
 	{
@@ -498,13 +499,44 @@ func networkEscape(ctx context.Context, s *side) (string, bool) {
 			break
 		}
 	}
-	// Outside the cluster only a route is asked for (no packet is sent).
-	route := []string{"169.254.169.254:80", "8.8.8.8:53", "1.1.1.1:443"}
-	code, p, body := evilGet(ctx, s, s.a, "/net?tcp="+strings.Join(tcp, ",")+"&route="+strings.Join(route, ","))
+	// UDP datagrams: only an answer would count.
+	route := []string{"169.254.169.254:80", "8.8.8.8:53", "1.1.1.1:443", net.JoinHostPort(dns.Spec.ClusterIP, "53")}
+	// By name, through the fiber's resolver (service bindings): the
+	// platform's Services, and two Services A makes itself (namespace
+	// edit) that point at the API server and at the node.
+	node := ""
+	for _, a := range nodes.Items[0].Status.Addresses {
+		if a.Type == "InternalIP" {
+			node = a.Address
+		}
+	}
+	ext := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "to-api", Namespace: nsA},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "kubernetes.default.svc.cluster.local"}}
+	manual := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "to-node", Namespace: nsA},
+		Spec: corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "kubelet", Port: 10250}}}}
+	eps := &corev1.Endpoints{ObjectMeta: metav1.ObjectMeta{Name: "to-node", Namespace: nsA}, //nolint:staticcheck // what an edit user can write
+		Subsets: []corev1.EndpointSubset{{Addresses: []corev1.EndpointAddress{{IP: node}}, Ports: []corev1.EndpointPort{{Name: "kubelet", Port: 10250}}}}}
+	for _, svc := range []*corev1.Service{ext, manual} {
+		_, err := s.a.c.Kube.CoreV1().Services(nsA).Create(ctx, svc, metav1.CreateOptions{})
+		must(ignoreExists(err), "tenant A creating Service "+svc.Name)
+		defer s.admin.Kube.CoreV1().Services(nsA).Delete(context.Background(), svc.Name, metav1.DeleteOptions{})
+	}
+	// Kubernetes 1.22+ withholds Endpoints writes from edit; if this
+	// cluster grants them, the address they name is still refused.
+	epsNote := "Endpoints to the node: created"
+	if _, err = s.a.c.Kube.CoreV1().Endpoints(nsA).Create(ctx, eps, metav1.CreateOptions{}); apierrs.IsForbidden(err) { //nolint:staticcheck
+		epsNote = "Endpoints to the node: Forbidden to edit"
+	} else {
+		must(ignoreExists(err), "tenant A creating Endpoints to-node")
+	}
+	names := []string{"kubernetes.default.svc.cluster.local:443", "kubernetes.default:443", "kube-dns.kube-system.svc.cluster.local:53",
+		"fiber-router.lampyr-system.svc.cluster.local:80", "lampyr-controller.lampyr-system.svc.cluster.local:9090",
+		s.homeB.Name + ".lampyr-homes.svc.cluster.local:9090", "to-api." + nsA + ".svc.cluster.local:443", "to-node." + nsA + ".svc.cluster.local:10250"}
+	code, p, body := evilGet(ctx, s, s.a, "/net?tcp="+strings.Join(tcp, ",")+"&route="+strings.Join(route, ",")+"&name="+strings.Join(names, ","))
 	if code != http.StatusOK {
 		abortf("evil /net answered %d: %s", code, short(body, 200))
 	}
-	return p.Result, !p.Escaped
+	return p.Result + "; " + epsNote, !p.Escaped
 }
 
 func bombThenServe(path string, want int) func(ctx context.Context, s *side) (string, bool) {
@@ -566,4 +598,11 @@ func gzipBombSnapshot(ctx context.Context, s *side) (string, bool) {
 	code, _, _ := evilGet(ctx, s, s.b, "/hello")
 	obs += fmt.Sprintf("; B answers %d", code)
 	return obs, strings.Contains(last.message, "unpacked size limit") && code == http.StatusOK
+}
+
+func ignoreExists(err error) error {
+	if apierrs.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }
