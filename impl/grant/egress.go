@@ -28,12 +28,17 @@ type clusterRanges struct {
 	err         error
 }
 
-func (c *clusterRanges) get(ctx context.Context) (allow, deny []netip.Prefix, err error) {
+func (c *clusterRanges) get(ctx context.Context) (allow, deny []netip.Prefix, fresh bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.found || time.Since(c.tried) < time.Minute {
-		return c.allow, c.deny, c.err
+		return c.allow, c.deny, false, c.err
 	}
+	allow, deny, err = c.find(ctx)
+	return allow, deny, true, err
+}
+
+func (c *clusterRanges) find(ctx context.Context) (allow, deny []netip.Prefix, err error) {
 	c.tried = time.Now()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -60,7 +65,11 @@ func (c *clusterRanges) get(ctx context.Context) (allow, deny []netip.Prefix, er
 		c.allow = nil
 		return nil, nil, c.err
 	}
-	for _, ip := range append([]string{api.Spec.ClusterIP}, api.Spec.ClusterIPs...) {
+	ips := api.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{api.Spec.ClusterIP}
+	}
+	for _, ip := range ips {
 		if a, err := netip.ParseAddr(ip); err == nil {
 			c.deny = append(c.deny, netip.PrefixFrom(a, a.BitLen()))
 		}
@@ -75,9 +84,11 @@ func (c *clusterRanges) withEgressDefaults(ctx context.Context, cfg *config.Conf
 	if cfg.Egress != config.EgressCluster {
 		return
 	}
-	allow, deny, err := c.get(ctx)
+	allow, deny, fresh, err := c.get(ctx)
 	if err != nil {
-		logf("fiber egress off until this is fixed: %v", err)
+		if fresh { // once a minute at most
+			logf("fiber egress off until this is fixed: %v", err)
+		}
 		if len(cfg.EgressAllow) == 0 {
 			return
 		}
