@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
 
@@ -18,8 +21,22 @@ import (
 // by whether the warm pool had a fiber ready, and whole fibers per second.
 //
 //	go test ./impl/fiberd/server -run '^$' -bench FreshFiber -benchtime 400x
-func BenchmarkFreshFiber(b *testing.B) {
-	inst := fiberdtest.StartInstance(b, fiberdtest.Options{MaxFibers: 64, WarmFibers: 32, Logf: func(string, ...any) {}})
+func BenchmarkFreshFiber(b *testing.B) { benchmarkFresh(b, nil) }
+
+// BenchmarkFreshFiberEgress compares the fresh-fiber cycle without and with
+// service bindings (each fiber's TUN and netstack); with -count N the two
+// alternate, so the machine's load falls on both.
+//
+//	go test ./impl/fiberd/server -run '^$' -bench FreshFiberEgress -benchtime 400x -count 3
+func BenchmarkFreshFiberEgress(b *testing.B) {
+	b.Run("egress=off", func(b *testing.B) { benchmarkFresh(b, nil) })
+	b.Run("egress=on", func(b *testing.B) {
+		benchmarkFresh(b, &process.Egress{Policy: &egress.Policy{Domains: []string{"svc.cluster.local"}, Allow: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}})
+	})
+}
+
+func benchmarkFresh(b *testing.B, eg *process.Egress) {
+	inst := fiberdtest.StartInstance(b, fiberdtest.Options{MaxFibers: 64, WarmFibers: 32, Egress: eg, Logf: func(string, ...any) {}})
 	c := inst.Client
 	ctx := context.Background()
 	var mu sync.Mutex

@@ -21,10 +21,10 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
-	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip/link/channel"
 	"gvisor.dev/gvisor/pkg/tcpip/link/tun"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
@@ -62,6 +62,9 @@ type Link struct {
 	cancel context.CancelFunc
 	conns  sync.WaitGroup
 	once   sync.Once
+	// mu guards closed: no forwarded connection starts once Close began.
+	mu     sync.Mutex
+	closed bool
 }
 
 // Dialer opens a forwarded connection from the Home; Attach re-checks the
@@ -286,7 +289,15 @@ func (l *Link) forward(r *tcp.ForwarderRequest) {
 	}
 	r.Complete(false)
 	in := gonet.NewTCPConn(&wq, ep)
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		in.Close()
+		out.Close()
+		return
+	}
 	l.conns.Add(1)
+	l.mu.Unlock()
 	go func() {
 		defer l.conns.Done()
 		splice(l.ctx, in, out)
@@ -321,6 +332,9 @@ func splice(ctx context.Context, a *gonet.TCPConn, b net.Conn) {
 // (the interface disappears with its last descriptor).
 func (l *Link) Close() error {
 	l.once.Do(func() {
+		l.mu.Lock()
+		l.closed = true
+		l.mu.Unlock()
 		l.cancel()
 		if l.udp != nil {
 			l.udp.Close()
@@ -341,4 +355,3 @@ func (l *Link) Close() error {
 	})
 	return nil
 }
-
