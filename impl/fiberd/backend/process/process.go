@@ -363,9 +363,9 @@ type fiber struct {
 	// it. nsMu is held for reading while a dial uses ns, and for writing to
 	// close it: a closed descriptor's number may be reused by another
 	// fiber's handle, and a dial must never enter that.
-	nsMu   sync.RWMutex
-	ns     netns.NsHandle
-	addr   string
+	nsMu sync.RWMutex
+	ns   netns.NsHandle
+	addr string
 	// egress is the fiber's service-binding link (nil when egress is off).
 	egress *netstack.Link
 	cgroup string

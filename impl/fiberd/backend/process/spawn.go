@@ -57,8 +57,24 @@ func startSpawner(helperPath string, log io.Writer) (*spawner, error) {
 // read dispatches the spawner's replies until it dies.
 func (s *spawner) read() {
 	buf := make([]byte, 4096)
+	rc, err := s.sock.SyscallConn()
+	if err != nil {
+		s.fail(fmt.Errorf("helper spawner socket: %v", err))
+		return
+	}
 	for {
-		n, _, _, _, err := unix.Recvmsg(int(s.sock.Fd()), buf, nil, 0)
+		// Through the RawConn the descriptor stays referenced while
+		// recvmsg runs: close cannot release (and let the kernel reuse)
+		// its number under this read.
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, _, _, _, rerr = unix.Recvmsg(int(fd), buf, nil, 0)
+			return true
+		}); err != nil {
+			rerr = err
+		}
+		err := rerr
 		if err != nil || n == 0 {
 			if errors.Is(err, unix.EINTR) {
 				continue
@@ -121,7 +137,15 @@ func (s *spawner) spawn(req helper.SpawnRequest, spec, status, log *os.File) (in
 	b, _ := json.Marshal(req)
 	rights := unix.UnixRights(int(spec.Fd()), int(status.Fd()), int(log.Fd()))
 	s.sendMu.Lock()
-	err := unix.Sendmsg(int(s.sock.Fd()), b, rights, nil, 0)
+	var err error
+	if rc, rcErr := s.sock.SyscallConn(); rcErr != nil {
+		err = rcErr
+	} else if werr := rc.Write(func(fd uintptr) bool {
+		err = unix.Sendmsg(int(fd), b, rights, nil, 0)
+		return true
+	}); werr != nil {
+		err = werr
+	}
 	s.sendMu.Unlock()
 	if err != nil {
 		s.mu.Lock()
