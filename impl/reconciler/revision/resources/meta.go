@@ -16,7 +16,8 @@ const (
 
 // Labels are put on every owned object. They deliberately never include
 // serving.knative.dev/route: the Route reconciler deletes Services carrying
-// it that it did not create (UPSTREAM-CONTRACT.md, Pitfall).
+// it that it did not create (knative.dev/serving pkg/reconciler/route, which
+// deletes the placeholder Services it finds labelled with its Route).
 func Labels(rev *v1.Revision) map[string]string {
 	l := map[string]string{
 		serving.RevisionLabelKey: rev.Name,
