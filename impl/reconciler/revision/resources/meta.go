@@ -16,8 +16,9 @@ const (
 
 // Labels are put on every owned object. They deliberately never include
 // serving.knative.dev/route: the Route reconciler deletes Services carrying
-// it that it did not create (knative.dev/serving pkg/reconciler/route, which
-// deletes the placeholder Services it finds labelled with its Route).
+// it that it did not create (knative.dev/serving pkg/reconciler/route
+// deleteOrphanedServices deletes every Service labelled with the Route
+// that is not one of its own).
 func Labels(rev *v1.Revision) map[string]string {
 	l := map[string]string{
 		serving.RevisionLabelKey: rev.Name,
