@@ -244,7 +244,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(maxOverlap(b)).To(BeNumerically("<=", 1), "Lampyr ran more than max-scale 1 deliveries at once")
 		lastCase().notes = append(lastCase().notes,
 			fmt.Sprintf("most deliveries in the sink at once: stock %d, lampyr %d (max-scale 1)", maxOverlap(a), maxOverlap(b)),
-			fmt.Sprintf("Broker filter deliveries the platform refused before the sink (retried by the Broker): %s", routerRefusalsSince(ctx, before)))
+			fmt.Sprintf("deliveries the Broker filter gave up on (\"failed to send event\" log lines, after its retries): %s", routerRefusalsSince(ctx, before)))
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
@@ -279,9 +279,10 @@ func maxOverlap(rs []events.Record) int {
 	return most
 }
 
-// routerRefusals and routerRefusalsSince read the mt-broker-filter's log
-// lines on each side about failed deliveries: what the Broker retried
-// that never reached the sink. Best effort, for the report.
+// routerRefusals and routerRefusalsSince count the mt-broker-filter's log
+// lines on each side about deliveries it gave up on (it logs once per
+// event, after its retries; retries themselves are not logged). Best
+// effort, for the report: zero means nothing was lost in the Broker.
 func routerRefusals(ctx context.Context) map[string]int {
 	out := map[string]int{}
 	for _, s := range sides {
@@ -310,7 +311,7 @@ func filterFailures(ctx context.Context, s *side) int {
 			continue
 		}
 		for _, l := range strings.Split(string(raw), "\n") {
-			if strings.Contains(l, "failed to send event") || strings.Contains(l, "Failed to dispatch") || strings.Contains(l, "unexpected HTTP response") {
+			if strings.Contains(l, "failed to send event") {
 				n++
 			}
 		}
