@@ -37,7 +37,8 @@ func EventingBuildSpec() gobuild.Spec {
 }
 
 // EventingObjects renders Knative Eventing (core, MT channel-based Broker,
-// InMemoryChannel) from the pinned module with images resolved. Both
+// InMemoryChannel) from the pinned module with images resolved and CPU
+// requests capped to knative.EventingCPURequest (the one change). Both
 // profiles get the same objects: Eventing is unchanged on Lampyr, it only
 // delivers to Addressables, which Lampyr Services are.
 func EventingObjects(ctx context.Context, images map[string]string) ([]*unstructured.Unstructured, error) {
@@ -53,6 +54,9 @@ func EventingObjects(ctx context.Context, images map[string]string) ([]*unstruct
 		return nil, err
 	}
 	if err := knative.ResolveImages(objs, images); err != nil {
+		return nil, err
+	}
+	if _, err := knative.CapCPURequests(objs, knative.EventingCPURequest); err != nil {
 		return nil, err
 	}
 	out := make([]*unstructured.Unstructured, len(objs))

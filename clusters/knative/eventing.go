@@ -9,6 +9,9 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
 	"lampyr.dev/serving/clusters/build/gobuild"
 )
 
@@ -59,10 +62,20 @@ func EventingPackages() []string {
 	return out
 }
 
+// eventingSymlinks are files that are symlinks in upstream's config/core and
+// therefore missing from the module zip (which has no symlinks); their
+// targets are in the module. Without them the eventing controller never
+// starts (its env reads both ConfigMaps). Two stray merge leftovers in
+// mt-channel-broker (symlinks to roles/, not .yaml) are not part of ko's
+// input either.
+var eventingSymlinks = []struct{ path, target string }{
+	{"config/core/configmaps/eventing-integrations-images.yaml", "third_party/eventing-integrations-latest/eventing-integrations-images.yaml"},
+	{"config/core/configmaps/eventing-transformations-images.yaml", "third_party/eventing-integrations-latest/eventing-transformations-images.yaml"},
+}
+
 // EventingSources lists the YAML files of EventingTrees of the pinned
-// eventing module, each tree sorted by path (ko's order), trees in release
-// order. The module zip has no symlinks; eventing's only ones in these trees
-// are two stray merge leftovers in mt-channel-broker (not YAML, skipped).
+// eventing module plus its symlinked files, each tree sorted by path (ko's
+// order), trees in release order.
 func EventingSources(ctx context.Context) ([]Source, error) {
 	ev, err := gobuild.Download(ctx, EventingModule, EventingVersion)
 	if err != nil {
@@ -90,6 +103,16 @@ func EventingSources(ctx context.Context) ([]Source, error) {
 		}
 		if len(files) == 0 {
 			return nil, fmt.Errorf("%s@%s has no YAML under %s", EventingModule, EventingVersion, tree)
+		}
+		for _, l := range eventingSymlinks {
+			if !strings.HasPrefix(l.path, tree+"/") {
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(ev.Dir, filepath.FromSlash(l.target)))
+			if err != nil {
+				return nil, fmt.Errorf("%s (upstream symlink to %s): %w", l.path, l.target, err)
+			}
+			files = append(files, Source{Path: l.path, Origin: EventingModule + "@" + EventingVersion + "/" + l.target, Data: b})
 		}
 		sort.Slice(files, func(i, j int) bool { return files[i].Path < files[j].Path })
 		out = append(out, files...)
@@ -123,4 +146,51 @@ func EventingPinsServingPkg(ctx context.Context) error {
 		return fmt.Errorf("%s@%s requires %s %s, %s@%s requires %s: pick the eventing release that goes with serving's", EventingModule, EventingVersion, pkg, evVersions[pkg], ServingModule, ServingVersion, servingVersions[pkg])
 	}
 	return nil
+}
+
+// EventingCPURequest caps the CPU request of every Eventing container on the
+// test clusters: a Kind node on these 2-core machines already has ~1.9 CPUs
+// requested by Serving (or Lampyr), networking and the NetworkPolicy
+// enforcer, and upstream's requests (100-125m each) leave the Broker's Pods
+// Pending ("Insufficient cpu"). Limits and everything else stay upstream's.
+const EventingCPURequest = "25m"
+
+// CapCPURequests lowers every container's CPU request in the Deployments
+// and StatefulSets of objs to at most max, and returns how many it lowered.
+func CapCPURequests(objs []Object, max string) (int, error) {
+	limit, err := resource.ParseQuantity(max)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" && o.GetKind() != "StatefulSet" {
+			continue
+		}
+		containers, _, err := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		if err != nil {
+			return n, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+		for _, c := range containers {
+			m, _ := c.(map[string]any)
+			req, _, _ := unstructured.NestedString(m, "resources", "requests", "cpu")
+			if req == "" {
+				continue
+			}
+			q, err := resource.ParseQuantity(req)
+			if err != nil {
+				return n, fmt.Errorf("%s %s: cpu request %q: %w", o.GetKind(), o.GetName(), req, err)
+			}
+			if q.Cmp(limit) > 0 {
+				if err := unstructured.SetNestedField(m, max, "resources", "requests", "cpu"); err != nil {
+					return n, err
+				}
+				n++
+			}
+		}
+		if err := unstructured.SetNestedSlice(o.Object, containers, "spec", "template", "spec", "containers"); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
