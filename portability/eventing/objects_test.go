@@ -51,9 +51,9 @@ var triggers = []trigger{
 	// running fiber on Lampyr (fresh mode releases each one).
 	{name: "wake", filter: map[string]string{"type": eventType("wake")},
 		delivery: map[string]any{"retry": int64(0), "timeout": "PT10S"}},
-	// A slow sink with max-scale 1 and a burst: excess deliveries wait or are
+	// A slow sink (2 s) with max-scale 1 and a burst: excess deliveries wait or are
 	// refused and retried; none may be lost.
-	{name: "burst", filter: map[string]string{"type": eventType("burst")}, query: url.Values{"sleepms": {"1000"}},
+	{name: "burst", filter: map[string]string{"type": eventType("burst")}, query: url.Values{"sleepms": {"2000"}},
 		delivery: map[string]any{"retry": int64(12), "backoffPolicy": "exponential", "backoffDelay": "PT0.5S"}},
 	// The sink's process exits mid-event on the first attempt: a retry,
 	// not a loss (stock restarts the container, Lampyr starts a new fiber).
