@@ -24,6 +24,7 @@ cluster-inputs: tools
     {{bin}}/lampyr-clusters inputs
 
 # Create (or reuse) Kind clusters, in parallel; default: the stock/lampyr pair.
+# LAMPYR_EVENTING=1 adds Knative Eventing to each (off by default).
 cluster-up *NAMES="stock lampyr": tools
     {{bin}}/lampyr-clusters up {{NAMES}}
 
@@ -127,3 +128,14 @@ test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance tes
 test-knative-portability *GINKGO_ARGS:
     @mkdir -p {{artifacts}}/portability
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}
+
+# Knative Eventing on the paired clusters (optional layer, off elsewhere):
+# installs Eventing (core, MT channel-based Broker, InMemoryChannel, from the
+# pinned knative.dev/eventing module) on stock and Lampyr, makes one
+# cluster-local Service the sink of Triggers on a Broker on both, and
+# compares what each received: filtered delivery, retries and backoff,
+# dead letters, status and addresses, and Lampyr's wake, max-scale burst and
+# crash cases (report: _artifacts/eventing/report.md).
+test-eventing-portability *GINKGO_ARGS: tools
+    @mkdir -p {{artifacts}}/eventing
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/eventing/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/eventing-junit.xml -ginkgo.json-report={{artifacts}}/eventing.json {{GINKGO_ARGS}}

@@ -301,3 +301,21 @@ func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) e
 	e.Log.Printf("   sealer identity %s (key %s, %s) %s for every namespace", ch.Name, s.KeyID()[:16], s.Path, ch.Action)
 	return nil
 }
+
+// EnvEventing (LAMPYR_EVENTING=1) adds Knative Eventing to every cluster
+// `lampyr-clusters up` installs a profile on, as --eventing does.
+const EnvEventing = "LAMPYR_EVENTING"
+
+// InstallEventing adds Knative Eventing (core, MT channel-based Broker,
+// InMemoryChannel) to a cluster that has a profile installed: the same
+// objects on stock and on Lampyr. Optional; Serving-only installs never
+// call it.
+func (e *Env) InstallEventing(ctx context.Context, info kindcluster.Info) error {
+	c, err := e2eutil.NewClients(info.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	return e.Log.Step(fmt.Sprintf("Installing Knative Eventing %s on %s", knative.EventingVersion, info.Name), func() error {
+		return install.InstallEventing(ctx, c, e.Publisher(), e.Log, 0)
+	})
+}

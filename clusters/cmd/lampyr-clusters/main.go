@@ -3,7 +3,8 @@
 //
 //	lampyr-clusters inputs              build (or find cached) node and registry images
 //	lampyr-clusters up NAME...          create or reuse clusters, in parallel, and install
-//	                                    their profile (stock*, lampyr*; --profile overrides)
+//	                                    their profile (stock*, lampyr*; --profile overrides);
+//	                                    --eventing (or LAMPYR_EVENTING=1) adds Knative Eventing
 //	lampyr-clusters down NAME...        delete clusters
 //	lampyr-clusters down --all          delete every Kind cluster on this Docker engine
 //	lampyr-clusters logs NAME DIR       export node logs (kind export logs)
@@ -49,6 +50,7 @@ func run(ctx context.Context, args []string) error {
 	provider := fs.String("provider", clusters.Networking(), "networking provider for installed profiles ("+strings.Join(networking.Names(), ", ")+"; default from "+clusters.EnvNetworking+", else "+networking.Default+")")
 	all := fs.Bool("all", false, "down: every Kind cluster on this Docker engine (CI starts from none)")
 	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: from the name (stock*, lampyr*)")
+	eventing := fs.Bool("eventing", os.Getenv(clusters.EnvEventing) == "1", "up: also install Knative Eventing (core, MT channel-based Broker, InMemoryChannel) on every cluster given a profile")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
@@ -81,6 +83,11 @@ func run(ctx context.Context, args []string) error {
 			}
 			if err := env.Install(ctx, i, p, *provider); err != nil {
 				return err
+			}
+			if *eventing {
+				if err := env.InstallEventing(ctx, i); err != nil {
+					return err
+				}
 			}
 		}
 		for _, i := range infos {
