@@ -120,7 +120,7 @@ test-tenancy: tools
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance test-tenancy test-feasibility test-knative-portability
+test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.
