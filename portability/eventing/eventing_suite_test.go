@@ -20,6 +20,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -140,7 +141,57 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 			Expect(err).NotTo(HaveOccurred(), "Trigger %s on %s", t.name, s.name)
 		}
 	}
+	// A Trigger can report Ready and then SubscriptionReady Unknown
+	// ("SubscriptionNotMarkedReadyByChannel") until the InMemoryChannel's
+	// dispatcher lists its subscriber: seen once on Lampyr (2026-12-02
+	// 08:17), where the status comparison then met the passing state. The
+	// specs start only once the Broker and every Trigger have stayed Ready
+	// on both sides for settleFor.
+	for _, s := range sides {
+		waitSettled(ctx, s)
+	}
 }, NodeTimeout(60*time.Minute))
+
+// settleFor is how long the Broker and every Trigger must stay Ready.
+const settleFor = 5 * time.Second
+
+// waitSettled waits until the Broker and every Trigger on s have been Ready
+// (at their current generation) at every poll for settleFor.
+func waitSettled(ctx context.Context, s *side) {
+	var since time.Time
+	notReady := func() string {
+		objs := []struct {
+			gvr  schema.GroupVersionResource
+			name string
+		}{{brokers, broker}}
+		for _, t := range triggers {
+			objs = append(objs, struct {
+				gvr  schema.GroupVersionResource
+				name string
+			}{triggerGVR, t.name})
+		}
+		for _, o := range objs {
+			u, err := s.c.Dynamic.Resource(o.gvr).Namespace(ns).Get(ctx, o.name, metav1.GetOptions{})
+			if err != nil || !e2eutil.IsReady(u) {
+				return o.gvr.Resource + "/" + o.name
+			}
+		}
+		return ""
+	}
+	Eventually(func() string {
+		if what := notReady(); what != "" {
+			since = time.Time{}
+			return what + " not Ready"
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if d := time.Since(since); d < settleFor {
+			return fmt.Sprintf("Ready for %s only", d.Round(100*time.Millisecond))
+		}
+		return ""
+	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(500*time.Millisecond).Should(BeEmpty(), "the Broker and Triggers on %s never stayed Ready for %s", s.name, settleFor)
+}
 
 func sealOnLampyr(ctx context.Context, f *fixtureService) {
 	By("building " + f.name + " as a Lampyr snapshot artifact with `ly build`, sealing it with `ly deploy`")
