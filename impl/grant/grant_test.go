@@ -617,10 +617,11 @@ func TestAdmissionDoesNotDoubleBook(t *testing.T) {
 
 // fakeDiagnoser answers as fiberd's /readyz would, and counts the calls.
 type fakeDiagnoser struct {
-	reason, msg string
-	handler     *fiberdclient.HandlerFailure
-	ok          bool
-	calls       int
+	reason  contract.Reason
+	msg     string
+	handler *fiberdclient.HandlerFailure
+	ok      bool
+	calls   int
 }
 
 func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (fiberdclient.Error, bool) {
@@ -688,6 +689,20 @@ func TestHomeDiagnosis(t *testing.T) {
 		diag:      &fakeDiagnoser{reason: "TemplateMismatch", msg: `TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000`, ok: true},
 		want:      cond{corev1.ConditionFalse, "TemplateMismatch"},
 		wantInMsg: `snapshot's port 9000`,
+		wantCalls: 1,
+	}, {
+		name:      "snapshot over fiberd's limits",
+		pod:       running,
+		diag:      &fakeDiagnoser{reason: contract.ReasonSnapshotTooLarge, msg: "SnapshotTooLarge: unpacked size limit of 1073741824 bytes exceeded", ok: true},
+		want:      cond{corev1.ConditionFalse, contract.ReasonSnapshotTooLarge},
+		wantInMsg: "unpacked size limit",
+		wantCalls: 1,
+	}, {
+		name:      "a load reason in the message only is not a load failure",
+		pod:       running,
+		diag:      &fakeDiagnoser{reason: contract.ReasonNotReady, msg: "SnapshotUnavailable: not really", ok: true},
+		want:      cond{corev1.ConditionUnknown, contract.ReasonHomeNotReady},
+		wantInMsg: "SnapshotUnavailable: not really",
 		wantCalls: 1,
 	}, {
 		name:      "still warming",

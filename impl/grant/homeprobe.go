@@ -42,7 +42,7 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (clien
 	if c == nil {
 		c = &http.Client{Timeout: time.Second}
 	}
-	u := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + "/readyz"
+	u := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return client.Error{}, false
@@ -80,7 +80,7 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	if !ok {
 		return homeDiagnosisInterval
 	}
-	reason, msg := contract.Reason(e.Reason), e.Message
+	reason, msg := e.Reason, e.Message
 	if f := handlerFailure(e); f != nil {
 		// The handler's own failure, in its own words: no Pod name or
 		// address of the Home, since it is shown to the Revision's owner.
@@ -116,11 +116,11 @@ func handlerFailure(e client.Error) *v1alpha1.HandlerFailure {
 	// A Revision whose handler fails every fiber start: the handler must
 	// change, so it is HomeReady False, and the Revision's ContainerHealthy
 	// follows.
-	if e.Handler == nil || !contract.HandlerFailure(contract.Reason(e.Reason)) {
+	if e.Handler == nil || !contract.HandlerFailure(e.Reason) {
 		return nil
 	}
 	f := &v1alpha1.HandlerFailure{
-		Reason:   contract.Reason(e.Reason),
+		Reason:   e.Reason,
 		ExitCode: e.Handler.ExitCode,
 		Output:   backend.LastOutput([]byte(e.Handler.Output)),
 	}
