@@ -25,11 +25,11 @@ import (
 
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/pool"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Config holds the router-wide settings (flags).
