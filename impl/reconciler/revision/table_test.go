@@ -35,6 +35,7 @@ var (
 func TestReconcile(t *testing.T) {
 	tmpl := accepted()
 	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
+	const tooMany = "maxFibers 500 is above max-fibers-per-grant 100"
 	const notListening = "Container failed with: the handler did not listen on $PORT (8080) within the start-up timeout of 10s; last output:\nlistening nowhere"
 	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
 
@@ -141,20 +142,12 @@ func TestReconcile(t *testing.T) {
 			rtesting.Eventf(corev1.EventTypeWarning, "InsufficientMemory", "ResourcesAvailable: %s", refusal),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
-				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
-				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
-			), withContainerStatus("user-container", testImage))),
+			statusUpdate(refusedRev("InsufficientMemory", refusal)),
 		},
 	}, {
 		Name: "grant still refused for the same reason: no second Event, no writes",
 		Objects: []runtime.Object{
-			rev(withConditions(
-				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
-				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
-				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
-			), withContainerStatus("user-container", testImage)),
+			refusedRev("InsufficientMemory", refusal),
 			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, refusal)),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
@@ -163,25 +156,17 @@ func TestReconcile(t *testing.T) {
 	}, {
 		Name: "grant refused for another reason: a new Event",
 		Objects: []runtime.Object{
-			rev(withConditions(
-				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
-				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
-				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
-			), withContainerStatus("user-container", testImage)),
-			grant(tmpl, grantRefused(contract.ReasonTooManyFibers, "maxFibers 500 is above max-fibers-per-grant 100")),
+			refusedRev("InsufficientMemory", refusal),
+			grant(tmpl, grantRefused(contract.ReasonTooManyFibers, tooMany)),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantEvents: []string{
-			rtesting.Eventf(corev1.EventTypeWarning, "TooManyFibers", "ResourcesAvailable: %s", "maxFibers 500 is above max-fibers-per-grant 100"),
+			rtesting.Eventf(corev1.EventTypeWarning, "TooManyFibers", "ResourcesAvailable: %s", tooMany),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
-				available(corev1.ConditionFalse, "TooManyFibers", "maxFibers 500 is above max-fibers-per-grant 100"),
-				active(corev1.ConditionUnknown, "TooManyFibers", "maxFibers 500 is above max-fibers-per-grant 100"),
-			), withContainerStatus("user-container", testImage))),
+			statusUpdate(refusedRev("TooManyFibers", tooMany)),
 		},
 	}, {
 		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
@@ -700,6 +685,15 @@ func rejectionRows() rtesting.TableTest {
 		})
 	}
 	return rows
+}
+
+// refusedRev is the Revision whose grant was refused for reason.
+func refusedRev(reason, msg string) *v1.Revision {
+	return rev(withConditions(
+		healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
+		available(corev1.ConditionFalse, reason, msg),
+		active(corev1.ConditionUnknown, reason, msg),
+	), withContainerStatus("user-container", testImage))
 }
 
 func mirror(t *resources.Template, ips ...string) *discoveryv1.EndpointSlice {
