@@ -19,6 +19,8 @@ import (
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // Lampyr's installation inputs may come from outside instead of this
@@ -154,7 +156,7 @@ func setHomeImages(in *LampyrInputs) error {
 		}
 	}
 	for _, o := range in.Objects {
-		if o.GetKind() != "Deployment" || o.GetName() != "lampyr-grant-controller" {
+		if o.GetKind() != "Deployment" || o.GetName() != contract.GrantControllerName {
 			continue
 		}
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
@@ -179,13 +181,13 @@ func setHomeImages(in *LampyrInputs) error {
 // SetBackendStrategy sets config-lampyr's backend-strategy (the feasibility
 // gate's result for the networking provider).
 func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) error {
-	return SetConfig(objs, "backend-strategy", strategy)
+	return SetConfig(objs, lampyrconfig.KeyBackendStrategy, strategy)
 }
 
 // SetConfig sets one key of config-lampyr.
 func SetConfig(objs []*unstructured.Unstructured, key, value string) error {
 	for _, o := range objs {
-		if o.GetKind() == "ConfigMap" && o.GetName() == "config-lampyr" {
+		if o.GetKind() == "ConfigMap" && o.GetName() == contract.ConfigMapName {
 			return unstructured.SetNestedField(o.Object, value, "data", key)
 		}
 	}

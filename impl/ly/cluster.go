@@ -9,27 +9,28 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	servingclient "knative.dev/serving/pkg/client/clientset/versioned"
 
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
 // Where a Lampyr installation publishes what ly needs (docs/contracts.md §6).
 const (
-	DefaultLampyrNamespace = "lampyr-system"
-	FleetKeyConfigMap      = "lampyr-fleet-key"
-	FleetPublicKeyKey      = "public.pem"
-	ConfigLampyr           = "config-lampyr"
-	KeyTemplateRepository  = "template-repository"
+	DefaultLampyrNamespace = contract.SystemNamespace
+	FleetKeyConfigMap      = contract.FleetKeyName
+	FleetPublicKeyKey      = contract.FleetPublicKeyKey
+	ConfigLampyr           = contract.ConfigMapName
+	KeyTemplateRepository  = lampyrconfig.KeyTemplateRepository
 )
 
-// GrantResource is fiberd.io/v1alpha1 CapacityGrants.
-var GrantResource = schema.GroupVersionResource{Group: "fiberd.io", Version: "v1alpha1", Resource: "capacitygrants"}
+// GrantResource is fiberd.io/v1alpha1 CapacityGrants (contract.CapacityGrants).
+var GrantResource = contract.CapacityGrants
 
 // Cluster is a Lampyr installation as ly reaches it.
 type Cluster struct {
@@ -111,7 +112,7 @@ func (c *Cluster) Describe(ctx context.Context) (*Installation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("context %s: %w", c.Context, err)
 	}
-	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[KeyTemplateRepository]), BackendStrategy: cfg.Data["backend-strategy"]}
+	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[KeyTemplateRepository]), BackendStrategy: cfg.Data[lampyrconfig.KeyBackendStrategy]}
 	if in.TemplateRepository == "" {
 		return nil, fmt.Errorf("template repository missing: set %s in ConfigMap %s/%s (e.g. localhost:5002/lampyr/templates)", KeyTemplateRepository, ns, ConfigLampyr)
 	}

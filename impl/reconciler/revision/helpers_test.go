@@ -35,6 +35,7 @@ import (
 	servinglisters "knative.dev/serving/pkg/client/listers/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -171,9 +172,9 @@ func withContainerStatus(name, image string) revOption {
 func waitingForGrant() revOption {
 	return func(r *v1.Revision) {
 		withConditions(
-			healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
-			available(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
-			active(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
+			healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
+			available(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
+			active(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
 		)(r)
 		withContainerStatus("user-container", testImage)(r)
 	}
@@ -274,14 +275,14 @@ func grantReady(g *fiberdv1alpha1.CapacityGrant) {
 	g.Status.MarkHomeReady()
 }
 
-func grantHomeNotReady(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantHomeNotReady(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		grantAdmitted(g)
 		g.Status.MarkHomeNotReady(reason, "%s", msg)
 	}
 }
 
-func grantHomeFailed(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantHomeFailed(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		grantAdmitted(g)
 		g.Status.MarkHomeFailed(reason, "%s", msg)
@@ -295,7 +296,7 @@ func grantHandlerFailed(f fiberdv1alpha1.HandlerFailure, msg string) func(*fiber
 	}
 }
 
-func grantRefused(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantRefused(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		g.Status.InitializeConditions()
 		g.Status.MarkNotAdmitted(reason, "%s", msg)
@@ -493,3 +494,27 @@ func makeFactory() rtesting.Factory {
 }
 
 func key() string { return testNS + "/" + testRevName }
+
+// Events the reconciler emits on the Revision (events.go).
+
+func grantCreatedEvent() string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "CapacityGrantCreated", "Created CapacityGrant %s", testRevName)
+}
+
+func grantUpdatedEvent() string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "CapacityGrantUpdated", "Updated the spec of CapacityGrant %s to the Revision's", testRevName)
+}
+
+func serviceCreatedEvent(t corev1.ServiceType) string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "BackendServiceCreated", "Created backend Service %s (%s)", testRevName, t)
+}
+
+func notOwnedEvent(kind, name string) string {
+	return rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonNotOwned, "%s", v1.ResourceNotOwnedMessage(kind, name))
+}
+
+// refusalEvent is the Warning for condition t of want, which is False.
+func refusalEvent(want *v1.Revision, t apis.ConditionType) string {
+	c := want.Status.GetCondition(t)
+	return rtesting.Eventf(corev1.EventTypeWarning, c.Reason, "%s: %s", t, c.Message)
+}

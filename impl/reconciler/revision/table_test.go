@@ -21,6 +21,7 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -34,6 +35,7 @@ var (
 func TestReconcile(t *testing.T) {
 	tmpl := accepted()
 	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
+	const tooMany = "maxFibers 500 is above max-fibers-per-grant 100"
 	const notListening = "Container failed with: the handler did not listen on $PORT (8080) within the start-up timeout of 10s; last output:\nlistening nowhere"
 	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
 
@@ -50,7 +52,7 @@ func TestReconcile(t *testing.T) {
 		WantPatches: []clientgotesting.PatchActionImpl{
 			patchFinalizers(finalizerName),
 		},
-		WantEvents: []string{finalizerEvent()},
+		WantEvents: []string{finalizerEvent(), grantCreatedEvent(), serviceCreatedEvent(corev1.ServiceTypeExternalName)},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendExternalName),
@@ -63,6 +65,10 @@ func TestReconcile(t *testing.T) {
 		Name:    "accepted revision: grant, ExternalName Service and unready metadata created",
 		Objects: []runtime.Object{rev()},
 		Key:     key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendExternalName),
@@ -75,14 +81,14 @@ func TestReconcile(t *testing.T) {
 		Name: "grant admitted, Home starting",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHomeNotReady(fiberdv1alpha1.ReasonHomePending, "the Home Pod is being scheduled")),
+			grant(tmpl, grantHomeNotReady(contract.ReasonHomePending, "the Home Pod is being scheduled")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
+				healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
 				active(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
 			), withContainerStatus("user-container", testImage))),
@@ -127,32 +133,58 @@ func TestReconcile(t *testing.T) {
 		Name: "grant refused: ResourcesAvailable False with the grant's reason and message",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantRefused(fiberdv1alpha1.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
+			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InsufficientMemory", "ResourcesAvailable: %s", refusal),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, fiberdv1alpha1.ReasonNotAdmitted, MessageNotAdmitted),
-				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
-				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
-			), withContainerStatus("user-container", testImage))),
+			statusUpdate(refusedRev("InsufficientMemory", refusal)),
+		},
+	}, {
+		Name: "grant still refused for the same reason: no second Event, no writes",
+		Objects: []runtime.Object{
+			refusedRev("InsufficientMemory", refusal),
+			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, refusal)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+	}, {
+		Name: "grant refused for another reason: a new Event",
+		Objects: []runtime.Object{
+			refusedRev("InsufficientMemory", refusal),
+			grant(tmpl, grantRefused(contract.ReasonTooManyFibers, tooMany)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "TooManyFibers", "ResourcesAvailable: %s", tooMany),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(refusedRev("TooManyFibers", tooMany)),
 		},
 	}, {
 		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
+			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HomeFailed", "ContainerHealthy: %s", "fiberd: the template is not sealed to this cluster's fleet key"),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
+				healthy(corev1.ConditionFalse, contract.ReasonHomeFailed.String(), "fiberd: the template is not sealed to this cluster's fleet key"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
+				active(corev1.ConditionUnknown, contract.ReasonHomeFailed.String(), "fiberd: the template is not sealed to this cluster's fleet key"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -160,12 +192,15 @@ func TestReconcile(t *testing.T) {
 		Name: "handler exits at start-up: ContainerHealthy False ExitCode5 with its last output",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
 				"the handler exited with code 5 before it listened on $PORT (8080)")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "ExitCode5", "ContainerHealthy: %s", "Container failed with: Started...\nCrashed..."),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, "ExitCode5", "Container failed with: Started...\nCrashed..."),
@@ -177,12 +212,15 @@ func TestReconcile(t *testing.T) {
 		Name: "handler killed by a signal without output: ExitCode137 saying so",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
 				"the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "ExitCode137", "ContainerHealthy: %s", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, "ExitCode137", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
@@ -194,17 +232,20 @@ func TestReconcile(t *testing.T) {
 		Name: "handler never listens: ContainerHealthy False HandlerNotListening",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerNotListening, Output: "listening nowhere"},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerNotListening, Output: "listening nowhere"},
 				"the handler did not listen on $PORT (8080) within the start-up timeout of 10s")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HandlerNotListening", "ContainerHealthy: %s", notListening),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+				healthy(corev1.ConditionFalse, contract.ReasonHandlerNotListening.String(), notListening),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+				active(corev1.ConditionUnknown, contract.ReasonHandlerNotListening.String(), notListening),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -227,19 +268,22 @@ func TestReconcile(t *testing.T) {
 		Name: "Ready Revision whose Home went away is withdrawn from fiber-router",
 		Objects: []runtime.Object{
 			rev(ready()),
-			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted")),
+			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "the Home Pod was evicted")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HomeFailed", "ContainerHealthy: %s", "the Home Pod was evicted"),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, "", false)),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
+				healthy(corev1.ConditionFalse, contract.ReasonHomeFailed.String(), "the Home Pod was evicted"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
+				active(corev1.ConditionUnknown, contract.ReasonHomeFailed.String(), "the Home Pod was evicted"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -251,6 +295,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
+		WantEvents: []string{
+			grantUpdatedEvent(),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(unstructuredGrant(t, grant(tmpl, grantReady))),
 			update(metadata(tmpl, "", false)),
@@ -273,6 +320,10 @@ func TestReconcile(t *testing.T) {
 			c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}}
 		}))},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted(h2c))),
 			service(accepted(h2c), config.BackendExternalName),
@@ -297,6 +348,10 @@ func TestReconcile(t *testing.T) {
 			}),
 		)},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted(), func(g *fiberdv1alpha1.CapacityGrant) {
 				g.Spec.MaxFibers = 7
@@ -336,6 +391,10 @@ func TestReconcile(t *testing.T) {
 			),
 		},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeClusterIP),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendEndpointSlice),
@@ -428,6 +487,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			notOwnedEvent("Service", testRevName),
+		},
 		// The Home is ready, so its endpoint is published, but not ready.
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
@@ -465,6 +527,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
+		},
 		// The Home is ready, so its endpoint is published, but not ready.
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
@@ -509,9 +574,13 @@ func TestReconcile(t *testing.T) {
 			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "creating Service %s: inducing failure for create services", testRevName),
 		},
 	}, {
-		Name:         "the API server refuses the grant: ResourcesAvailable False, no endless retry",
-		Objects:      []runtime.Object{rev()},
-		Key:          key(),
+		Name:    "the API server refuses the grant: ResourcesAvailable False, no endless retry",
+		Objects: []runtime.Object{rev()},
+		Key:     key(),
+		WantEvents: []string{
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+			rtesting.Eventf(corev1.EventTypeWarning, contract.ReasonInvalidCapacityGrant.String(), "ResourcesAvailable: %s", invalidGrantErr.Error()),
+		},
 		WithReactors: []clientgotesting.ReactionFunc{refuseGrantCreate},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
@@ -520,15 +589,19 @@ func TestReconcile(t *testing.T) {
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
-				available(corev1.ConditionFalse, ReasonInvalidGrant, invalidGrantErr.Error()),
-				active(corev1.ConditionUnknown, ReasonInvalidGrant, invalidGrantErr.Error()),
+				healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
+				available(corev1.ConditionFalse, contract.ReasonInvalidCapacityGrant.String(), invalidGrantErr.Error()),
+				active(corev1.ConditionUnknown, contract.ReasonInvalidCapacityGrant.String(), invalidGrantErr.Error()),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
 		Name:    "rejected template after a Lampyr upgrade: published metadata is withdrawn",
 		Objects: []runtime.Object{rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} })), metadata(tmpl, testHome, true)},
 		Key:     key(),
+		WantEvents: []string{
+			refusalEvent(rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} }),
+				rejected("UnsupportedCommand", "spec.containers[0].command", detailFor("command"))), v1.RevisionConditionResourcesAvailable),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
 		},
@@ -600,16 +673,27 @@ func TestReconcile(t *testing.T) {
 func rejectionRows() rtesting.TableTest {
 	var rows rtesting.TableTest
 	for _, c := range rejectionCases() {
+		want := rev(append(c.opts, rejected(c.reason, c.field, c.detail))...)
 		rows = append(rows, rtesting.TableRow{
 			Name:    "rejects " + c.name,
 			Objects: []runtime.Object{rev(c.opts...)},
 			Key:     key(),
 			WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-				statusUpdate(rev(append(c.opts, rejected(c.reason, c.field, c.detail))...)),
+				statusUpdate(want),
 			},
+			WantEvents: []string{refusalEvent(want, v1.RevisionConditionResourcesAvailable)},
 		})
 	}
 	return rows
+}
+
+// refusedRev is the Revision whose grant was refused for reason.
+func refusedRev(reason, msg string) *v1.Revision {
+	return rev(withConditions(
+		healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
+		available(corev1.ConditionFalse, reason, msg),
+		active(corev1.ConditionUnknown, reason, msg),
+	), withContainerStatus("user-container", testImage))
 }
 
 func mirror(t *resources.Template, ips ...string) *discoveryv1.EndpointSlice {
@@ -697,6 +781,11 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{want: req, ref: testSealed}},
 		Objects:       []runtime.Object{rev(plain...)},
 		Key:           key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeNormal, "TemplateSealed", "Sealed the fiberd template of image %s: %s", testImage, testSealed),
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(mapped)),
 			service(mapped, config.BackendExternalName),
@@ -728,6 +817,10 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			sealerKey: &fakeSealer{want: req, err: &ArtifactMissingError{Ref: testArtifact, Detail: "not found in the registry"}}},
 		Objects: []runtime.Object{rev(plain...)},
 		Key:     key(),
+		WantEvents: []string{
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", missing),
+		},
 		WantCreates: []runtime.Object{
 			service(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), config.BackendExternalName),
 			metadata(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), "", false),
@@ -736,7 +829,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			statusUpdate(rev(append(plain, withConditions(
 				healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, missing),
 				// No grant exists: nothing could be sealed for it.
-				available(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
+				available(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
 				active(corev1.ConditionUnknown, v1.ReasonContainerMissing, missing),
 			), withContainerStatus("user-container", testImage))...)),
 		},
@@ -755,6 +848,10 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{err: errors.New("must not seal")}},
 		Objects:       []runtime.Object{rev()},
 		Key:           key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted())),
 			service(accepted(), config.BackendExternalName),

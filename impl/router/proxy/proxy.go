@@ -25,11 +25,11 @@ import (
 
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/pool"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Config holds the router-wide settings (flags).
@@ -214,7 +214,7 @@ func (r *Router) fiberdAnswer(resp *http.Response) error {
 	}
 	status, msg := http.StatusBadGateway, "the fiber failed before it answered"
 	switch {
-	case fe.Reason == "RequestTimeout" || resp.StatusCode == http.StatusGatewayTimeout:
+	case fe.Reason == fiberdclient.ReasonRequestTimeout || resp.StatusCode == http.StatusGatewayTimeout:
 		status, msg = http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds"
 	case fe.Reason == fiberdclient.ReasonFiberBusy:
 		status, msg = http.StatusServiceUnavailable, "the fiber is busy"
