@@ -12,12 +12,12 @@ import (
 
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
 
 	"lampyr.dev/serving/clusters/inputs"
@@ -205,6 +205,25 @@ func Networking() string {
 	return networking.Default
 }
 
+// Online reports LAMPYR_ONLINE=1 (install.EnvOnline): the operator says
+// upstream registries are reachable, so providers that pull images
+// (kourier's Envoy) may be installed. Read here, at the edge, for
+// install.Options.Online.
+func Online() bool { return os.Getenv(install.EnvOnline) == "1" }
+
+// LampyrSourcesFromEnv reads where Lampyr's components come from
+// (LAMPYR_CLUSTER_INPUTS, LAMPYR_CONTROLLER_MANIFEST, LAMPYR_GRANT_IMAGE,
+// LAMPYR_HELPER_IMAGE) for install.LampyrComponents; none set builds the
+// checkout.
+func LampyrSourcesFromEnv() install.LampyrSources {
+	return install.LampyrSources{
+		InputsDir:          os.Getenv(install.EnvClusterInputs),
+		ControllerManifest: os.Getenv(install.EnvControllerManifest),
+		GrantImage:         os.Getenv(install.EnvGrantImage),
+		HelperImage:        os.Getenv(install.EnvHelperImage),
+	}
+}
+
 // Install puts a profile on a cluster with a networking provider (a name
 // networking.Get knows). A cluster that carries another provider is
 // switched: what only the other one installed is deleted first.
@@ -214,18 +233,18 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 		return err
 	}
 	provider = prov.Name()
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}
 	switch profile {
 	case "stock":
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Online: Online()})
 		})
 	case "lampyr":
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher())
+			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher(), LampyrSourcesFromEnv())
 			if err != nil {
 				return err
 			}
@@ -239,7 +258,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
 				return err
 			}
-			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects}); err != nil {
+			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects, Online: Online()}); err != nil {
 				return err
 			}
 			return e.authorizeLocalSealer(ctx, info)
@@ -311,7 +330,7 @@ const EnvEventing = "LAMPYR_EVENTING"
 // objects on stock and on Lampyr. Optional; Serving-only installs never
 // call it.
 func (e *Env) InstallEventing(ctx context.Context, info kindcluster.Info) error {
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}

@@ -47,13 +47,13 @@ import (
 	"lampyr.dev/serving/clusters/apply"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -185,7 +185,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		if err != nil {
 			return 2, err
 		}
-		installed, err := install.InstalledProvider(ctx, c)
+		installed, err := install.InstalledProvider(ctx, c.Install())
 		if err != nil {
 			return 2, err
 		}
