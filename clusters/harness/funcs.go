@@ -161,13 +161,17 @@ func Install(cs ...Cluster) env.Func {
 			if err != nil {
 				return ctx, err
 			}
+			t0 := time.Now()
 			if err := r.env.Install(ctx, t.Info, c.Profile, t.Provider); err != nil {
 				return ctx, fmt.Errorf("installing the %s profile with %s on %s: %w", c.Profile, t.Provider, c.Name, err)
 			}
+			t.Installed = time.Since(t0)
 			if c.Eventing {
+				t0 = time.Now()
 				if err := r.env.InstallEventing(ctx, t.Info); err != nil {
 					return ctx, fmt.Errorf("installing Knative Eventing on %s: %w", c.Name, err)
 				}
+				t.EventingInstalled = time.Since(t0)
 			}
 		}
 		return ctx, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"time"
 
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
@@ -61,6 +62,9 @@ type Target struct {
 	Installation *ly.Installation
 	// Ly is `ly`'s connection to it (lampyr profile only).
 	Ly *ly.Cluster
+	// Installed is how long installing its profile took, Eventing how long
+	// Knative Eventing took (zero when not installed by this run).
+	Installed, EventingInstalled time.Duration
 	// Created: this run created the cluster, so this run deletes it
 	// unless asked to keep it. A cluster found running is left running.
 	Created bool
