@@ -252,9 +252,14 @@ func (s *Suite) runSetup(ctx SpecContext) {
 		AddReportEntry("networking", prov.Name()+": "+prov.Describe())
 		r.opts.Provider = prov.Name()
 	}
+	var timings []string
+	defer func() { AddReportEntry("setup steps", strings.Join(timings, "\n")) }()
 	for _, st := range append(s.harnessSteps(), s.setup...) {
 		By(st.name)
+		t0 := time.Now()
 		out, err := st.fn(joined{Context: ctx, values: s.values}, s.econf)
+		timings = append(timings, fmt.Sprintf("%s: %s", st.name, time.Since(t0).Round(100*time.Millisecond)))
+		fmt.Fprintf(GinkgoWriter, "setup: %s\n", timings[len(timings)-1])
 		Expect(err).NotTo(HaveOccurred(), "setup: %s", st.name)
 		if out != nil {
 			s.values = context.WithoutCancel(out)
