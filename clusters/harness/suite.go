@@ -38,6 +38,10 @@ type Config struct {
 	// named by environ.ConformanceKubeconfig and ConformanceGateway (one
 	// declared cluster only).
 	ExternalVars bool
+	// Provider, when set, chooses the networking provider the harness
+	// installs from the run's options (default: Options.Provider), e.g. the
+	// first of several a suite measures in turn.
+	Provider func(Options) string
 	// Knobs are the suite's own variables (LAMPYR_BENCH_SECONDS...), read
 	// by New with the others and found with Suite.Knob.
 	Knobs []string
@@ -249,8 +253,13 @@ func (s *Suite) runSetup(ctx SpecContext) {
 	if s.opts.External == nil {
 		prov, err := networking.Get(s.opts.Provider)
 		Expect(err).NotTo(HaveOccurred(), "the networking provider (%s)", environ.Networking)
-		AddReportEntry("networking", prov.Name()+": "+prov.Describe())
 		r.opts.Provider = prov.Name()
+		if s.cfg.Provider != nil {
+			prov, err = networking.Get(s.cfg.Provider(r.opts))
+			Expect(err).NotTo(HaveOccurred(), "the networking provider suite %s chose", s.cfg.Name)
+			r.opts.Provider = prov.Name()
+		}
+		AddReportEntry("networking", prov.Name()+": "+prov.Describe())
 	}
 	var timings []string
 	defer func() { AddReportEntry("setup steps", strings.Join(timings, "\n")) }()
