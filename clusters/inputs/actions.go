@@ -83,7 +83,7 @@ func (fetchSources) Execute(ctx context.Context, s *buildState) error {
 		return err
 	}
 	s.kindDir, s.k8sDir = kindDir.Dir, k8sMod.Dir
-	s.rootSpec = nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: envOr("LAMPYR_DEBIAN_MIRROR", DebianMirror),
+	s.rootSpec = nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: or(s.b.DebianMirror, DebianMirror),
 		Packages: NodePackages, KindFiles: filepath.Join(kindDir.Dir, "images/base/files")}
 	s.rootKey = hashOf(recipe, s.rootSpec.Suite, s.rootSpec.Mirror, strings.Join(s.rootSpec.Packages, ","), KindVersion)
 	s.rootDir = filepath.Join(s.b.Cache, "rootfs", "bookworm-"+s.rootKey)

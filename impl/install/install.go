@@ -4,7 +4,7 @@
 // components. Images are built here and pulled by digest from the local
 // registry. It ships in `ly cluster install` and the suites' harness uses
 // it, so it takes its own Clients and reads no environment variable: the
-// callers set Options and LampyrSources (clusters reads LAMPYR_ONLINE and
+// callers set Options and LampyrSources (clusters/environ reads LAMPYR_ONLINE and
 // the LAMPYR_* input overrides at the edge).
 package install
 

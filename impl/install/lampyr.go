@@ -37,7 +37,7 @@ const (
 
 // LampyrSources say where Lampyr's components come from; the zero value
 // builds every one from the checkout. Callers fill it from the environment
-// variables above (clusters.LampyrSourcesFromEnv).
+// variables above (clusters/environ.Clusters).
 type LampyrSources struct {
 	// InputsDir holds lampyr.yaml, grant-image and helper-image
 	// (EnvClusterInputs); when set, the other fields are ignored.

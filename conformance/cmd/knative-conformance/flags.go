@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/networking"
 )
 
@@ -32,7 +32,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.gatewayService, "gateway-service", "", "third-party mode: namespace/name of the Service in front of the KIngress implementation (its port 80 NodePort is dialled)")
 	fs.StringVar(&o.ingressEndpoint, "ingress-endpoint", "127.0.0.1", "address that reaches the gateway Service's node ports")
 	fs.StringVar(&o.ingressClass, "ingress-class", "", "the KIngress class (default: the --provider's)")
-	fs.StringVar(&o.provider, "provider", "", "networking provider installed on the cluster ("+strings.Join(networking.Names(), ", ")+"; default: on a managed cluster the one installed there, else from "+clusters.EnvNetworking+", else "+networking.Default+")")
+	fs.StringVar(&o.provider, "provider", "", "networking provider installed on the cluster ("+strings.Join(networking.Names(), ", ")+"; default: on a managed cluster the one installed there, else from "+environ.Networking+", else "+networking.Default+")")
 	fs.StringVar(&o.registry, "registry", "", "where the test images are pushed, as registry/path (default: localhost:5002, the local registry)")
 	fs.StringVar(&o.implementation, "implementation", "", "name of the implementation under test (default: from the cluster's profile)")
 	fs.StringVar(&o.version, "version", "", "its version (default: Knative Serving's pinned version, or this checkout's for Lampyr)")

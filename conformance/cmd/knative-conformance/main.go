@@ -36,6 +36,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/conformance/upstream"
 )
@@ -64,7 +65,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	log := progress.New(os.Stderr)
-	r := &runner{o: o, args: args, log: log, env: clusters.NewEnv(log), root: e2eutil.RepoRoot(),
+	r := &runner{o: o, args: args, log: log, env: clusters.NewEnv(log, environ.Clusters()), root: e2eutil.RepoRoot(),
 		rep: &upstream.Report{Date: time.Now().UTC(), Mode: "managed"}}
 	for _, s := range r.steps() {
 		if err := log.Step(s.name, func() error { return s.run(ctx) }); err != nil {

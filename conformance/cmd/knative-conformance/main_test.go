@@ -13,6 +13,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/conformance/upstream"
@@ -76,7 +77,7 @@ func TestThirdPartyTarget(t *testing.T) {
 			t.Fatal(err)
 		}
 		log := progress.New(io.Discard)
-		return &runner{o: o, args: args, log: log, env: clusters.NewEnv(log), root: e2eutil.RepoRoot(), rep: &upstream.Report{Mode: "managed"}}
+		return &runner{o: o, args: args, log: log, env: clusters.NewEnv(log, environ.Clusters()), root: e2eutil.RepoRoot(), rep: &upstream.Report{Mode: "managed"}}
 	}
 	base := []string{"--kubeconfig", "/nonexistent", "--gateway-service", "traefik/traefik", "--provider", "traefik-knative"}
 	err := newRunner(base...).resolveTarget(context.Background())

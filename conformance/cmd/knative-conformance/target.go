@@ -12,6 +12,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/conformance/upstream"
@@ -43,7 +44,7 @@ func (r *runner) resolveTarget(ctx context.Context) error {
 		}
 	}
 	if o.provider == "" {
-		o.provider = clusters.Networking()
+		o.provider = environ.Provider()
 	}
 	prov, err := networking.Get(o.provider)
 	if err != nil {
@@ -59,7 +60,7 @@ func (r *runner) resolveTarget(ctx context.Context) error {
 			return usageError(err)
 		}
 		o.kubeconfig = info.Kubeconfig
-		r.profile = clusters.ProfileFor(o.cluster)
+		r.profile, _ = clusters.PairedProfile(o.cluster)
 		gw := prov.Gateway(info.Gateway().NodePort)
 		r.gwNS, r.gwName = gw.Namespace, gw.Service
 		if info.Gateway().HostPort != info.Gateway().NodePort {
@@ -104,7 +105,7 @@ func (r *runner) resolveTarget(ctx context.Context) error {
 		rep.Claimed, rep.Unsupported = r.exp.Claimed, r.exp.Unsupported
 	}
 	if o.out == "" {
-		o.out = filepath.Join(e2eutil.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
+		o.out = filepath.Join(environ.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
 	}
 	rep.Implementation = upstream.Implementation{Name: o.implementation, Version: o.version, Networking: fmt.Sprintf("%s: %s (class %s)", o.provider, prov.Describe(), o.ingressClass)}
 	if rep.Implementation.Name == "lampyr" {
