@@ -31,6 +31,9 @@ type Config struct {
 	Recipe string
 	// Clusters are the clusters the suite runs on, with their profiles.
 	Clusters []Cluster
+	// Choose, when set, replaces Clusters with what it returns for the
+	// run's options (a suite knob naming other clusters).
+	Choose func(Options) ([]Cluster, error)
 	// KeepVar is the variable that keeps the clusters (default
 	// environ.Keep).
 	KeepVar string
@@ -238,6 +241,11 @@ func (s *Suite) harnessSteps() []step {
 func (s *Suite) runSetup(ctx SpecContext) {
 	if !s.opts.Enabled {
 		Skip(s.SkipReason())
+	}
+	if s.cfg.Choose != nil {
+		cs, err := s.cfg.Choose(s.opts)
+		Expect(err).NotTo(HaveOccurred(), "choosing suite %s's clusters", s.cfg.Name)
+		s.cfg.Clusters = cs
 	}
 	if s.opts.External != nil && len(s.cfg.Clusters) != 1 {
 		Fail(fmt.Sprintf("an external installation stands for one cluster; suite %s declares %d", s.cfg.Name, len(s.cfg.Clusters)))
