@@ -24,8 +24,10 @@ import (
 
 // Config declares a suite.
 type Config struct {
-	// Name is the Ginkgo suite's name and the artifacts subfolder.
+	// Name is the Ginkgo suite's name.
 	Name string
+	// Folder is the suite's artifacts subfolder (default Name).
+	Folder string
 	// Recipe is the command that runs the suite (`just test-stock`), named
 	// when it skips.
 	Recipe string
@@ -193,7 +195,12 @@ func (s *Suite) Target(name string) *Target {
 func (s *Suite) Targets() []*Target { return Targets(s.Context()) }
 
 // Artifacts is the suite's artifacts folder.
-func (s *Suite) Artifacts() string { return filepath.Join(s.opts.Artifacts, s.cfg.Name) }
+func (s *Suite) Artifacts() string {
+	if s.cfg.Folder != "" {
+		return filepath.Join(s.opts.Artifacts, s.cfg.Folder)
+	}
+	return filepath.Join(s.opts.Artifacts, s.cfg.Name)
+}
 
 // Config is e2e-framework's configuration: on a single-cluster suite, the
 // kubeconfig of that cluster once the setup ran.
@@ -252,7 +259,7 @@ func (s *Suite) runSetup(ctx SpecContext) {
 	}
 	log := progress.New(GinkgoWriter)
 	r := &run{
-		suite: s.cfg.Name, opts: s.opts, log: log, artifacts: s.Artifacts(),
+		suite: filepath.Base(s.Artifacts()), opts: s.opts, log: log, artifacts: s.Artifacts(),
 		env: clusters.NewEnv(log, s.opts.Clusters), images: map[string]string{},
 	}
 	Expect(os.MkdirAll(r.artifacts, 0o755)).To(Succeed())
