@@ -24,13 +24,18 @@ import (
 
 // Config declares a suite.
 type Config struct {
-	// Name is the Ginkgo suite's name and the artifacts subfolder.
+	// Name is the Ginkgo suite's name.
 	Name string
+	// Folder is the suite's artifacts subfolder (default Name).
+	Folder string
 	// Recipe is the command that runs the suite (`just test-stock`), named
 	// when it skips.
 	Recipe string
 	// Clusters are the clusters the suite runs on, with their profiles.
 	Clusters []Cluster
+	// Choose, when set, replaces Clusters with what it returns for the
+	// run's options (a suite knob naming other clusters).
+	Choose func(Options) ([]Cluster, error)
 	// KeepVar is the variable that keeps the clusters (default
 	// environ.Keep).
 	KeepVar string
@@ -190,7 +195,12 @@ func (s *Suite) Target(name string) *Target {
 func (s *Suite) Targets() []*Target { return Targets(s.Context()) }
 
 // Artifacts is the suite's artifacts folder.
-func (s *Suite) Artifacts() string { return filepath.Join(s.opts.Artifacts, s.cfg.Name) }
+func (s *Suite) Artifacts() string {
+	if s.cfg.Folder != "" {
+		return filepath.Join(s.opts.Artifacts, s.cfg.Folder)
+	}
+	return filepath.Join(s.opts.Artifacts, s.cfg.Name)
+}
 
 // Config is e2e-framework's configuration: on a single-cluster suite, the
 // kubeconfig of that cluster once the setup ran.
@@ -239,12 +249,17 @@ func (s *Suite) runSetup(ctx SpecContext) {
 	if !s.opts.Enabled {
 		Skip(s.SkipReason())
 	}
+	if s.cfg.Choose != nil {
+		cs, err := s.cfg.Choose(s.opts)
+		Expect(err).NotTo(HaveOccurred(), "choosing suite %s's clusters", s.cfg.Name)
+		s.cfg.Clusters = cs
+	}
 	if s.opts.External != nil && len(s.cfg.Clusters) != 1 {
 		Fail(fmt.Sprintf("an external installation stands for one cluster; suite %s declares %d", s.cfg.Name, len(s.cfg.Clusters)))
 	}
 	log := progress.New(GinkgoWriter)
 	r := &run{
-		suite: s.cfg.Name, opts: s.opts, log: log, artifacts: s.Artifacts(),
+		suite: filepath.Base(s.Artifacts()), opts: s.opts, log: log, artifacts: s.Artifacts(),
 		env: clusters.NewEnv(log, s.opts.Clusters), images: map[string]string{},
 	}
 	Expect(os.MkdirAll(r.artifacts, 0o755)).To(Succeed())

@@ -27,7 +27,8 @@ import (
 )
 
 var suite = harness.New(harness.Config{
-	Name:   "eventing",
+	Name:   "eventing portability",
+	Folder: "eventing",
 	Recipe: "just test-eventing-portability",
 	Clusters: []harness.Cluster{
 		{Name: "stock", Profile: clusters.ProfileStock, Eventing: true},
