@@ -18,6 +18,7 @@ import (
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // prepareCluster sets what the suites need and the installation does not
@@ -37,7 +38,7 @@ func (r *runner) prepareCluster(ctx context.Context) error {
 			data[k] = v
 		}
 		patch, _ := json.Marshal(map[string]any{"data": data})
-		if _, err := c.Kube.CoreV1().ConfigMaps("lampyr-system").Patch(ctx, "config-lampyr", types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
+		if _, err := c.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Patch(ctx, contract.ConfigMapName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
 			return fmt.Errorf("setting config-lampyr %s: %w", o.lampyrConfig, err)
 		}
 		rep.TestConfig = append(rep.TestConfig, "lampyr-system/config-lampyr "+o.lampyrConfig+" (the suites keep many Revisions alive at once and send 200 concurrent requests to one; the test images need far less than 256Mi per fiber)")

@@ -115,7 +115,7 @@ func (r *Router) fiberdAnswer(resp *http.Response) error {
 	}
 	status, msg := http.StatusBadGateway, "the fiber failed before it answered"
 	switch {
-	case fe.Reason == "RequestTimeout" || resp.StatusCode == http.StatusGatewayTimeout:
+	case fe.Reason == fiberdclient.ReasonRequestTimeout || resp.StatusCode == http.StatusGatewayTimeout:
 		status, msg = http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds"
 	case fe.Reason == fiberdclient.ReasonFiberBusy:
 		status, msg = http.StatusServiceUnavailable, "the fiber is busy"
