@@ -90,11 +90,7 @@ type gate struct {
 }
 
 // the is the gate's state.
-func the() *gate {
-	g, ok := harness.Value[*gate](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return g
-}
+func the() *gate { return harness.State[*gate](suite) }
 
 func setupGate(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	t, err := harness.TargetFrom(ctx, clusterName)

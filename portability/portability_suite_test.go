@@ -38,7 +38,7 @@ const unreadBodyRequests = "LAMPYR_UNREAD_BODY_REQUESTS"
 var suite = harness.New(harness.Config{
 	Name:     "portability",
 	Recipe:   "just test-knative-portability",
-	Clusters: []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Clusters: harness.Paired(),
 	KeepVar:  environ.PortabilityKeep,
 	Knobs:    []string{unreadBodyRequests},
 })
@@ -80,11 +80,7 @@ type proof struct {
 }
 
 // the is the proof's state.
-func the() *proof {
-	p, ok := harness.Value[*proof](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return p
-}
+func the() *proof { return harness.State[*proof](suite) }
 
 func host() string { return hostOf(svcName) }
 

@@ -43,7 +43,7 @@ var suite = harness.New(harness.Config{
 	Name:         "bench-portability",
 	Folder:       "bench",
 	Recipe:       "just bench-portability",
-	Clusters:     []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Clusters:     harness.Paired(),
 	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis},
 	SetupTimeout: benchSetupTimeout,
 })
@@ -78,11 +78,7 @@ type benchRun struct {
 }
 
 // the is the bench's state.
-func the() *benchRun {
-	r, ok := harness.Value[*benchRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *benchRun { return harness.State[*benchRun](suite) }
 
 // settle waits (up to 5 min) until both nodes are quiet: freshly created
 // clusters keep two cores busy for minutes (controllers' first syncs, image

@@ -59,11 +59,7 @@ type stockRun struct {
 }
 
 // the is the suite's state.
-func the() *stockRun {
-	r, ok := harness.Value[*stockRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *stockRun { return harness.State[*stockRun](suite) }
 
 func setupStock(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	t, err := harness.TargetFrom(ctx, clusterName)
