@@ -317,7 +317,7 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 		}
 		if why := p.NeedsRegistry(); why != "" && suite.Knob(envOnline) != "1" {
 			for _, strategy := range Strategies {
-				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func() {
+				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), Label(prov, strategy), func() {
 					for _, pr := range Proofs {
 						the().matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
 					}
@@ -328,14 +328,14 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 	}
 	for _, prov := range order {
 		for _, strategy := range Strategies {
-			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func(ctx SpecContext) {
+			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), Label(prov, strategy), func(ctx SpecContext) {
 				Expect(installProvider(ctx, prov)).To(Succeed(), "installing the lampyr profile with %s", prov)
 				runGate(ctx, prov, strategy)
 			})
 		}
 	}
 
-	It("selects, per provider, the strategy the install profile uses", func() {
+	It("selects, per provider, the strategy the install profile uses", Label("selection"), func() {
 		sel := the().matrix.Selected()
 		fmt.Fprintf(GinkgoWriter, "\n%s", the().matrix.Table())
 		Expect(order).NotTo(BeEmpty(), "no networking provider can run here")
