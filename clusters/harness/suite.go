@@ -191,6 +191,14 @@ func (s *Suite) Target(name string) *Target {
 	return t
 }
 
+// State is the suite's own state of type T, put in the context by a setup
+// step with With; a spec fails if the setup did not put one.
+func State[T any](s *Suite) T {
+	v, ok := Value[T](s.Context())
+	Expect(ok).To(BeTrue(), "suite %s: no %T in the context: the setup step that makes it did not run", s.cfg.Name, v)
+	return v
+}
+
 // Targets are every target, in declared order.
 func (s *Suite) Targets() []*Target { return Targets(s.Context()) }
 
