@@ -14,9 +14,9 @@ import (
 	"knative.dev/pkg/logging"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // verifyArtifact checks the snapshot artifact exists in its registry when
