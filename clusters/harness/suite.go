@@ -292,7 +292,9 @@ func (s *Suite) runSetup(ctx SpecContext) {
 		out, err := st.fn(joined{Context: ctx, values: s.values}, s.econf)
 		timings = append(timings, fmt.Sprintf("%s: %s", st.name, time.Since(t0).Round(100*time.Millisecond)))
 		fmt.Fprintf(GinkgoWriter, "setup: %s\n", timings[len(timings)-1])
-		Expect(err).NotTo(HaveOccurred(), "setup: %s", st.name)
+		if err != nil {
+			Fail(fmt.Sprintf("setup: %s: %v", st.name, err))
+		}
 		if out != nil {
 			s.values = context.WithoutCancel(out)
 		}
@@ -323,7 +325,9 @@ func (s *Suite) runFinish(ctx SpecContext) {
 			s.values = context.WithoutCancel(out)
 		}
 	}
-	Expect(errors.Join(errs...)).NotTo(HaveOccurred())
+	if err := errors.Join(errs...); err != nil {
+		Fail(err.Error())
+	}
 }
 
 // dumpOnFailure writes each target's conditions, events and pod logs into
