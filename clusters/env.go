@@ -8,16 +8,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
 
 	"lampyr.dev/serving/clusters/inputs"
@@ -48,19 +46,46 @@ func TLSPortFor(name string) kindcluster.PortMapping {
 	return m
 }
 
-// GatewayPortFor returns the gateway mapping for a cluster name.
+// pairedGatewayPorts are the fixed gateway ports of the two paired
+// clusters (by cluster name: a port, not a profile).
+var pairedGatewayPorts = map[string]int{"stock": StockGatewayPort, "lampyr": LampyrGatewayPort}
+
+// GatewayPortFor returns the gateway mapping for a cluster name: the paired
+// clusters' fixed port, else NodePort 30080 on a free host port.
 func GatewayPortFor(name string) kindcluster.PortMapping {
-	switch ProfileFor(name) {
-	case "stock":
-		if name == "stock" {
-			return kindcluster.PortMapping{NodePort: StockGatewayPort, HostPort: StockGatewayPort}
-		}
-	case "lampyr":
-		if name == "lampyr" {
-			return kindcluster.PortMapping{NodePort: LampyrGatewayPort, HostPort: LampyrGatewayPort}
-		}
+	if p, ok := pairedGatewayPorts[name]; ok {
+		return kindcluster.PortMapping{NodePort: p, HostPort: p}
 	}
 	return kindcluster.PortMapping{NodePort: DefaultNodePort}
+}
+
+// Paired is the stock/lampyr pair every paired suite and `just cluster-up`
+// use, each cluster with its install profile stated (never inferred from
+// its name).
+var Paired = []Cluster{{Name: "stock", Profile: ProfileStock}, {Name: "lampyr", Profile: ProfileLampyr}}
+
+// Install profiles.
+const (
+	ProfileStock  = "stock"
+	ProfileLampyr = "lampyr"
+)
+
+// Cluster is a named cluster and the install profile it gets (empty: a
+// bare cluster).
+type Cluster struct {
+	Name    string
+	Profile string
+}
+
+// PairedProfile is the profile of a paired cluster's name ("stock",
+// "lampyr"); false for any other name, which needs its profile stated.
+func PairedProfile(name string) (string, bool) {
+	for _, c := range Paired {
+		if c.Name == name {
+			return c.Profile, true
+		}
+	}
+	return "", false
 }
 
 // Domain is config-domain's domain on both profiles (identical, so the
@@ -71,23 +96,37 @@ const Domain = "example.com"
 // RegistryContainer is the local registry's container name.
 const RegistryContainer = "lampyr-registry"
 
-// Env ties the cache, the state directory and the registry together.
-type Env struct {
-	Cache    string
+// Settings are the cluster framework's settings, read at the edge
+// (clusters/environ) and handed down.
+type Settings struct {
+	// Cache holds everything built from pinned versions.
+	Cache string
+	// StateDir holds the clusters' kubeconfigs and records.
 	StateDir string
-	Log      *progress.Log
-	inputs   *inputs.Result
+	// EtcdOnDisk keeps a test cluster's etcd on disk (default: tmpfs,
+	// kindcluster.Spec.EtcdOnTmpfs says what that costs).
+	EtcdOnDisk bool
+	// DebianMirror overrides inputs.DebianMirror.
+	DebianMirror string
+	// Online says upstream registries are reachable, so networking
+	// providers that pull images (kourier) may be installed
+	// (install.Options.Online).
+	Online bool
+	// LampyrSources say where the lampyr profile's components come from
+	// (zero: built from this checkout).
+	LampyrSources install.LampyrSources
 }
 
-// NewEnv reads LAMPYR_CACHE_DIR and LAMPYR_STATE_DIR (default
-// <cache>/clusters).
-func NewEnv(log *progress.Log) *Env {
-	cache := inputs.CacheDir()
-	state := os.Getenv("LAMPYR_STATE_DIR")
-	if state == "" {
-		state = filepath.Join(cache, "clusters")
-	}
-	return &Env{Cache: cache, StateDir: state, Log: log}
+// Env ties the cache, the state directory and the registry together.
+type Env struct {
+	Settings
+	Log    *progress.Log
+	inputs *inputs.Result
+}
+
+// NewEnv is an Env on s.
+func NewEnv(log *progress.Log, s Settings) *Env {
+	return &Env{Settings: s, Log: log}
 }
 
 // Inputs builds or finds every offline input.
@@ -97,7 +136,9 @@ func (e *Env) Inputs(ctx context.Context) (*inputs.Result, error) {
 	}
 	var res *inputs.Result
 	err := e.Log.Step("Cluster inputs (cache "+e.Cache+")", func() (err error) {
-		res, err = inputs.NewBuilder(e.Cache, e.Log).Build(ctx)
+		b := inputs.NewBuilder(e.Cache, e.Log)
+		b.DebianMirror = e.DebianMirror
+		res, err = b.Build(ctx)
 		return err
 	})
 	e.inputs = res
@@ -123,7 +164,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		ServiceSubnet:     inputs.ServiceSubnet,
 		// Test clusters: etcd on the node's tmpfs unless asked otherwise
 		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
-		EtcdOnTmpfs: os.Getenv("LAMPYR_ETCD_ON_DISK") != "1",
+		EtcdOnTmpfs: !e.EtcdOnDisk,
 	}
 }
 
@@ -157,7 +198,7 @@ func NetworkPolicyEnforcer(image string) netpol.Options {
 func (e *Env) installEnforcer(ctx context.Context, info kindcluster.Info, image string) error {
 	o := NetworkPolicyEnforcer(image)
 	return e.Log.Step(fmt.Sprintf("Installing the %s on %s, waiting until it enforces", o.Describe(), info.Name), func() error {
-		c, err := e2eutil.NewClients(info.Kubeconfig)
+		c, err := install.NewClients(info.Kubeconfig)
 		if err != nil {
 			return err
 		}
@@ -170,18 +211,6 @@ func cgroupV2() bool {
 	return err == nil
 }
 
-// ProfileFor infers the install profile from a cluster's name: "stock" and
-// "lampyr" (and names starting with "stock-"/"lampyr-") get theirs; any
-// other name gets a bare cluster.
-func ProfileFor(name string) string {
-	for _, p := range []string{"stock", "lampyr"} {
-		if name == p || strings.HasPrefix(name, p+"-") {
-			return p
-		}
-	}
-	return ""
-}
-
 // Publisher builds images and pushes them to the local registry.
 func (e *Env) Publisher() *publish.Publisher {
 	return &publish.Publisher{
@@ -189,20 +218,6 @@ func (e *Env) Publisher() *publish.Publisher {
 		Registry: fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
 		Log:      e.Log,
 	}
-}
-
-// EnvNetworking names the networking provider suites, tools and installs
-// use (LAMPYR_NETWORKING); unset, networking.Default.
-const EnvNetworking = "LAMPYR_NETWORKING"
-
-// Networking is the networking provider to install: the one place every
-// suite, `lampyr-clusters up`, `ly cluster install` and the conformance
-// runner take it from. It is read here, at the edge; reports record it.
-func Networking() string {
-	if v := os.Getenv(EnvNetworking); v != "" {
-		return v
-	}
-	return networking.Default
 }
 
 // Install puts a profile on a cluster with a networking provider (a name
@@ -214,18 +229,18 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 		return err
 	}
 	provider = prov.Name()
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}
 	switch profile {
-	case "stock":
+	case ProfileStock:
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Online: e.Online})
 		})
-	case "lampyr":
+	case ProfileLampyr:
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher())
+			comps, err := install.LampyrComponents(ctx, RepoRoot(), e.Publisher(), e.LampyrSources)
 			if err != nil {
 				return err
 			}
@@ -239,7 +254,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
 				return err
 			}
-			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects}); err != nil {
+			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects, Online: e.Online}); err != nil {
 				return err
 			}
 			return e.authorizeLocalSealer(ctx, info)
@@ -286,7 +301,11 @@ func BackendStrategyFor(provider string) string {
 // suites and the portability proof deploy with it (docs/security.md "Keys
 // and their rotation").
 func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) error {
-	s, err := e2eutil.Sealer()
+	path, err := ly.SealerKeyPath("")
+	if err != nil {
+		return err
+	}
+	s, err := ly.LoadSealer(path, true)
 	if err != nil {
 		return err
 	}
@@ -302,16 +321,12 @@ func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) e
 	return nil
 }
 
-// EnvEventing (LAMPYR_EVENTING=1) adds Knative Eventing to every cluster
-// `lampyr-clusters up` installs a profile on, as --eventing does.
-const EnvEventing = "LAMPYR_EVENTING"
-
 // InstallEventing adds Knative Eventing (core, MT channel-based Broker,
 // InMemoryChannel) to a cluster that has a profile installed: the same
 // objects on stock and on Lampyr. Optional; Serving-only installs never
 // call it.
 func (e *Env) InstallEventing(ctx context.Context, info kindcluster.Info) error {
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}

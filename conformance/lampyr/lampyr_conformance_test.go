@@ -37,6 +37,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -79,11 +80,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Expect(gateway).NotTo(BeEmpty(), "third-party mode: set LAMPYR_CONFORMANCE_GATEWAY to the Knative gateway's http://host:port")
 		cluster = kubeconfig
 	} else {
-		env = clusters.NewEnv(progress.New(GinkgoWriter))
+		env = clusters.NewEnv(progress.New(GinkgoWriter), environ.Clusters())
 		infos, err := env.Up(ctx, []string{cluster}, os.Getenv("LAMPYR_KEEP") == "1")
 		Expect(err).NotTo(HaveOccurred())
 		created = infos[0].Created
-		Expect(env.Install(ctx, infos[0], "lampyr", clusters.Networking())).To(Succeed())
+		Expect(env.Install(ctx, infos[0], "lampyr", environ.Provider())).To(Succeed())
 		kubeconfig, gateway = infos[0].Kubeconfig, infos[0].GatewayURL()
 	}
 	var err error
@@ -129,7 +130,7 @@ var _ = AfterSuite(func(ctx SpecContext) {
 
 var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 	if r.Failed() && c != nil {
-		dir := filepath.Join(e2eutil.ArtifactsDir(), "lampyr-conformance", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
+		dir := filepath.Join(environ.ArtifactsDir(), "lampyr-conformance", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
 		_ = e2eutil.Dump(ctx, c, dir)
 	}
 })

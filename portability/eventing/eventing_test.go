@@ -80,11 +80,11 @@ func (r *eventReport) Markdown() string {
 // the counts; it returns both sides' records.
 func deliveryCase(ctx context.Context, name, prefix string, parallel, acceptedOnly bool, timeout time.Duration, done func([]events.Record) bool, evs ...event.Event) (a, b []events.Record) {
 	t0 := time.Now()
-	for _, s := range sides {
+	for _, s := range the().sides {
 		send(ctx, s, parallel, evs...)
 	}
-	a = settle(ctx, stock, prefix, timeout, 5*time.Second, done)
-	b = settle(ctx, lampyr, prefix, timeout, 5*time.Second, done)
+	a = settle(ctx, the().stock, prefix, timeout, 5*time.Second, done)
+	b = settle(ctx, the().lampyr, prefix, timeout, 5*time.Second, done)
 	writeJSON(name+"-stock.json", a)
 	writeJSON(name+"-lampyr.json", b)
 	ca, cb := a, b
@@ -94,7 +94,7 @@ func deliveryCase(ctx context.Context, name, prefix string, parallel, acceptedOn
 	diffs := diffRecords(ca, cb)
 	c := caseResult{name: name, stock: count(len(evs), a), lampyr: count(len(evs), b), diffs: diffs, took: time.Since(t0)}
 	fmt.Fprintf(GinkgoWriter, "%s\n  stock:  %s %s\n  lampyr: %s %s\n", name, c.stock, summary(a), c.lampyr, summary(b))
-	report.add(c)
+	the().report.add(c)
 	return a, b
 }
 
@@ -110,14 +110,14 @@ func accepted(rs []events.Record) []events.Record {
 }
 
 func lastCase() *caseResult {
-	report.mu.Lock()
-	defer report.mu.Unlock()
-	return &report.cases[len(report.cases)-1]
+	the().report.mu.Lock()
+	defer the().report.mu.Unlock()
+	return &the().report.cases[len(the().report.cases)-1]
 }
 
 func writeJSON(name string, v any) {
 	raw, _ := json.MarshalIndent(v, "", "  ")
-	_ = os.WriteFile(filepath.Join(artDir, name), raw, 0o644)
+	_ = os.WriteFile(filepath.Join(the().artDir, name), raw, 0o644)
 }
 
 // conditions maps an object's condition types to their status.
@@ -132,7 +132,7 @@ func conditions(u *unstructured.Unstructured) map[string]string {
 }
 
 var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a stock one", Label("cluster", "eventing"), Ordered, ContinueOnFailure, func() {
-	It("reports the same Broker, Trigger and Addressable Service status", func(ctx SpecContext) {
+	It("reports the same Broker, Trigger and Addressable Service status", Label("status"), func(ctx SpecContext) {
 		type view struct {
 			Conditions map[string]string
 			Fields     map[string]string
@@ -143,8 +143,8 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		// Lampyr, 2026-12-02 08:17), and a comparison of a converged state
 		// against a passing one would change from run to run.
 		get := func(s *side, gvr schema.GroupVersionResource, name string, fields ...[]string) view {
-			u, err := s.c.WaitReady(ctx, gvr, ns, name, 2*time.Minute)
-			Expect(err).NotTo(HaveOccurred(), "%s %s on %s", gvr.Resource, name, s.name)
+			u, err := s.Clients.WaitReady(ctx, gvr, ns, name, 2*time.Minute)
+			Expect(err).NotTo(HaveOccurred(), "%s %s on %s", gvr.Resource, name, s.Name)
 			v := view{Conditions: conditions(u), Fields: map[string]string{}}
 			for _, f := range fields {
 				x, _, _ := unstructured.NestedString(u.Object, f...)
@@ -154,7 +154,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		}
 		var diffs []string
 		compare := func(what string, gvr schema.GroupVersionResource, name string, fields ...[]string) {
-			a, b := get(stock, gvr, name, fields...), get(lampyr, gvr, name, fields...)
+			a, b := get(the().stock, gvr, name, fields...), get(the().lampyr, gvr, name, fields...)
 			if d := portability.Diff(what, a, b); d != "" {
 				diffs = append(diffs, d)
 			}
@@ -166,15 +166,15 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		for _, t := range triggers {
 			compare("Trigger "+t.name, triggerGVR, t.name, []string{"status", "subscriberUri"}, []string{"status", "deadLetterSinkUri"})
 		}
-		u, err := lampyr.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, sink, metav1.GetOptions{})
+		u, err := the().lampyr.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, sink, metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		url, _, _ := unstructured.NestedString(u.Object, "status", "address", "url")
-		report.add(caseResult{name: "status", diffs: diffs, notes: []string{"Service " + sink + " status.address.url on both: " + url}})
+		the().report.add(caseResult{name: "status", diffs: diffs, notes: []string{"Service " + sink + " status.address.url on both: " + url}})
 		Expect(url).To(Equal("http://" + sink + "." + ns + ".svc.cluster.local"))
 		Expect(diffs).To(BeEmpty())
 	})
 
-	It("delivers the events the Trigger's filter selects, with identical attributes, extensions and data", func(ctx SpecContext) {
+	It("delivers the events the Trigger's filter selects, with identical attributes, extensions and data", Label("delivery"), func(ctx SpecContext) {
 		plain := newEvent("basic", "basic-2", map[string]string{"color": "blue", "tenant": "acme"})
 		plain.SetSubject("orders/42")
 		Expect(plain.SetData("text/plain", "hello eventing")).To(Succeed())
@@ -195,7 +195,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("retries a failing sink with the configured backoff, then delivers", func(ctx SpecContext) {
+	It("retries a failing sink with the configured backoff, then delivers", Label("delivery", "retries"), func(ctx SpecContext) {
 		a, b := deliveryCase(ctx, "retries (500, 500, then 202)", "retry-", false, false, 2*time.Minute, delivered(sink, "retry-1"), newEvent("retry", "retry-1", nil))
 		for _, s := range []struct {
 			name string
@@ -217,7 +217,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("dead-letters an event when retries are exhausted", func(ctx SpecContext) {
+	It("dead-letters an event when retries are exhausted", Label("delivery", "retries"), func(ctx SpecContext) {
 		a, _ := deliveryCase(ctx, "dead letter (always 500, retry 2)", "dead-", false, false, 2*time.Minute, delivered(dlq, "dead-1"), newEvent("dead", "dead-1", map[string]string{"color": "green"}))
 		Expect(summary(a)).To(Equal("[dead-1@event-dlq#1->202 dead-1@event-sink#1->500 dead-1@event-sink#2->500 dead-1@event-sink#3->500]"), "stock")
 		for _, r := range a {
@@ -228,7 +228,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("wakes the Service for an event and delivers on the first attempt, within the Trigger's timeout", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("wakes the Service for an event and delivers on the first attempt, within the Trigger's timeout", Label("lampyr-specific"), Label("scaling"), func(ctx SpecContext) {
 		// Fresh mode: Lampyr releases a fiber when its response ends, so
 		// no fiber of the sink runs now; the Trigger allows no retry and
 		// 10 s.
@@ -241,7 +241,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("holds max-scale under a burst: excess deliveries wait or are refused and retried, none is lost", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("holds max-scale under a burst: excess deliveries wait or are refused and retried, none is lost", Label("lampyr-specific"), Label("scaling"), func(ctx SpecContext) {
 		// 8 deliveries of 2 s each to max-scale 1 take 16 s one after the
 		// other: more than fiber-router's 10 s queue, so Lampyr refuses
 		// the last ones (503) and the Broker retries them; stock's
@@ -268,7 +268,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("retries an event whose fiber crashed mid-request, and does not lose it", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("retries an event whose fiber crashed mid-request, and does not lose it", Label("lampyr-specific"), Label("restart"), func(ctx SpecContext) {
 		a, b := deliveryCase(ctx, "crash mid-event (exit on attempt 1)", "crash-", false, false, 3*time.Minute, delivered(sink, "crash-1"), newEvent("crash", "crash-1", nil))
 		for _, rs := range [][]events.Record{a, b} {
 			Expect(summary(rs)).To(Equal("[crash-1@event-sink#1->0 crash-1@event-sink#2->202]"))
@@ -305,28 +305,28 @@ func maxOverlap(rs []events.Record) int {
 // effort, for the report: zero means nothing was lost in the Broker.
 func routerRefusals(ctx context.Context) map[string]int {
 	out := map[string]int{}
-	for _, s := range sides {
-		out[s.name] = filterFailures(ctx, s)
+	for _, s := range the().sides {
+		out[s.Name] = filterFailures(ctx, s)
 	}
 	return out
 }
 
 func routerRefusalsSince(ctx context.Context, before map[string]int) string {
 	var parts []string
-	for _, s := range sides {
-		parts = append(parts, fmt.Sprintf("%s %d", s.name, filterFailures(ctx, s)-before[s.name]))
+	for _, s := range the().sides {
+		parts = append(parts, fmt.Sprintf("%s %d", s.Name, filterFailures(ctx, s)-before[s.Name]))
 	}
 	return strings.Join(parts, ", ")
 }
 
 func filterFailures(ctx context.Context, s *side) int {
-	pods, err := s.c.Kube.CoreV1().Pods("knative-eventing").List(ctx, metav1.ListOptions{LabelSelector: "eventing.knative.dev/brokerRole=filter"})
+	pods, err := s.Clients.Kube.CoreV1().Pods("knative-eventing").List(ctx, metav1.ListOptions{LabelSelector: "eventing.knative.dev/brokerRole=filter"})
 	if err != nil {
 		return 0
 	}
 	n := 0
 	for _, p := range pods.Items {
-		raw, err := s.c.Kube.CoreV1().Pods(p.Namespace).GetLogs(p.Name, nil).DoRaw(ctx)
+		raw, err := s.Clients.Kube.CoreV1().Pods(p.Namespace).GetLogs(p.Name, nil).DoRaw(ctx)
 		if err != nil {
 			continue
 		}
@@ -349,13 +349,13 @@ func routerCodes(ctx context.Context) map[string]float64 {
 // routerMetric sums fiber-router's metric name for the sink's Revision by
 // the label by ("" sums everything under "").
 func routerMetric(ctx context.Context, name, by string) map[string]float64 {
-	pods, err := lampyr.c.Kube.CoreV1().Pods("lampyr-system").List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+	pods, err := the().lampyr.Clients.Kube.CoreV1().Pods("lampyr-system").List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 	if err != nil || len(pods.Items) == 0 {
 		return nil
 	}
 	out := map[string]float64{}
 	for _, p := range pods.Items {
-		raw, err := lampyr.c.Kube.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9091", "/metrics", nil).DoRaw(ctx)
+		raw, err := the().lampyr.Clients.Kube.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9091", "/metrics", nil).DoRaw(ctx)
 		if err != nil {
 			fmt.Fprintf(GinkgoWriter, "fiber-router metrics of %s: %v\n", p.Name, err)
 			return nil

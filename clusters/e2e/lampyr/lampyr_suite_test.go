@@ -25,6 +25,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
@@ -65,12 +66,12 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	if !enabled {
 		Skip("cluster suites create real Kind clusters: run them with `just test-lampyr` (sets LAMPYR_E2E=1)")
 	}
-	env = clusters.NewEnv(progress.New(GinkgoWriter))
+	env = clusters.NewEnv(progress.New(GinkgoWriter), environ.Clusters())
 	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
 	Expect(err).NotTo(HaveOccurred())
 	info = infos[0]
 	created = info.Created // this run created it (or recreated a stale one): delete it at the end
-	provider, err = networking.Get(clusters.Networking())
+	provider, err = networking.Get(environ.Provider())
 	Expect(err).NotTo(HaveOccurred())
 	Expect(env.Install(ctx, info, "lampyr", provider.Name())).To(Succeed())
 	AddReportEntry("networking", provider.Name()+": "+provider.Describe())
@@ -121,7 +122,7 @@ var _ = AfterSuite(func() {
 
 var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
 	if r.Failed() && c != nil {
-		dir := filepath.Join(e2eutil.ArtifactsDir(), "lampyr", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
+		dir := filepath.Join(environ.ArtifactsDir(), "lampyr", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
 		_ = e2eutil.Dump(ctx, c, dir)
 	}
 })

@@ -26,13 +26,34 @@ import (
 // Lampyr's installation inputs may come from outside instead of this
 // checkout (seed 000, "Cluster suite inputs"): a resolved controller
 // manifest and the Home (grant) and helper images, or one directory holding
-// all of them.
+// all of them. These are the environment variables the commands and the
+// suites read into LampyrSources (the installer itself reads none);
+// EnvGrantImage and EnvHelperImage are also the grant controller's own
+// variables, which setHomeImages fills in its Deployment.
 const (
 	EnvClusterInputs      = "LAMPYR_CLUSTER_INPUTS"      // dir with lampyr.yaml, grant-image, helper-image
 	EnvControllerManifest = "LAMPYR_CONTROLLER_MANIFEST" // a resolved manifest of every Lampyr component
 	EnvGrantImage         = "LAMPYR_GRANT_IMAGE"         // the Home image (fiberd + helper)
 	EnvHelperImage        = "LAMPYR_HELPER_IMAGE"        // an image holding /lampyr-helper
 )
+
+// LampyrSources say where Lampyr's components come from; the zero value
+// builds every one from the checkout. Callers fill it from the environment
+// variables above (clusters/environ.Clusters).
+type LampyrSources struct {
+	// InputsDir holds lampyr.yaml, grant-image and helper-image
+	// (EnvClusterInputs); when set, the other fields are ignored.
+	InputsDir string
+	// ControllerManifest is a resolved manifest of every Lampyr component
+	// (EnvControllerManifest); it needs GrantImage.
+	ControllerManifest string
+	// GrantImage is the Home image, pinned by digest (EnvGrantImage);
+	// empty builds it from the checkout.
+	GrantImage string
+	// HelperImage holds /lampyr-helper (EnvHelperImage); empty means the
+	// Home image holds it.
+	HelperImage string
+}
 
 // ImplConfigDir is where Lampyr's manifests live in this repository.
 const ImplConfigDir = "impl/config"
@@ -52,14 +73,14 @@ type LampyrInputs struct {
 	HelperImage string
 }
 
-// LampyrComponents returns Lampyr's components, from the override
-// environment when set, else built from this checkout (root) and pushed.
-func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*LampyrInputs, error) {
-	if dir := os.Getenv(EnvClusterInputs); dir != "" {
+// LampyrComponents returns Lampyr's components, from src when it names
+// them, else built from this checkout (root) and pushed.
+func LampyrComponents(ctx context.Context, root string, p *publish.Publisher, src LampyrSources) (*LampyrInputs, error) {
+	if dir := src.InputsDir; dir != "" {
 		return fromInputsDir(dir)
 	}
-	in := &LampyrInputs{GrantImage: os.Getenv(EnvGrantImage), HelperImage: os.Getenv(EnvHelperImage)}
-	if mf := os.Getenv(EnvControllerManifest); mf != "" {
+	in := &LampyrInputs{GrantImage: src.GrantImage, HelperImage: src.HelperImage}
+	if mf := src.ControllerManifest; mf != "" {
 		raw, err := os.ReadFile(mf)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", EnvControllerManifest, err)
@@ -113,7 +134,7 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*
 		}
 	}
 	// The Home image built here holds /lampyr-helper itself, so HelperImage
-	// stays empty unless LAMPYR_HELPER_IMAGE names one: no init container
+	// stays empty unless src.HelperImage (LAMPYR_HELPER_IMAGE) names one: no init container
 	// copies the helper in (the bench measured a Home Pod from scheduled to
 	// started in 4.1 s with it, 1.8 s without).
 	ko := make([]knative.Object, len(objs))
