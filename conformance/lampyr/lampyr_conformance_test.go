@@ -65,7 +65,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		path = filepath.Join(root, "conformance", "expectations", "lampyr.yaml")
 	}
 	decl, err := LoadDeclarations(path, Tests)
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		Fail(err.Error())
+	}
 	if !enabled {
 		Skip("the Lampyr conformance suite needs a real Lampyr cluster: run it with `just test-lampyr-conformance` (sets LAMPYR_E2E=1)")
 	}

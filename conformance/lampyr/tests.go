@@ -570,7 +570,13 @@ func reuse() Test {
 		Name: "reuse", Feature: FeatureReuse, Labels: []string{LabelExecution, LabelRouting},
 		Description: "reuse: requests share live fibers over fiberd tunnels until a fiber has been idle for idleTimeout",
 		Manifests: func(ctx context.Context, t *T) []*unstructured.Unstructured {
+			// Every fiber-router replica leases a fiber of its own: allow
+			// as many fibers as there are replicas.
+			d, err := t.Clients.Kube.AppsV1().Deployments(SystemNamespace).Get(ctx, "fiber-router", metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			fibers := max(*d.Spec.Replicas, 2)
 			return []*unstructured.Unstructured{t.Service(ctx, "reuse", func(p *ly.Project) {
+				p.MaxScale = &fibers
 				p.Execution = ly.Execution{Mode: "reuse", IdleTimeout: "4s", IdleAction: "release"}
 			}, nil)}
 		},
