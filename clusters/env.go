@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
@@ -48,19 +47,46 @@ func TLSPortFor(name string) kindcluster.PortMapping {
 	return m
 }
 
-// GatewayPortFor returns the gateway mapping for a cluster name.
+// pairedGatewayPorts are the fixed gateway ports of the two paired
+// clusters (by cluster name: a port, not a profile).
+var pairedGatewayPorts = map[string]int{"stock": StockGatewayPort, "lampyr": LampyrGatewayPort}
+
+// GatewayPortFor returns the gateway mapping for a cluster name: the paired
+// clusters' fixed port, else NodePort 30080 on a free host port.
 func GatewayPortFor(name string) kindcluster.PortMapping {
-	switch ProfileFor(name) {
-	case "stock":
-		if name == "stock" {
-			return kindcluster.PortMapping{NodePort: StockGatewayPort, HostPort: StockGatewayPort}
-		}
-	case "lampyr":
-		if name == "lampyr" {
-			return kindcluster.PortMapping{NodePort: LampyrGatewayPort, HostPort: LampyrGatewayPort}
-		}
+	if p, ok := pairedGatewayPorts[name]; ok {
+		return kindcluster.PortMapping{NodePort: p, HostPort: p}
 	}
 	return kindcluster.PortMapping{NodePort: DefaultNodePort}
+}
+
+// Paired is the stock/lampyr pair every paired suite and `just cluster-up`
+// use, each cluster with its install profile stated (never inferred from
+// its name).
+var Paired = []Cluster{{Name: "stock", Profile: ProfileStock}, {Name: "lampyr", Profile: ProfileLampyr}}
+
+// Install profiles.
+const (
+	ProfileStock  = "stock"
+	ProfileLampyr = "lampyr"
+)
+
+// Cluster is a named cluster and the install profile it gets (empty: a
+// bare cluster).
+type Cluster struct {
+	Name    string
+	Profile string
+}
+
+// PairedProfile is the profile of a paired cluster's name ("stock",
+// "lampyr"); false for any other name, which needs its profile stated.
+func PairedProfile(name string) (string, bool) {
+	for _, c := range Paired {
+		if c.Name == name {
+			return c.Profile, true
+		}
+	}
+	return "", false
 }
 
 // Domain is config-domain's domain on both profiles (identical, so the
@@ -71,23 +97,30 @@ const Domain = "example.com"
 // RegistryContainer is the local registry's container name.
 const RegistryContainer = "lampyr-registry"
 
-// Env ties the cache, the state directory and the registry together.
-type Env struct {
-	Cache    string
+// Settings are the cluster framework's settings, read at the edge
+// (clusters/environ) and handed down.
+type Settings struct {
+	// Cache holds everything built from pinned versions.
+	Cache string
+	// StateDir holds the clusters' kubeconfigs and records.
 	StateDir string
-	Log      *progress.Log
-	inputs   *inputs.Result
+	// EtcdOnDisk keeps a test cluster's etcd on disk (default: tmpfs,
+	// kindcluster.Spec.EtcdOnTmpfs says what that costs).
+	EtcdOnDisk bool
+	// DebianMirror overrides inputs.DebianMirror.
+	DebianMirror string
 }
 
-// NewEnv reads LAMPYR_CACHE_DIR and LAMPYR_STATE_DIR (default
-// <cache>/clusters).
-func NewEnv(log *progress.Log) *Env {
-	cache := inputs.CacheDir()
-	state := os.Getenv("LAMPYR_STATE_DIR")
-	if state == "" {
-		state = filepath.Join(cache, "clusters")
-	}
-	return &Env{Cache: cache, StateDir: state, Log: log}
+// Env ties the cache, the state directory and the registry together.
+type Env struct {
+	Settings
+	Log    *progress.Log
+	inputs *inputs.Result
+}
+
+// NewEnv is an Env on s.
+func NewEnv(log *progress.Log, s Settings) *Env {
+	return &Env{Settings: s, Log: log}
 }
 
 // Inputs builds or finds every offline input.
@@ -97,7 +130,9 @@ func (e *Env) Inputs(ctx context.Context) (*inputs.Result, error) {
 	}
 	var res *inputs.Result
 	err := e.Log.Step("Cluster inputs (cache "+e.Cache+")", func() (err error) {
-		res, err = inputs.NewBuilder(e.Cache, e.Log).Build(ctx)
+		b := inputs.NewBuilder(e.Cache, e.Log)
+		b.DebianMirror = e.DebianMirror
+		res, err = b.Build(ctx)
 		return err
 	})
 	e.inputs = res
@@ -123,7 +158,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		ServiceSubnet:     inputs.ServiceSubnet,
 		// Test clusters: etcd on the node's tmpfs unless asked otherwise
 		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
-		EtcdOnTmpfs: os.Getenv("LAMPYR_ETCD_ON_DISK") != "1",
+		EtcdOnTmpfs: !e.EtcdOnDisk,
 	}
 }
 
@@ -170,18 +205,6 @@ func cgroupV2() bool {
 	return err == nil
 }
 
-// ProfileFor infers the install profile from a cluster's name: "stock" and
-// "lampyr" (and names starting with "stock-"/"lampyr-") get theirs; any
-// other name gets a bare cluster.
-func ProfileFor(name string) string {
-	for _, p := range []string{"stock", "lampyr"} {
-		if name == p || strings.HasPrefix(name, p+"-") {
-			return p
-		}
-	}
-	return ""
-}
-
 // Publisher builds images and pushes them to the local registry.
 func (e *Env) Publisher() *publish.Publisher {
 	return &publish.Publisher{
@@ -189,20 +212,6 @@ func (e *Env) Publisher() *publish.Publisher {
 		Registry: fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
 		Log:      e.Log,
 	}
-}
-
-// EnvNetworking names the networking provider suites, tools and installs
-// use (LAMPYR_NETWORKING); unset, networking.Default.
-const EnvNetworking = "LAMPYR_NETWORKING"
-
-// Networking is the networking provider to install: the one place every
-// suite, `lampyr-clusters up`, `ly cluster install` and the conformance
-// runner take it from. It is read here, at the edge; reports record it.
-func Networking() string {
-	if v := os.Getenv(EnvNetworking); v != "" {
-		return v
-	}
-	return networking.Default
 }
 
 // Install puts a profile on a cluster with a networking provider (a name
@@ -219,11 +228,11 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 		return err
 	}
 	switch profile {
-	case "stock":
+	case ProfileStock:
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
 			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain})
 		})
-	case "lampyr":
+	case ProfileLampyr:
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
 			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher())
 			if err != nil {
@@ -301,10 +310,6 @@ func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) e
 	e.Log.Printf("   sealer identity %s (key %s, %s) %s for every namespace", ch.Name, s.KeyID()[:16], s.Path, ch.Action)
 	return nil
 }
-
-// EnvEventing (LAMPYR_EVENTING=1) adds Knative Eventing to every cluster
-// `lampyr-clusters up` installs a profile on, as --eventing does.
-const EnvEventing = "LAMPYR_EVENTING"
 
 // InstallEventing adds Knative Eventing (core, MT channel-based Broker,
 // InMemoryChannel) to a cluster that has a profile installed: the same

@@ -6,14 +6,19 @@ import (
 	"lampyr.dev/serving/clusters/networking"
 )
 
-func TestNetworkingDefaultAndOverride(t *testing.T) {
-	t.Setenv(EnvNetworking, "")
-	if got := Networking(); got != networking.Default || networking.Default != "gateway-api" {
-		t.Fatalf("Networking() = %s, want the default gateway-api", got)
+func TestGatewayPortsAndPairedProfiles(t *testing.T) {
+	if got := GatewayPortFor("lampyr"); got.NodePort != LampyrGatewayPort || got.HostPort != LampyrGatewayPort {
+		t.Errorf("GatewayPortFor(lampyr) = %+v", got)
 	}
-	t.Setenv(EnvNetworking, "traefik-knative")
-	if got := Networking(); got != "traefik-knative" {
-		t.Fatalf("Networking() = %s with %s set", got, EnvNetworking)
+	// A name that starts like a paired cluster's is not one of them.
+	if got := GatewayPortFor("lampyr-x"); got.NodePort != DefaultNodePort || got.HostPort != 0 {
+		t.Errorf("GatewayPortFor(lampyr-x) = %+v, want NodePort %d on a free host port", got, DefaultNodePort)
+	}
+	if p, ok := PairedProfile("stock"); !ok || p != ProfileStock {
+		t.Errorf("PairedProfile(stock) = %q, %v", p, ok)
+	}
+	if p, ok := PairedProfile("stock-x"); ok {
+		t.Errorf("PairedProfile(stock-x) = %q: a profile must be stated for any other name", p)
 	}
 }
 

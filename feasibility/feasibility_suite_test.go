@@ -3,6 +3,7 @@ package feasibility
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,122 +20,137 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/impl/ly"
 	"lampyr.dev/serving/portability"
 )
 
-func TestFeasibility(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "feasibility")
-}
+// The suite's own variables (docs/environment.md).
+const (
+	// envProviders restricts the gate to some providers (comma-separated
+	// names); unset, every provider is measured (those that need a
+	// registry are recorded as skipped offline).
+	envProviders = "LAMPYR_FEASIBILITY_PROVIDERS"
+	// envSabotage, for showing that a failure is reported with its
+	// evidence and not as a hang: "router-zero" scales fiber-router to zero
+	// during proof 6.
+	envSabotage = "LAMPYR_FEASIBILITY_SABOTAGE"
+	// envOnline=1: this machine can pull from public registries (providers
+	// that need one are measured).
+	envOnline = "LAMPYR_ONLINE"
+)
+
+var suite = harness.New(harness.Config{
+	Name:     "feasibility",
+	Recipe:   "just test-feasibility",
+	Clusters: []harness.Cluster{{Name: clusterName, Profile: clusters.ProfileLampyr}},
+	Knobs:    []string{envProviders, envSabotage, envOnline},
+	// Each provider is installed in turn by its specs (gateProviders: the
+	// default last, so the cluster is left on it); the harness installs
+	// the first, so the shared setup has a Lampyr to talk to.
+	Provider: func(o harness.Options) string {
+		if ps := gateProviders(o); len(ps) > 0 {
+			return ps[0]
+		}
+		return o.Provider
+	},
+})
+
+func TestFeasibility(t *testing.T) { suite.Run(t) }
+
+var (
+	_ = suite.Setup("building and pushing the handler's snapshot", setupGate)
+	_ = suite.Finish("writing the matrix, restoring the strategy and fiber-router", finishGate)
+)
 
 const (
 	clusterName = "lampyr"
 	systemNS    = "lampyr-system"
 	svcName     = "split"
-	// Sabotage, for showing that a failure is reported with its evidence
-	// and not as a hang: "router-zero" scales fiber-router to zero during
-	// proof 6.
-	envSabotage = "LAMPYR_FEASIBILITY_SABOTAGE"
 )
 
-var (
+// gate is the suite's state, made by setupGate and read by the specs.
+type gate struct {
+	*harness.Target
 	// sealer is this machine's ly identity, which signs the templates
 	// (authorized by the lampyr install profile).
 	sealer  *ly.Sealer
-	enabled = os.Getenv("LAMPYR_E2E") == "1"
-	env     *clusters.Env
-	info    kindcluster.Info
-	c       *e2eutil.Clients
-	inst    *ly.Installation
-	gateway string
-	created bool
 	project *ly.Project
 	built   *ly.Built
 	snap    name.Digest
-	matrix  = &Matrix{}
+	matrix  *Matrix
 	artDir  string
 	// routerReplicas is fiber-router's replica count before a sabotage.
 	routerReplicas int32
-)
+}
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	if !enabled {
-		Skip("the feasibility gate needs a real Lampyr Kind cluster: run it with `just test-feasibility` (sets LAMPYR_E2E=1)")
+// the is the gate's state.
+func the() *gate {
+	g, ok := harness.Value[*gate](suite.Context())
+	Expect(ok).To(BeTrue(), "the suite's setup did not run")
+	return g
+}
+
+func setupGate(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	t, err := harness.TargetFrom(ctx, clusterName)
+	if err != nil {
+		return ctx, err
 	}
-	artDir = filepath.Join(e2eutil.ArtifactsDir(), "feasibility")
-	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
-	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
-	Expect(err).NotTo(HaveOccurred())
-	info = infos[0]
-	created = info.Created // this run created it (or recreated a stale one): delete it at the end
-	// Each provider is installed in turn by its specs (gateProviders: the
-	// default last, so the cluster is left on it); install the first now,
-	// so the shared setup below has a Lampyr to talk to.
-	if ps := gateProviders(); len(ps) > 0 {
-		Expect(installProvider(ctx, ps[0])).To(Succeed())
-	} else {
-		Expect(env.Install(ctx, info, "lampyr", clusters.Networking())).To(Succeed())
+	g := &gate{Target: t, matrix: &Matrix{}, artDir: harness.Artifacts(ctx)}
+	if p, err := networking.Get(t.Provider); err == nil {
+		g.matrix.SetProvider(p.Name(), p.Describe())
 	}
-	c, err = e2eutil.NewClients(info.Kubeconfig)
-	Expect(err).NotTo(HaveOccurred())
-	gateway = info.GatewayURL()
-	lc, err := ly.Connect(info.Kubeconfig, "")
-	Expect(err).NotTo(HaveOccurred())
-	Eventually(func() error { inst, err = lc.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
-	sealer, err = e2eutil.Sealer()
-	Expect(err).NotTo(HaveOccurred())
+	if g.sealer, err = e2eutil.Sealer(); err != nil {
+		return ctx, err
+	}
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
-	project, err = ly.LoadProject(dir)
-	Expect(err).NotTo(HaveOccurred())
-	built, err = ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
-	Expect(err).NotTo(HaveOccurred())
-	tag, err := ly.ParseImageTag(info.Registry + "/feasibility/handler:gate")
-	Expect(err).NotTo(HaveOccurred())
-	pushed, err := ly.Push(ctx, built, tag)
-	Expect(err).NotTo(HaveOccurred())
-	snap = pushed.Ref
-}, NodeTimeout(60*time.Minute))
+	if g.project, err = ly.LoadProject(dir); err != nil {
+		return ctx, err
+	}
+	if g.built, err = ly.Build(ctx, dir, g.project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")}); err != nil {
+		return ctx, err
+	}
+	tag, err := ly.ParseImageTag(t.Registry + "/feasibility/handler:gate")
+	if err != nil {
+		return ctx, err
+	}
+	pushed, err := ly.Push(ctx, g.built, tag)
+	if err != nil {
+		return ctx, err
+	}
+	g.snap = pushed.Ref
+	return harness.With(ctx, g), nil
+}
 
-var _ = AfterSuite(func(ctx SpecContext) {
-	if !enabled || env == nil {
-		return
+func finishGate(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	g, ok := harness.Value[*gate](ctx)
+	if !ok {
+		return ctx, nil
 	}
-	fmt.Fprintf(GinkgoWriter, "\nBackend feasibility matrix:\n%s", matrix.Table())
-	if raw, err := matrix.JSON(); err == nil {
-		_ = os.WriteFile(filepath.Join(artDir, "matrix.json"), raw, 0o644)
-		_ = os.WriteFile(filepath.Join(artDir, "matrix.txt"), []byte(matrix.Table()), 0o644)
+	fmt.Fprintf(GinkgoWriter, "\nBackend feasibility matrix:\n%s", g.matrix.Table())
+	if raw, err := g.matrix.JSON(); err == nil {
+		_ = os.WriteFile(filepath.Join(g.artDir, "matrix.json"), raw, 0o644)
+		_ = os.WriteFile(filepath.Join(g.artDir, "matrix.txt"), []byte(g.matrix.Table()), 0o644)
 	}
-	if c != nil {
-		// Leave the installation on its default strategy for the provider
-		// it runs, and undo a sabotage.
-		_ = setStrategy(ctx, clusters.BackendStrategyFor(installed))
-		if routerReplicas > 0 {
-			scale := fmt.Sprintf(`{"spec":{"replicas":%d}}`, routerReplicas)
-			_, _ = c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{})
-		}
+	// Leave the installation on its default strategy for the provider it
+	// runs, and undo a sabotage.
+	err := g.setStrategy(ctx, clusters.BackendStrategyFor(g.Provider))
+	if g.routerReplicas > 0 {
+		scale := fmt.Sprintf(`{"spec":{"replicas":%d}}`, g.routerReplicas)
+		_, serr := g.Clients.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{})
+		err = errors.Join(err, serr)
 	}
-	if created && os.Getenv("LAMPYR_KEEP") != "1" {
-		Expect(env.Manager().Delete(clusterName)).To(Succeed())
-	}
-}, NodeTimeout(5*time.Minute))
+	return ctx, err
+}
 
-var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
-	if r.Failed() && c != nil {
-		_ = e2eutil.Dump(ctx, c, filepath.Join(artDir, "dump", strings.ReplaceAll(r.LeafNodeText, " ", "_")))
-	}
-})
-
-func setStrategy(ctx context.Context, s string) error {
+func (g *gate) setStrategy(ctx context.Context, s string) error {
 	patch := fmt.Sprintf(`{"data":{"backend-strategy":%q}}`, s)
-	_, err := c.Kube.CoreV1().ConfigMaps(systemNS).Patch(ctx, "config-lampyr", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	_, err := g.Clients.Kube.CoreV1().ConfigMaps(systemNS).Patch(ctx, "config-lampyr", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 	return err
 }
 
@@ -147,7 +163,7 @@ func proof(provider, strategy, name string, f func() (evidence string, recovery 
 	if err != nil {
 		r.Outcome, r.Evidence = OutcomeFail, err.Error()
 	}
-	matrix.Add(r)
+	the().matrix.Add(r)
 	fmt.Fprintf(GinkgoWriter, "[%s/%s] %s: %s (%s) %s\n", provider, strategy, name, r.Outcome, r.Duration.Round(100*time.Millisecond), r.Evidence)
 	return err == nil
 }
@@ -157,7 +173,7 @@ func proof(provider, strategy, name string, f func() (evidence string, recovery 
 func echo(ctx context.Context, host string) (string, http.Header, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, gateway+"/echo", nil)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, the().Gateway+"/echo", nil)
 	req.Host = host
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -195,11 +211,12 @@ func firstGood(ctx context.Context, host string, bound time.Duration) (time.Dura
 }
 
 func ksvc(ns string, traffic []any, rev string) *unstructured.Unstructured {
-	p := *project
+	g := the()
+	p := *g.project
 	p.Name = svcName
-	tmpl, err := ly.SealTemplate(context.Background(), inst, sealer.Key, ns, rev, snap, built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(context.Background(), g.Installation, g.sealer.Key, ns, rev, g.snap, g.built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
-	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: snap.String(), Snapshot: snap.String(), Template: tmpl.String(), Public: true})
+	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: g.snap.String(), Snapshot: g.snap.String(), Template: tmpl.String(), Public: true})
 	if traffic != nil {
 		Expect(unstructured.SetNestedSlice(u.Object, traffic, "spec", "traffic")).To(Succeed())
 	}
@@ -207,11 +224,11 @@ func ksvc(ns string, traffic []any, rev string) *unstructured.Unstructured {
 }
 
 func apply(ctx context.Context, u *unstructured.Unstructured) {
-	Expect(c.Apply(ctx, e2eutil.KServices, u, "feasibility")).To(Succeed())
+	Expect(the().Clients.Apply(ctx, e2eutil.KServices, u, "feasibility")).To(Succeed())
 }
 
 func freshNamespace(ctx context.Context, ns string) {
-	Expect(c.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
+	Expect(the().Clients.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
 }
 
 // waitRouterReady waits for fiber-router's Deployment to be fully rolled
@@ -219,12 +236,12 @@ func freshNamespace(ctx context.Context, ns string) {
 func waitRouterReady(ctx context.Context, bound time.Duration) error {
 	deadline := time.Now().Add(bound)
 	for time.Now().Before(deadline) {
-		d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{})
+		d, err := the().Clients.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{})
 		if err == nil && d.Status.ObservedGeneration >= d.Generation && d.Spec.Replicas != nil &&
 			d.Status.UpdatedReplicas == *d.Spec.Replicas && d.Status.ReadyReplicas == *d.Spec.Replicas && d.Status.Replicas == *d.Spec.Replicas {
 			// The replaced Pods must be gone too: a draining Pod still
 			// answers, and recovery means the new Pods carry the traffic.
-			pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+			pods, err := the().Clients.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 			if err == nil && len(pods.Items) == int(*d.Spec.Replicas) {
 				return nil
 			}
@@ -234,33 +251,25 @@ func waitRouterReady(ctx context.Context, bound time.Duration) error {
 	return fmt.Errorf("fiber-router not rolled out within %s", bound)
 }
 
-// envProviders restricts the gate to some providers (comma-separated
-// names); unset, every provider is measured (those that need a registry
-// are recorded as skipped offline).
-const envProviders = "LAMPYR_FEASIBILITY_PROVIDERS"
-
-// installed is the provider the cluster runs now.
-var installed string
-
 // gateProviders are the providers the gate installs and measures here, in
-// order: the default one (clusters.Networking) last, so the cluster is
+// order: the default one (the run's provider) last, so the cluster is
 // left on what every other suite installs.
-func gateProviders() []string {
+func gateProviders(o harness.Options) []string {
 	var out []string
 	def := ""
-	if p, err := networking.Get(clusters.Networking()); err == nil {
+	if p, err := networking.Get(o.Provider); err == nil {
 		def = p.Name()
 	}
-	for _, n := range measuredProviders() {
+	for _, n := range measuredProviders(o) {
 		p, _ := networking.Get(n)
-		if p.NeedsRegistry() != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+		if p.NeedsRegistry() != "" && o.Knobs[envOnline] != "1" {
 			continue
 		}
 		if n != def {
 			out = append(out, n)
 		}
 	}
-	for _, n := range measuredProviders() {
+	for _, n := range measuredProviders(o) {
 		if n == def {
 			out = append(out, n)
 		}
@@ -270,8 +279,8 @@ func gateProviders() []string {
 
 // measuredProviders are the providers in the matrix: LAMPYR_FEASIBILITY_PROVIDERS
 // or all.
-func measuredProviders() []string {
-	v := os.Getenv(envProviders)
+func measuredProviders(o harness.Options) []string {
+	v := o.Knobs[envProviders]
 	if v == "" {
 		return networking.Names()
 	}
@@ -289,32 +298,32 @@ func measuredProviders() []string {
 // installProvider installs the lampyr profile with prov (switching the
 // cluster from the provider it ran) and records the switch.
 func installProvider(ctx context.Context, prov string) error {
-	if installed == prov {
+	g := the()
+	if g.Provider == prov {
 		return nil
 	}
 	start := time.Now()
-	if err := env.Install(ctx, info, "lampyr", prov); err != nil {
+	if err := harness.Reinstall(suite.In(ctx), g.Target, prov); err != nil {
 		return err
 	}
-	installed = prov
 	p, _ := networking.Get(prov)
-	matrix.SetProvider(prov, p.Describe())
+	g.matrix.SetProvider(prov, p.Describe())
 	fmt.Fprintf(GinkgoWriter, "cluster %s now runs networking %s (%s), installed in %s\n", clusterName, prov, p.Describe(), time.Since(start).Round(time.Second))
 	return nil
 }
 
 var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibility"), Ordered, func() {
-	order := gateProviders()
-	for _, prov := range measuredProviders() {
+	order := gateProviders(suite.Options())
+	for _, prov := range measuredProviders(suite.Options()) {
 		p, err := networking.Get(prov)
 		if err != nil {
 			panic(err)
 		}
-		if why := p.NeedsRegistry(); why != "" && os.Getenv("LAMPYR_ONLINE") != "1" {
+		if why := p.NeedsRegistry(); why != "" && suite.Knob(envOnline) != "1" {
 			for _, strategy := range Strategies {
 				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func() {
 					for _, pr := range Proofs {
-						matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
+						the().matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
 					}
 					Skip(fmt.Sprintf("%s needs a container registry (%s); set LAMPYR_ONLINE=1 on a machine that can pull", prov, why))
 				})
@@ -331,11 +340,11 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 	}
 
 	It("selects, per provider, the strategy the install profile uses", func() {
-		sel := matrix.Selected()
-		fmt.Fprintf(GinkgoWriter, "\n%s", matrix.Table())
+		sel := the().matrix.Selected()
+		fmt.Fprintf(GinkgoWriter, "\n%s", the().matrix.Table())
 		Expect(order).NotTo(BeEmpty(), "no networking provider can run here")
 		for _, prov := range order {
-			Expect(sel).To(HaveKey(prov), "no backend strategy passed every proof on %s: the gate stops here (no custom Route reconciler, no fork)\n%s", prov, matrix.Table())
+			Expect(sel).To(HaveKey(prov), "no backend strategy passed every proof on %s: the gate stops here (no custom Route reconciler, no fork)\n%s", prov, the().matrix.Table())
 			Expect(sel[prov]).To(Equal(clusters.BackendStrategyFor(prov)), "the install profile's default for %s must follow the gate (clusters.BackendStrategyFor)", prov)
 		}
 	})
@@ -343,7 +352,7 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 
 func runGate(ctx context.Context, prov, strategy string) {
 	ns := "feas-" + prov + "-" + strategy
-	Expect(setStrategy(ctx, strategy)).To(Succeed())
+	Expect(the().setStrategy(ctx, strategy)).To(Succeed())
 	freshNamespace(ctx, ns)
 	// Each run's two Revisions hold fiber memory (max-scale x memory) in
 	// the installation's capacity: with a namespace per provider and
@@ -351,12 +360,12 @@ func runGate(ctx context.Context, prov, strategy string) {
 	// namespace when its run ends (its evidence is in the matrix and, on a
 	// failure, in the dump), unless LAMPYR_KEEP=1.
 	DeferCleanup(func(ctx SpecContext) {
-		if os.Getenv("LAMPYR_KEEP") == "1" {
+		if suite.Options().Keep {
 			return
 		}
-		Expect(c.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})).To(Succeed())
+		Expect(the().Clients.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})).To(Succeed())
 		Eventually(func() bool {
-			_, err := c.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			_, err := the().Clients.Kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 			return apierrors.IsNotFound(err)
 		}).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "namespace %s still terminating: its Revisions keep their fiber memory", ns)
 	}, NodeTimeout(4*time.Minute))
@@ -366,16 +375,16 @@ func runGate(ctx context.Context, prov, strategy string) {
 
 	By("deploying two Revisions split 50/50, tagged one and two")
 	apply(ctx, ksvc(ns, nil, rev1))
-	_, err := c.WaitReady(ctx, e2eutil.Revisions, ns, rev1, 3*time.Minute)
+	_, err := the().Clients.WaitReady(ctx, e2eutil.Revisions, ns, rev1, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred(), "Revision %s", rev1)
 	apply(ctx, ksvc(ns, []any{
 		map[string]any{"revisionName": rev1, "percent": int64(50), "tag": "one"},
 		map[string]any{"latestRevision": true, "percent": int64(50), "tag": "two"},
 	}, rev2))
-	_, err = c.WaitReady(ctx, e2eutil.Revisions, ns, rev2, 3*time.Minute)
+	_, err = the().Clients.WaitReady(ctx, e2eutil.Revisions, ns, rev2, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred(), "Revision %s", rev2)
-	svc, _ := c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
-	backend, _ := c.Kube.CoreV1().Services(ns).Get(ctx, rev1, metav1.GetOptions{})
+	svc, _ := the().Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+	backend, _ := the().Clients.Kube.CoreV1().Services(ns).Get(ctx, rev1, metav1.GetOptions{})
 	if backend != nil {
 		fmt.Fprintf(GinkgoWriter, "backend Service %s/%s: type %s externalName %q clusterIP %s\n", ns, rev1, backend.Spec.Type, backend.Spec.ExternalName, backend.Spec.ClusterIP)
 	}
@@ -383,7 +392,7 @@ func runGate(ctx context.Context, prov, strategy string) {
 	proof(prov, strategy, Proofs[0], func() (string, time.Duration, error) {
 		deadline := time.Now().Add(2 * time.Minute)
 		for {
-			ing, err := c.Dynamic.Resource(e2eutil.Ingresses).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
+			ing, err := the().Clients.Dynamic.Resource(e2eutil.Ingresses).Namespace(ns).Get(ctx, svcName, metav1.GetOptions{})
 			if err == nil {
 				// Ready for the 50/50 configuration, not the 100% one the
 				// KIngress had before rev2: its spec names rev2 and its
@@ -465,21 +474,21 @@ func runGate(ctx context.Context, prov, strategy string) {
 
 	proof(prov, strategy, Proofs[4], func() (string, time.Duration, error) {
 		h := tagHost("one")
-		r, err := portability.Do(ctx, gateway, h, portability.RequestSet[0])
+		r, err := portability.Do(ctx, the().Gateway, h, portability.RequestSet[0])
 		if err != nil {
 			return "", 0, err
 		}
 		if r.Status != 200 || r.Body != "Hello World!\n" {
 			return "", 0, fmt.Errorf("GET / answered %d %q", r.Status, r.Body)
 		}
-		st, err := portability.DoStream(ctx, gateway, h, 5, 200)
+		st, err := portability.DoStream(ctx, the().Gateway, h, 5, 200)
 		if err != nil {
 			return "", 0, err
 		}
 		if st.Status != 200 || len(st.Chunks) != 5 || !st.Incremental {
 			return "", 0, fmt.Errorf("stream: %+v", st)
 		}
-		ws, err := portability.WebSocketEcho(ctx, gateway, h, []string{"a", "b"})
+		ws, err := portability.WebSocketEcho(ctx, the().Gateway, h, []string{"a", "b"})
 		if err != nil {
 			return "", 0, err
 		}
@@ -489,22 +498,22 @@ func runGate(ctx context.Context, prov, strategy string) {
 		return "HTTP 200, 5 chunks incrementally, 2 WebSocket echoes", 0, nil
 	})
 
-	sabotage := os.Getenv(envSabotage) == "router-zero"
+	sabotage := suite.Knob(envSabotage) == "router-zero"
 	proof(prov, strategy, Proofs[5], func() (string, time.Duration, error) {
 		if warmErr != nil {
 			return "", 0, fmt.Errorf("not attempted: the Service never answered (%v)", warmErr)
 		}
 		patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339Nano))
 		start := time.Now()
-		if _, err := c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		if _, err := the().Clients.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			return "", 0, err
 		}
 		if sabotage {
-			if d, err := c.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{}); err == nil && d.Spec.Replicas != nil && *d.Spec.Replicas > 0 {
-				routerReplicas = *d.Spec.Replicas
+			if d, err := the().Clients.Kube.AppsV1().Deployments(systemNS).Get(ctx, "fiber-router", metav1.GetOptions{}); err == nil && d.Spec.Replicas != nil && *d.Spec.Replicas > 0 {
+				the().routerReplicas = *d.Spec.Replicas
 			}
 			scale := `{"spec":{"replicas":0}}`
-			if _, err := c.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{}); err != nil {
+			if _, err := the().Clients.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{}); err != nil {
 				return "", 0, err
 			}
 			fmt.Fprintf(GinkgoWriter, "%s=router-zero: fiber-router scaled to zero during proof 6a\n", envSabotage)
@@ -530,13 +539,13 @@ func runGate(ctx context.Context, prov, strategy string) {
 		if warmErr != nil {
 			return "", 0, fmt.Errorf("not attempted: the Service never answered (%v)", warmErr)
 		}
-		pods, err := c.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+		pods, err := the().Clients.Kube.CoreV1().Pods(systemNS).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 		if err != nil {
 			return "", 0, err
 		}
 		start := time.Now()
 		for _, p := range pods.Items {
-			if err := c.Kube.CoreV1().Pods(systemNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+			if err := the().Clients.Kube.CoreV1().Pods(systemNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
 				return "", 0, err
 			}
 		}

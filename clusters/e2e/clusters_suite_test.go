@@ -7,7 +7,6 @@ package e2e
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -27,78 +26,38 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/clusters/harness"
 )
 
-func TestClusters(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "clusters")
+var suite = harness.New(harness.Config{
+	Name:   "clusters",
+	Recipe: "just test-clusters",
+	// Bare clusters: the suite proves the offline inputs, not a profile.
+	Clusters: []harness.Cluster{{Name: "e2e-a"}, {Name: "e2e-b"}},
+})
+
+func TestClusters(t *testing.T) { suite.Run(t) }
+
+// A failed spec's dump also holds each node's logs (kind export logs).
+var _ = suite.OnFailure(func(ctx context.Context, t *harness.Target, dir string) {
+	if env, err := harness.Env(ctx); err == nil {
+		_ = env.Manager().ExportLogs(t.Name, filepath.Join(dir, "kind-logs"))
+	}
+})
+
+// env is the run's cluster framework (its cache and cluster manager).
+func env() *clusters.Env {
+	e, err := harness.Env(suite.Context())
+	Expect(err).NotTo(HaveOccurred())
+	return e
 }
-
-var (
-	env     *clusters.Env
-	names   = []string{"e2e-a", "e2e-b"}
-	infos   []kindcluster.Info
-	clients = map[string]*e2eutil.Clients{}
-	keep    = os.Getenv("LAMPYR_KEEP") == "1"
-	timings = map[string]time.Duration{}
-	skipWhy = "cluster suites create real Kind clusters: run them with `just test-clusters` (sets LAMPYR_E2E=1)"
-	enabled = os.Getenv("LAMPYR_E2E") == "1"
-)
-
-var _ = BeforeSuite(func(ctx SpecContext) {
-	if !enabled {
-		Skip(skipWhy)
-	}
-	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	start := time.Now()
-	_, err := env.Inputs(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	timings["inputs"] = time.Since(start)
-
-	start = time.Now()
-	infos, err = env.Up(ctx, names, keep)
-	Expect(err).NotTo(HaveOccurred())
-	timings["pair"] = time.Since(start)
-	for _, i := range infos {
-		c, err := e2eutil.NewClients(i.Kubeconfig)
-		Expect(err).NotTo(HaveOccurred())
-		clients[i.Name] = c
-	}
-}, NodeTimeout(60*time.Minute))
-
-var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
-	if !r.Failed() || !enabled {
-		return
-	}
-	dir := filepath.Join(e2eutil.ArtifactsDir(), "clusters", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
-	for name, c := range clients {
-		_ = e2eutil.Dump(ctx, c, filepath.Join(dir, name))
-		_ = env.Manager().ExportLogs(name, filepath.Join(dir, "kind-logs"))
-	}
-})
-
-var _ = AfterSuite(func() {
-	if !enabled {
-		return
-	}
-	for k, d := range timings {
-		fmt.Fprintf(GinkgoWriter, "timing %-8s %s\n", k, d.Round(100*time.Millisecond))
-	}
-	if keep {
-		return
-	}
-	for _, n := range names {
-		_ = env.Manager().Delete(n)
-	}
-})
 
 var _ = Describe("offline paired clusters", Label("cluster"), func() {
 	It("has every node Ready and every kube-system pod (CoreDNS, kube-proxy, control plane) Ready in both clusters", func(ctx SpecContext) {
-		for _, n := range names {
+		for _, t := range suite.Targets() {
+			n := t.Name
 			Eventually(func() ([]string, error) {
-				pods, err := clients[n].Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
+				pods, err := t.Clients.Kube.CoreV1().Pods("kube-system").List(ctx, metav1.ListOptions{})
 				if err != nil {
 					return nil, err
 				}
@@ -114,8 +73,9 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 				return notReady, nil
 			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(2*time.Second).Should(BeEmpty(), "cluster %s: kube-system pods not Ready", n)
 		}
-		for _, n := range names {
-			nodes, err := clients[n].Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		for _, t := range suite.Targets() {
+			n := t.Name
+			nodes, err := t.Clients.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(nodes.Items).NotTo(BeEmpty())
 			for _, node := range nodes.Items {
@@ -125,11 +85,11 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 	})
 
 	It("serves a pod built by the image builder and pulled from localhost:5002 in each cluster, on 127.0.0.1", func(ctx SpecContext) {
-		ref, err := e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", infos[0].Registry, "e2e/handler", "v1")
+		ref, err := harness.Image(suite.In(ctx), suite.Targets()[0], "lampyr.dev/serving/fixtures/cmd/handler")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ref).To(ContainSubstring("@sha256:"), "the pod must pull by digest")
-		for _, info := range infos {
-			c := clients[info.Name]
+		for _, t := range suite.Targets() {
+			c, info := t.Clients, t.Info
 			Expect(deployHandler(ctx, c, ref)).To(Succeed())
 			url := info.GatewayURL() + "/"
 			Eventually(func() (string, error) { return get(url) }).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(2*time.Second).
@@ -160,7 +120,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		go func() { done <- cmd.Wait() }()
 		Eventually(done).WithTimeout(3 * time.Minute).Should(Receive())
 		Expect(containers(name)).To(BeEmpty(), "interrupted creation left containers behind")
-		_, err = os.Stat(env.Manager().KubeconfigPath(name))
+		_, err = os.Stat(env().Manager().KubeconfigPath(name))
 		Expect(os.IsNotExist(err)).To(BeTrue(), "interrupted creation left a kubeconfig behind")
 	})
 })

@@ -18,6 +18,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/harness"
 )
 
 // The offline CNI (ptp) enforces no NetworkPolicy; every framework cluster
@@ -30,9 +31,9 @@ import (
 // veth, exactly as the pod's own traffic would.
 var _ = Describe("NetworkPolicy enforcement", Label("cluster", "netpol"), func() {
 	It("refuses what a NetworkPolicy denies and lets through what it allows, ingress and egress", func(ctx SpecContext) {
-		info := infos[0]
-		c := clients[info.Name]
-		ref, err := e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", info.Registry, "e2e/handler", "v1")
+		t := suite.Targets()[0]
+		info, c := t.Info, t.Clients
+		ref, err := harness.Image(suite.In(ctx), t, "lampyr.dev/serving/fixtures/cmd/handler")
 		Expect(err).NotTo(HaveOccurred())
 		ns := "netpol-" + rand.String(5)
 		_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -66,7 +67,7 @@ var _ = Describe("NetworkPolicy enforcement", Label("cluster", "netpol"), func()
 				return err == nil && podReady(*p) && p.Status.PodIP != "", err
 			}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeTrue(), "pod %s/%s not Ready", ns, app)
 		}
-		node, err := env.Manager().Nodes(info.Name)
+		node, err := env().Manager().Nodes(info.Name)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(node).To(HaveLen(1))
 		client, other := newPodNet(ctx, node[0], pods["client"]), newPodNet(ctx, node[0], pods["other"])

@@ -3,7 +3,6 @@ package e2eutil
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"runtime"
 
@@ -45,12 +44,4 @@ func BuildAndPush(ctx context.Context, cacheDir, pkg, registry, repo, tag string
 		return "", err
 	}
 	return fmt.Sprintf("%s/%s@%s", registry, repo, d), nil
-}
-
-// ArtifactsDir is LAMPYR_ARTIFACTS or ./_artifacts.
-func ArtifactsDir() string {
-	if d := os.Getenv("LAMPYR_ARTIFACTS"); d != "" {
-		return d
-	}
-	return filepath.Join(RepoRoot(), "_artifacts")
 }

@@ -24,26 +24,9 @@ import (
 // any pinned version changing, so caches rebuild.
 const recipe = "1"
 
-// DebianMirror is where debootstrap fetches the node's packages; override
-// with LAMPYR_DEBIAN_MIRROR.
+// DebianMirror is where debootstrap fetches the node's packages unless
+// Builder.DebianMirror names another.
 const DebianMirror = "http://deb.debian.org/debian"
-
-// CacheDir is LAMPYR_CACHE_DIR, else $XDG_CACHE_HOME/lampyr, else
-// ~/.cache/lampyr. Everything built from pinned versions lives there, keyed
-// by those versions; deleting it forces a cold build.
-func CacheDir() string {
-	if d := os.Getenv("LAMPYR_CACHE_DIR"); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "lampyr")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "lampyr-cache")
-	}
-	return filepath.Join(home, ".cache", "lampyr")
-}
 
 // Result names what Build produced.
 type Result struct {
@@ -62,7 +45,10 @@ type Result struct {
 type Builder struct {
 	Cache string
 	Log   *progress.Log
-	go_   *gobuild.Builder
+	// DebianMirror overrides the package source of the node image's rootfs
+	// (default DebianMirror).
+	DebianMirror string
+	go_          *gobuild.Builder
 }
 
 // NewBuilder returns a Builder on the cache directory.
@@ -96,7 +82,7 @@ func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	rootSpec := nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: envOr("LAMPYR_DEBIAN_MIRROR", DebianMirror),
+	rootSpec := nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: or(b.DebianMirror, DebianMirror),
 		Packages: NodePackages, KindFiles: filepath.Join(kindDir.Dir, "images/base/files")}
 	rootKey := hashOf(recipe, rootSpec.Suite, rootSpec.Mirror, strings.Join(rootSpec.Packages, ","), KindVersion)
 	rootDir := filepath.Join(b.Cache, "rootfs", "bookworm-"+rootKey)
@@ -427,8 +413,8 @@ func hashOf(parts ...string) string {
 	return hex.EncodeToString(h[:])[:16]
 }
 
-func envOr(k, d string) string {
-	if v := os.Getenv(k); v != "" {
+func or(v, d string) string {
+	if v != "" {
 		return v
 	}
 	return d

@@ -28,6 +28,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
@@ -71,7 +72,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	if !enabled {
 		Skip("the Lampyr conformance suite needs a real Lampyr cluster: run it with `just test-lampyr-conformance` (sets LAMPYR_E2E=1)")
 	}
-	r := &Run{Decl: decl, Keep: keep, Artifacts: e2eutil.ArtifactsDir(), ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
+	r := &Run{Decl: decl, Keep: keep, Artifacts: environ.ArtifactsDir(), ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
 	if r.ReportDir == "" {
 		r.ReportDir = filepath.Join(r.Artifacts, "conformance", "lampyr-suite")
 	}
@@ -85,11 +86,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		r.Report.Mode = "third-party"
 		r.Report.Cluster = upstream.Cluster{Kubeconfig: kubeconfig, Gateway: tgt.Gateway}
 	} else {
-		env = clusters.NewEnv(progress.New(GinkgoWriter))
+		env = clusters.NewEnv(progress.New(GinkgoWriter), environ.Clusters())
 		infos, err := env.Up(ctx, []string{cluster}, keep)
 		Expect(err).NotTo(HaveOccurred())
 		created = infos[0].Created
-		tgt.Provider, err = networking.Get(clusters.Networking())
+		tgt.Provider, err = networking.Get(environ.Provider())
 		Expect(err).NotTo(HaveOccurred())
 		Expect(env.Install(ctx, infos[0], "lampyr", tgt.Provider.Name())).To(Succeed())
 		kubeconfig, tgt.Gateway = infos[0].Kubeconfig, infos[0].GatewayURL()

@@ -224,6 +224,7 @@ var _ = Describe("hostile tenant", Label("cluster", "tenancy"), Ordered, Continu
 			r := &result{attack: a}
 			addResult(r)
 			var wg sync.WaitGroup
+			lampyr, stock := the().lampyr, the().stock
 			if a.appliesTo&onLampyr != 0 {
 				wg.Go(func() { r.lampyr = attempt(ctx, a, lampyr) })
 			}
@@ -284,7 +285,7 @@ func checkTenantNamespaces(ctx context.Context, s *side) (string, bool) {
 		must(err, "reading namespace "+t.ns)
 		enforced := ns.Labels["pod-security.kubernetes.io/enforce"]
 		levels = append(levels, t.ns+": "+enforced)
-		if s == lampyr && enforced != "restricted" {
+		if s == the().lampyr && enforced != "restricted" {
 			problems = append(problems, t.ns+" enforces "+enforced)
 		}
 		u, err := t.c.Dynamic.Resource(e2eutil.KServices).Namespace(t.ns).Get(ctx, victim, metav1.GetOptions{})
@@ -294,14 +295,14 @@ func checkTenantNamespaces(ctx context.Context, s *side) (string, bool) {
 		pods, err := s.admin.Kube.CoreV1().Pods(t.ns).List(ctx, metav1.ListOptions{LabelSelector: "!" + roleLabel})
 		must(err, "listing Pods in "+t.ns)
 		platformPods += len(pods.Items)
-		if s == lampyr {
+		if s == the().lampyr {
 			for _, p := range pods.Items {
 				problems = append(problems, "platform Pod "+t.ns+"/"+p.Name)
 			}
 		}
 	}
 	obs := strings.Join(levels, ", ")
-	if s == stock {
+	if s == the().stock {
 		for _, t := range s.tenants() {
 			if v := s.podSecurity[t.ns]; v != "restricted" {
 				obs += "; " + t.ns + " " + v
@@ -552,7 +553,7 @@ const activatorService = "activator-service.knative-serving.svc.cluster.local"
 
 func callRouterAsB(ctx context.Context, s *side) (string, bool) {
 	var ps []probe
-	if s == stock {
+	if s == the().stock {
 		ps = []probe{{target: "activator-service", url: "http://" + activatorService + "/", headers: selectB}}
 	} else {
 		ps = []probe{{target: "fiber-router Service", url: "http://" + routerService + "/", headers: selectB}}
@@ -573,7 +574,7 @@ func callRouterAsB(ctx context.Context, s *side) (string, bool) {
 // with B's real Revision named, B's handler would.
 func smuggleSelection(ctx context.Context, s *side) (string, bool) {
 	want := helloBody
-	if s == stock {
+	if s == the().stock {
 		want = stockBody(nsA)
 	}
 	smuggled := map[string]string{"Knative-Serving-Namespace": nsB, "Knative-Serving-Revision": "absent-00001"}
@@ -596,7 +597,7 @@ func smuggleSelection(ctx context.Context, s *side) (string, bool) {
 
 func callHome(ctx context.Context, s *side) (string, bool) {
 	var ps []probe
-	if s == stock {
+	if s == the().stock {
 		ip := s.victimPodB.Status.PodIP
 		ps = []probe{
 			{target: "B's Pod queue-proxy :8012", url: "http://" + net.JoinHostPort(ip, "8012") + "/"},
@@ -614,7 +615,7 @@ func callHome(ctx context.Context, s *side) (string, bool) {
 
 func callRouterAdmin(ctx context.Context, s *side) (string, bool) {
 	var ps []probe
-	if s == stock {
+	if s == the().stock {
 		ps = []probe{{target: "activator-service:9090/metrics", url: "http://" + activatorService + ":9090/metrics"}}
 	} else {
 		ps = []probe{{target: "fiber-router Service :9091", url: "http://" + routerService + ":9091/metrics"}}

@@ -7,8 +7,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"lampyr.dev/serving/clusters/e2eutil"
 )
 
 // outcome is what one attack did on one side.
@@ -124,7 +122,7 @@ func renderReport(header []string, rows []result) string {
 func reportHeader() []string {
 	h := []string{fmt.Sprintf("Run %s. Tenants: %s (user %s) attacks %s (user %s); each holds only the namespace `edit` role, used through impersonation.",
 		time.Now().UTC().Format(time.RFC3339), nsA, userA, nsB, userB)}
-	for _, s := range sides {
+	for _, s := range the().sides {
 		if s.podSecurity == nil {
 			continue
 		}
@@ -145,7 +143,7 @@ func reportHeader() []string {
 // writeReport writes _artifacts/tenancy/report.md (after every attack, so a
 // cut-short run still leaves one).
 func writeReport() error {
-	dir := filepath.Join(e2eutil.ArtifactsDir(), "tenancy")
+	dir := suite.Artifacts()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}

@@ -9,19 +9,18 @@
 // never fails the suite). The table of attack / expected / observed goes to
 // GinkgoWriter and _artifacts/tenancy/report.md.
 //
-// Managed mode only: it brings up the "lampyr" (Lampyr) and "stock" (stock
-// Knative) Kind clusters as `just cluster-up` does, and deletes what it
-// created unless LAMPYR_KEEP=1. LAMPYR_TENANCY_CLUSTERS names other
-// clusters ("stock-x,lampyr-x"; a name's prefix selects its profile,
-// clusters.ProfileFor); a list without a stock cluster runs Lampyr alone
-// and the stock column says so.
+// Managed mode only, on the harness (clusters/harness): it brings up the
+// "lampyr" (Lampyr) and "stock" (stock Knative) Kind clusters as `just
+// cluster-up` does, and deletes what it created unless LAMPYR_KEEP=1.
+// LAMPYR_TENANCY_CLUSTERS names other clusters, each with its profile
+// stated ("lampyr=lampyr-x,stock=stock-x"); a list without a stock cluster
+// runs Lampyr alone and the stock column says so.
 package tenancy
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -37,23 +36,43 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
 )
 
-func TestTenancy(t *testing.T) {
-	if !enabled {
-		t.Skip("the hostile-tenant suite brings up the paired stock and lampyr Kind clusters: run it with `just test-tenancy` (sets LAMPYR_E2E=1)")
-	}
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "tenancy")
-}
+// clustersVar names other clusters than the pair, each with its profile:
+// "lampyr=NAME[,stock=NAME]"; without a stock cluster Lampyr runs alone
+// and the stock column says so.
+const clustersVar = "LAMPYR_TENANCY_CLUSTERS"
+
+var suite = harness.New(harness.Config{
+	Name:     "tenancy",
+	Recipe:   "just test-tenancy",
+	Clusters: []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Knobs:    []string{clustersVar},
+	Choose: func(o harness.Options) ([]harness.Cluster, error) {
+		return chooseClusters(o.Knobs[clustersVar])
+	},
+	SetupTimeout:  90 * time.Minute,
+	FinishTimeout: 15 * time.Minute,
+})
+
+func TestTenancy(t *testing.T) { suite.Run(t) }
+
+var (
+	_ = suite.Setup("sides from the clusters", func(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+		r, err := newRun(ctx)
+		return harness.With(ctx, r), err
+	})
+	_ = suite.Setup("tenants, images, sealers, victims, the forged Home and the evil Services", setupTenancy)
+	_ = suite.Finish("writing the report, restoring config-lampyr, deleting the tenants", finishTenancy)
+)
 
 const (
 	nsA, nsB     = "tenancy-a", "tenancy-b"
@@ -73,31 +92,29 @@ const (
 	helloBody = "Hello World!\n"
 )
 
-var (
-	enabled = os.Getenv("LAMPYR_E2E") == "1"
-	keep    = os.Getenv("LAMPYR_KEEP") == "1"
-	env     *clusters.Env
-
-	lampyr = &side{name: "lampyr"}
-	stock  = &side{name: "stock"}
-	sides  = []*side{stock, lampyr}
-	// stockOff: LAMPYR_TENANCY_CLUSTERS names no stock cluster.
+// tenancyRun is the suite's state, made by setupTenancy and read by the
+// specs through the suite's context.
+type tenancyRun struct {
+	lampyr, stock *side
+	sides         []*side
+	// stockOff: the run names no stock cluster.
 	stockOff bool
-
 	// The fixture handler as a Lampyr project and its snapshot build.
 	project *ly.Project
 	built   *ly.Built
+}
 
-	// setupDone: BeforeSuite finished; if not, AfterSuite dumps the
-	// clusters before cleaning up (a failed setup is the hardest to debug).
-	setupDone bool
-)
+// the is the suite's state.
+func the() *tenancyRun {
+	r, ok := harness.Value[*tenancyRun](suite.Context())
+	Expect(ok).To(BeTrue(), "the suite's setup did not run")
+	return r
+}
 
 // side is one platform of the pair, as the administrator and the two
 // tenants reach it.
 type side struct {
-	name     string // cluster name and install profile
-	info     kindcluster.Info
+	name     string // the cluster's name
 	admin    *e2eutil.Clients
 	gateway  string
 	registry string
@@ -141,53 +158,65 @@ type tenant struct {
 
 func sealerName(ns string) string { return ns + "-deployer" }
 
-// chooseClusters applies LAMPYR_TENANCY_CLUSTERS.
-func chooseClusters() error {
-	v := os.Getenv("LAMPYR_TENANCY_CLUSTERS")
+// chooseClusters reads LAMPYR_TENANCY_CLUSTERS ("lampyr=NAME[,stock=NAME]",
+// each cluster with its profile stated); empty, the pair.
+func chooseClusters(v string) ([]harness.Cluster, error) {
 	if v == "" {
-		return nil
+		return []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}}, nil
 	}
-	stockOff = true
-	lampyr.name = ""
-	for _, n := range strings.Split(v, ",") {
-		switch n = strings.TrimSpace(n); clusters.ProfileFor(n) {
-		case "stock":
-			stock.name, stockOff = n, false
-		case "lampyr":
-			lampyr.name = n
+	var st, la *harness.Cluster
+	for _, kv := range strings.Split(v, ",") {
+		profile, name, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok || name == "" {
+			return nil, fmt.Errorf("%s: %q is not PROFILE=NAME (want lampyr=NAME[,stock=NAME])", clustersVar, kv)
+		}
+		switch profile {
+		case clusters.ProfileStock:
+			st = &harness.Cluster{Name: name, Profile: profile}
+		case clusters.ProfileLampyr:
+			la = &harness.Cluster{Name: name, Profile: profile}
 		default:
-			return fmt.Errorf("LAMPYR_TENANCY_CLUSTERS: %q selects no profile (want stock[-...] or lampyr[-...])", n)
+			return nil, fmt.Errorf("%s: profile %q of %s: want stock or lampyr", clustersVar, profile, name)
 		}
 	}
-	if lampyr.name == "" {
-		return errors.New("LAMPYR_TENANCY_CLUSTERS names no lampyr cluster")
+	if la == nil {
+		return nil, fmt.Errorf("%s names no lampyr cluster (want lampyr=NAME[,stock=NAME])", clustersVar)
 	}
-	if stockOff {
-		sides = []*side{lampyr}
-		stock.err = errors.New("not requested (LAMPYR_TENANCY_CLUSTERS names no stock cluster)")
+	if st == nil {
+		return []harness.Cluster{*la}, nil
 	}
-	return nil
+	return []harness.Cluster{*st, *la}, nil
 }
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	Expect(chooseClusters()).To(Succeed())
-	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	var names []string
-	for _, s := range sides {
-		names = append(names, s.name)
-	}
-	infos, err := env.Up(ctx, names, keep)
-	Expect(err).NotTo(HaveOccurred())
-	for i, s := range sides {
-		s.info = infos[i]
-	}
-	// One install at a time: each builds images on the host's few cores.
-	for _, s := range sides {
-		Expect(env.Install(ctx, s.info, clusters.ProfileFor(s.name), clusters.Networking())).To(Succeed(), "installing %s", s.name)
-		s.admin, err = e2eutil.NewClients(s.info.Kubeconfig)
-		Expect(err).NotTo(HaveOccurred())
-		s.gateway, s.registry = s.info.GatewayURL(), s.info.Registry
+// newRun builds the sides from the harness's targets.
+func newRun(ctx context.Context) (*tenancyRun, error) {
+	r := &tenancyRun{lampyr: &side{}, stock: &side{}}
+	for _, t := range harness.Targets(ctx) {
+		s := r.stock
+		if t.Profile == clusters.ProfileLampyr {
+			s = r.lampyr
+		}
+		s.name, s.admin, s.gateway, s.registry = t.Name, t.Clients, t.Gateway, t.Registry
 		s.podSecurity = map[string]string{}
+	}
+	if r.lampyr.admin == nil {
+		return nil, errors.New("no lampyr-profile target")
+	}
+	r.sides = []*side{r.stock, r.lampyr}
+	if r.stock.admin == nil {
+		r.stockOff = true
+		r.sides = []*side{r.lampyr}
+		r.stock.err = fmt.Errorf("not requested (%s names no stock cluster)", clustersVar)
+	}
+	return r, nil
+}
+
+func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	r := the()
+	lampyr, stock, sides := r.lampyr, r.stock, r.sides
+	env, err := harness.Env(ctx)
+	if err != nil {
+		return ctx, err
 	}
 
 	By("building the attacker and the handler as runnable images, per tenant repository")
@@ -229,22 +258,24 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// Stock is a reference: set it up alongside Lampyr, and if it fails,
 	// its column says why instead of failing the suite.
 	stockDone := make(chan error, 1)
-	if stockOff {
+	if r.stockOff {
 		stockDone <- stock.err
 	} else {
-		go func() { stockDone <- setUpStock(ctx) }()
+		go func() { stockDone <- setUpStock(ctx, stock) }()
 	}
 
 	By("building the handler's snapshot artifact (ly build) and pushing it under each tenant's repository")
 	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
-	project, err = ly.LoadProject(dir)
+	project, err := ly.LoadProject(dir)
 	Expect(err).NotTo(HaveOccurred())
 	// Small grants: the suite keeps up to seven Services, each reserving
 	// max-scale x memory of the installation's fiber capacity.
 	two := int32(2)
 	project.MaxScale = &two
-	built, err = ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
+	r.project = project
+	built, err := ly.Build(ctx, dir, project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")})
 	Expect(err).NotTo(HaveOccurred())
+	r.built = built
 	for _, t := range lampyr.tenants() {
 		tag, err := ly.ParseImageTag(lampyr.registry + "/" + t.ns + "/handler-snapshot:victim")
 		Expect(err).NotTo(HaveOccurred())
@@ -318,12 +349,12 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		stock.err = err
 		fmt.Fprintf(GinkgoWriter, "stock reference not available, its column will say so: %v\n", err)
 	}
-	setupDone = true
-}, NodeTimeout(90*time.Minute))
+	return ctx, nil
+}
 
 // setUpStock deploys the stock side's victims as the tenants and starts the
 // forged Home. Errors, not assertions: the stock side is a reference.
-func setUpStock(ctx context.Context) (err error) {
+func setUpStock(ctx context.Context, stock *side) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("setting up stock: %v", p)
@@ -353,10 +384,12 @@ func setUpStock(ctx context.Context) (err error) {
 	return startForgedHome(ctx, stock)
 }
 
-var _ = AfterSuite(func(ctx SpecContext) {
-	if !setupDone && lampyr.admin != nil {
-		dumpSides(ctx, "setup")
+func finishTenancy(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	r, ok := harness.Value[*tenancyRun](ctx)
+	if !ok {
+		return ctx, nil
 	}
+	lampyr := r.lampyr
 	if len(snapshotResults()) > 0 {
 		if err := writeReport(); err != nil {
 			fmt.Fprintf(GinkgoWriter, "writing the report: %v\n", err)
@@ -368,63 +401,33 @@ var _ = AfterSuite(func(ctx SpecContext) {
 			fmt.Fprintf(GinkgoWriter, "restoring config-lampyr image-snapshots: %v\n", err)
 		}
 	}
-	if keep {
-		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: namespaces %s, %s, the sealer entries and config-lampyr's CPU limits (%s, %s) left in place\n", nsA, nsB, suiteHomeCPULimit, suiteFiberCPULimit)
-	} else {
-		for _, s := range sides {
-			if s.admin == nil {
-				continue
-			}
-			for _, ns := range []string{nsA, nsB} {
-				if err := s.admin.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-					fmt.Fprintf(GinkgoWriter, "%s: deleting namespace %s: %v\n", s.name, ns, err)
-				}
-			}
-		}
-		if lampyr.admin != nil {
-			err := editConfigMap(ctx, lampyr.admin, e2eutil.LampyrSystemNamespace, sealersConfigMap, false, func(d map[string]string) {
-				delete(d, sealerName(nsA))
-				delete(d, sealerName(nsB))
-			})
-			if err != nil {
-				fmt.Fprintf(GinkgoWriter, "removing the tenants' sealer entries: %v\n", err)
-			}
-			if err := restoreCPULimits(ctx, lampyr.admin); err != nil {
-				fmt.Fprintf(GinkgoWriter, "restoring config-lampyr's CPU limits: %v\n", err)
-			}
-		}
+	if suite.Options().Keep {
+		fmt.Fprintf(GinkgoWriter, "%s=1: namespaces %s, %s, the sealer entries and config-lampyr's CPU limits (%s, %s) left in place\n", suite.Options().KeepVar, nsA, nsB, suiteHomeCPULimit, suiteFiberCPULimit)
+		return ctx, nil
 	}
-	if env == nil {
-		return
-	}
-	for _, s := range sides {
-		if !s.info.Created {
-			continue
-		}
-		if keep {
-			fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: cluster %s left running (just cluster-down %s)\n", s.name, s.name)
-			continue
-		}
-		Expect(env.Manager().Delete(s.name)).To(Succeed())
-	}
-}, NodeTimeout(15*time.Minute))
-
-var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
-	if r.Failed() {
-		dumpSides(ctx, slug(r.LeafNodeText))
-	}
-})
-
-// dumpSides writes both clusters' state under _artifacts/tenancy/<dir>/.
-func dumpSides(ctx context.Context, dir string) {
-	for _, s := range sides {
+	for _, s := range r.sides {
 		if s.admin == nil {
 			continue
 		}
-		if err := e2eutil.Dump(ctx, s.admin, filepath.Join(e2eutil.ArtifactsDir(), "tenancy", dir, s.name)); err != nil {
-			fmt.Fprintf(GinkgoWriter, "dumping %s: %v\n", s.name, err)
+		for _, ns := range []string{nsA, nsB} {
+			if err := s.admin.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				fmt.Fprintf(GinkgoWriter, "%s: deleting namespace %s: %v\n", s.name, ns, err)
+			}
 		}
 	}
+	if lampyr.admin != nil {
+		err := editConfigMap(ctx, lampyr.admin, e2eutil.LampyrSystemNamespace, sealersConfigMap, false, func(d map[string]string) {
+			delete(d, sealerName(nsA))
+			delete(d, sealerName(nsB))
+		})
+		if err != nil {
+			fmt.Fprintf(GinkgoWriter, "removing the tenants' sealer entries: %v\n", err)
+		}
+		if err := restoreCPULimits(ctx, lampyr.admin); err != nil {
+			fmt.Fprintf(GinkgoWriter, "restoring config-lampyr's CPU limits: %v\n", err)
+		}
+	}
+	return ctx, nil
 }
 
 func (s *side) tenants() []*tenant { return []*tenant{s.a, s.b} }
@@ -485,7 +488,7 @@ func readInstallation(ctx context.Context, c *e2eutil.Clients) (*installation, e
 // `ly deploy` would. The tag carries the claimed namespace; a Revision names
 // the digest, so the tag decides nothing.
 func sealAndPush(ctx context.Context, in *installation, sealer *seal.SealerKey, claimNS, rev string, snapshot name.Digest) (name.Digest, error) {
-	sealed, err := seal.Seal(in.fleet, sealer, seal.NewTemplate(claimNS, rev, snapshot.DigestStr(), project.Policy(), built.Config))
+	sealed, err := seal.Seal(in.fleet, sealer, seal.NewTemplate(claimNS, rev, snapshot.DigestStr(), the().project.Policy(), the().built.Config))
 	if err != nil {
 		return name.Digest{}, err
 	}
@@ -495,7 +498,7 @@ func sealAndPush(ctx context.Context, in *installation, sealer *seal.SealerKey, 
 // lampyrService is the Service `ly deploy` would apply (public: reachable
 // through the gateway by its host name).
 func lampyrService(svc, ns, image, snapshot, template string) *unstructured.Unstructured {
-	p := *project
+	p := *the().project
 	p.Name = svc
 	return ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: image, Snapshot: snapshot, Template: template, Public: true})
 }

@@ -4,6 +4,7 @@ package tenancy
 // not LAMPYR_E2E is set, so a broken verdict is caught without a cluster.
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -149,5 +150,24 @@ func TestAttacksAreWellFormed(t *testing.T) {
 func TestSlug(t *testing.T) {
 	if got := slug("2 A reads Secrets/ConfigMaps in lampyr-system: \"x\""); got != "2_A_reads_Secrets_ConfigMaps_in_lampyr-system_x" {
 		t.Errorf("slug = %q", got)
+	}
+}
+
+func TestChooseClusters(t *testing.T) {
+	for v, want := range map[string]string{
+		"":                               "[{stock stock false} {lampyr lampyr false}]",
+		"lampyr=lampyr-x":                "[{lampyr-x lampyr false}]",
+		"lampyr=lampyr-x, stock=stock-x": "[{stock-x stock false} {lampyr-x lampyr false}]",
+	} {
+		cs, err := chooseClusters(v)
+		if got := fmt.Sprint(cs); err != nil || got != want {
+			t.Errorf("chooseClusters(%q) = %s, %v; want %s", v, got, err, want)
+		}
+	}
+	// A name no longer selects a profile: each must be stated.
+	for _, v := range []string{"stock-x", "stock=stock-x", "bare=x"} {
+		if cs, err := chooseClusters(v); err == nil {
+			t.Errorf("chooseClusters(%q) = %v, want an error", v, cs)
+		}
 	}
 }

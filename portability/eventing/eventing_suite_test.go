@@ -1,41 +1,49 @@
 package eventing
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"sigs.k8s.io/yaml"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/progress"
-	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/clusters/environ"
+	"lampyr.dev/serving/clusters/harness"
+	"lampyr.dev/serving/portability"
 )
 
-func TestEventingPortability(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "eventing portability")
-}
+var suite = harness.New(harness.Config{
+	Name:   "eventing portability",
+	Folder: "eventing",
+	Recipe: "just test-eventing-portability",
+	Clusters: []harness.Cluster{
+		{Name: "stock", Profile: clusters.ProfileStock, Eventing: true},
+		{Name: "lampyr", Profile: clusters.ProfileLampyr, Eventing: true},
+	},
+	KeepVar: environ.PortabilityKeep,
+})
+
+func TestEventingPortability(t *testing.T) { suite.Run(t) }
+
+var (
+	_ = suite.Setup("starting the recorders, sealing and applying the sinks, the Broker and its Triggers", setupEventing)
+	_ = suite.Finish("writing the report", writeReport)
+	_ = suite.OnFailure(dumpRecords)
+)
 
 const (
 	ns      = "eventing"
@@ -50,95 +58,81 @@ const (
 // ClusterIP Service by its cluster DNS name (a service binding on Lampyr).
 var recordURL = "http://" + recName + "." + ns + ".svc.cluster.local/record"
 
-type fixtureService struct {
-	name, dir          string
-	snapshot, template string
-}
-
-var fixtureServices = []*fixtureService{
-	{name: sink, dir: "fixtures/services/event-sink"},
-	{name: dlq, dir: "fixtures/services/event-dlq"},
-}
-
+// side is one platform of the pair.
 type side struct {
-	name string
-	info kindcluster.Info
-	c    *e2eutil.Clients
+	*harness.Target
 	// brokerURL is the Broker's status.address.url on this side.
 	brokerURL string
 }
 
-var (
-	enabled  = os.Getenv("LAMPYR_E2E") == "1"
-	keep     = os.Getenv("LAMPYR_PORTABILITY_KEEP") == "1"
-	env      *clusters.Env
-	stock    = &side{name: "stock"}
-	lampyr   = &side{name: "lampyr"}
-	sides    = []*side{stock, lampyr}
-	created  = map[string]bool{}
-	runnable string
-	lyBin    string
-	artDir   string
-	report   = &eventReport{}
-)
+// eventingRun is the suite's state, made by setupEventing and read by the
+// specs through the suite's context.
+type eventingRun struct {
+	*portability.Pair
+	stock, lampyr *side
+	sides         []*side
+	report        *eventReport
+	artDir        string
+}
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	if !enabled {
-		Skip("the eventing portability suite creates real Kind clusters: run it with `just test-eventing-portability` (sets LAMPYR_E2E=1)")
+// the is the suite's state.
+func the() *eventingRun {
+	r, ok := harness.Value[*eventingRun](suite.Context())
+	Expect(ok).To(BeTrue(), "the suite's setup did not run")
+	return r
+}
+
+func setupEventing(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	pair, err := portability.NewPair(ctx, ns, "eventing")
+	if err != nil {
+		return ctx, err
 	}
-	report.start = time.Now()
-	artDir = filepath.Join(e2eutil.ArtifactsDir(), "eventing")
-	Expect(os.MkdirAll(artDir, 0o755)).To(Succeed())
-	log := progress.New(GinkgoWriter)
-	env = clusters.NewEnv(log)
-	infos, err := env.Up(ctx, []string{stock.name, lampyr.name}, keep)
-	Expect(err).NotTo(HaveOccurred())
-	for i, s := range sides {
-		s.info = infos[i]
-		created[s.name] = s.info.Created
-		s.c, err = e2eutil.NewClients(s.info.Kubeconfig)
-		Expect(err).NotTo(HaveOccurred())
+	pair.FieldManager = "eventing-portability"
+	r := &eventingRun{Pair: pair, stock: &side{Target: pair.Stock}, lampyr: &side{Target: pair.Lampyr},
+		report: &eventReport{start: time.Now()}, artDir: harness.Artifacts(ctx)}
+	r.sides = []*side{r.stock, r.lampyr}
+	ctx = harness.With(ctx, r)
+	for _, s := range r.sides {
+		r.report.installs = append(r.report.installs, fmt.Sprintf("%s: profile %s, eventing %s", s.Name, s.Installed.Round(time.Second), s.EventingInstalled.Round(time.Second)))
 	}
-	for _, s := range sides {
-		t0 := time.Now()
-		Expect(env.Install(ctx, s.info, s.name, clusters.Networking())).To(Succeed())
-		t1 := time.Now()
-		Expect(env.InstallEventing(ctx, s.info)).To(Succeed())
-		report.installs = append(report.installs, fmt.Sprintf("%s: profile %s, eventing %s", s.name, t1.Sub(t0).Round(time.Second), time.Since(t1).Round(time.Second)))
-	}
-	for _, s := range sides {
-		Expect(s.c.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
-		if s == lampyr {
-			Expect(e2eutil.RestrictPodSecurity(ctx, s.c, ns)).To(Succeed())
+	for _, s := range r.sides {
+		Expect(s.Clients.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
+		if s == r.lampyr {
+			Expect(e2eutil.RestrictPodSecurity(ctx, s.Clients, ns)).To(Succeed())
 		}
 	}
 
 	By("building the handler as a runnable image (the project's image builder)")
-	runnable, err = e2eutil.BuildAndPush(ctx, env.Cache, pkg, lampyr.info.Registry, "portability/handler", "runnable")
-	Expect(err).NotTo(HaveOccurred())
-	lyBin = filepath.Join(GinkgoT().TempDir(), "ly")
-	goBuild := exec.CommandContext(ctx, "go", "build", "-o", lyBin, "./impl/cmd/ly")
-	goBuild.Dir = e2eutil.RepoRoot()
-	out, err := goBuild.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), string(out))
-	for _, f := range fixtureServices {
-		sealOnLampyr(ctx, f)
+	if r.Runnable, err = harness.Image(ctx, r.Lampyr, pkg); err != nil {
+		return ctx, err
 	}
-	for _, s := range sides {
+	if r.Ly, err = harness.LyBinary(ctx); err != nil {
+		return ctx, err
+	}
+	fixtures := []*portability.Fixture{
+		{Name: sink, Dir: "fixtures/services/event-sink"},
+		{Name: dlq, Dir: "fixtures/services/event-dlq"},
+	}
+	for _, f := range fixtures {
+		By("building " + f.Name + " as a Lampyr snapshot artifact with `ly build`, sealing it with `ly deploy`")
+		_, err := r.Seal(ctx, f)
+		Expect(err).NotTo(HaveOccurred())
+	}
+	for _, s := range r.sides {
 		startRecorder(ctx, s)
 	}
-	applyOnBoth(ctx, fixtureServices...)
-	for _, s := range sides {
+	Expect(r.ApplyOnBoth(ctx, fixtures...)).To(Succeed())
+	for _, s := range r.sides {
 		applyEventing(ctx, s)
 	}
-	for _, s := range sides {
-		b, err := s.c.WaitReady(ctx, brokers, ns, broker, 3*time.Minute)
-		Expect(err).NotTo(HaveOccurred(), "Broker on %s", s.name)
+	for _, s := range r.sides {
+		b, err := s.Clients.WaitReady(ctx, brokers, ns, broker, 3*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), "Broker on %s", s.Name)
 		s.brokerURL, _, _ = unstructured.NestedString(b.Object, "status", "address", "url")
-		Expect(s.brokerURL).NotTo(BeEmpty(), "Broker on %s has no address", s.name)
+		Expect(s.brokerURL).NotTo(BeEmpty(), "Broker on %s has no address", s.Name)
 		for _, t := range triggers {
-			_, err := s.c.WaitReady(ctx, triggerGVR, ns, t.name, 3*time.Minute)
-			Expect(err).NotTo(HaveOccurred(), "Trigger %s on %s", t.name, s.name)
+			_, err := s.Clients.WaitReady(ctx, triggerGVR, ns, t.name, 3*time.Minute)
+			Expect(err).NotTo(HaveOccurred(), "Trigger %s on %s", t.name, s.Name)
 		}
 	}
 	// A Trigger can report Ready and then SubscriptionReady Unknown
@@ -147,10 +141,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// 08:17), where the status comparison then met the passing state. The
 	// specs start only once the Broker and every Trigger have stayed Ready
 	// on both sides for settleFor.
-	for _, s := range sides {
+	for _, s := range r.sides {
 		waitSettled(ctx, s)
 	}
-}, NodeTimeout(60*time.Minute))
+	return ctx, nil
+}
 
 // settleFor is how long the Broker and every Trigger must stay Ready.
 const settleFor = 5 * time.Second
@@ -171,7 +166,7 @@ func waitSettled(ctx context.Context, s *side) {
 			}{triggerGVR, t.name})
 		}
 		for _, o := range objs {
-			u, err := s.c.Dynamic.Resource(o.gvr).Namespace(ns).Get(ctx, o.name, metav1.GetOptions{})
+			u, err := s.Clients.Dynamic.Resource(o.gvr).Namespace(ns).Get(ctx, o.name, metav1.GetOptions{})
 			if err != nil || !e2eutil.IsReady(u) {
 				return o.gvr.Resource + "/" + o.name
 			}
@@ -190,96 +185,13 @@ func waitSettled(ctx context.Context, s *side) {
 			return fmt.Sprintf("Ready for %s only", d.Round(100*time.Millisecond))
 		}
 		return ""
-	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(500*time.Millisecond).Should(BeEmpty(), "the Broker and Triggers on %s never stayed Ready for %s", s.name, settleFor)
-}
-
-func sealOnLampyr(ctx context.Context, f *fixtureService) {
-	By("building " + f.name + " as a Lampyr snapshot artifact with `ly build`, sealing it with `ly deploy`")
-	artifactDir := filepath.Join(GinkgoT().TempDir(), "artifact-"+f.name)
-	svcDir := filepath.Join(e2eutil.RepoRoot(), f.dir)
-	runLy(ctx, "build", svcDir, "--artifact", artifactDir)
-	events := runLy(ctx, "deploy", svcDir, "--artifact", artifactDir,
-		"--image", lampyr.info.Registry+"/eventing/"+f.name+":snapshot",
-		"--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns, "--output", "json")
-	var res ly.DeployResult
-	for _, e := range events {
-		if e.Event == "result" {
-			raw, _ := json.Marshal(e.Fields)
-			Expect(json.Unmarshal(raw, &res)).To(Succeed())
-		}
-	}
-	Expect(res.Template).To(ContainSubstring("@sha256:"), "ly deploy printed no template reference")
-	f.snapshot, f.template = res.Snapshot, res.Template
-	runLy(ctx, "delete", f.name, "--kubeconfig", lampyr.info.Kubeconfig, "--namespace", ns)
-	Eventually(func() bool {
-		_, err := lampyr.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, f.name, metav1.GetOptions{})
-		return apierrors.IsNotFound(err)
-	}).WithTimeout(2 * time.Minute).WithPolling(time.Second).Should(BeTrue())
-}
-
-func runLy(ctx context.Context, args ...string) []ly.Event {
-	cmd := exec.CommandContext(ctx, lyBin, args...)
-	cmd.Dir = e2eutil.RepoRoot()
-	cmd.Stderr = GinkgoWriter
-	out, err := cmd.StdoutPipe()
-	Expect(err).NotTo(HaveOccurred())
-	Expect(cmd.Start()).To(Succeed())
-	var events []ly.Event
-	sc := bufio.NewScanner(out)
-	for sc.Scan() {
-		var e ly.Event
-		if json.Unmarshal(sc.Bytes(), &e) == nil && e.Event != "" {
-			events = append(events, e)
-		}
-		fmt.Fprintf(GinkgoWriter, "ly: %s\n", sc.Text())
-	}
-	Expect(cmd.Wait()).To(Succeed(), "ly %s", strings.Join(args, " "))
-	return events
-}
-
-func serviceManifest(f *fixtureService) *unstructured.Unstructured {
-	dir := filepath.Join(e2eutil.RepoRoot(), f.dir)
-	p, err := ly.LoadProject(dir)
-	Expect(err).NotTo(HaveOccurred())
-	ws, _, err := ly.FindWorkspace(dir)
-	Expect(err).NotTo(HaveOccurred())
-	svc := ly.ServiceManifest(p, ly.ServiceInputs{Namespace: ns, Image: runnable, Snapshot: f.snapshot, Template: f.template, Public: ws.Public(p.Name)})
-	raw, _ := yaml.Marshal(svc.Object)
-	_ = os.WriteFile(filepath.Join(artDir, "service-"+f.name+".yaml"), raw, 0o644)
-	return svc
-}
-
-func applyOnBoth(ctx context.Context, fs ...*fixtureService) {
-	var wg sync.WaitGroup
-	errs := make(chan error, len(fs)*len(sides))
-	for _, f := range fs {
-		body, err := serviceManifest(f).MarshalJSON()
-		Expect(err).NotTo(HaveOccurred())
-		for _, s := range sides {
-			force := true
-			_, err := s.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Patch(ctx, f.name, types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "eventing-portability", Force: &force})
-			Expect(err).NotTo(HaveOccurred(), "applying %s on %s", f.name, s.name)
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, err := s.c.WaitReady(ctx, e2eutil.KServices, ns, f.name, 4*time.Minute)
-				if err != nil {
-					errs <- fmt.Errorf("%s on %s: %w", f.name, s.name, err)
-				}
-			}()
-		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		Expect(err).NotTo(HaveOccurred())
-	}
+	}).WithContext(ctx).WithTimeout(3*time.Minute).WithPolling(500*time.Millisecond).Should(BeEmpty(), "the Broker and Triggers on %s never stayed Ready for %s", s.Name, settleFor)
 }
 
 // startRecorder runs the recorder (the handler image, `handler recorder`)
 // as one Pod behind a ClusterIP Service, Pod Security restricted.
 func startRecorder(ctx context.Context, s *side) {
-	By("starting the recorder on " + s.name)
+	By("starting the recorder on " + s.Name)
 	labels := map[string]string{"app": recName}
 	no, yes := false, true
 	uid := int64(65532)
@@ -288,7 +200,7 @@ func startRecorder(ctx context.Context, s *side) {
 		Spec: corev1.PodSpec{
 			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 			Containers: []corev1.Container{{
-				Name: recName, Image: runnable, Args: []string{"recorder"},
+				Name: recName, Image: the().Runnable, Args: []string{"recorder"},
 				Env:             []corev1.EnvVar{{Name: "PORT", Value: "8080"}},
 				Ports:           []corev1.ContainerPort{{ContainerPort: 8080}},
 				ReadinessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
@@ -296,16 +208,16 @@ func startRecorder(ctx context.Context, s *side) {
 			}},
 		},
 	}
-	_, err := s.c.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
+	_, err := s.Clients.Kube.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: recName, Namespace: ns},
 		Spec:       corev1.ServiceSpec{Selector: labels, Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}},
 	}
-	_, err = s.c.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
+	_, err = s.Clients.Kube.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	Eventually(func() bool {
-		p, err := s.c.Kube.CoreV1().Pods(ns).Get(ctx, recName, metav1.GetOptions{})
+		p, err := s.Clients.Kube.CoreV1().Pods(ns).Get(ctx, recName, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}
@@ -315,47 +227,40 @@ func startRecorder(ctx context.Context, s *side) {
 			}
 		}
 		return false
-	}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(BeTrue(), "recorder Pod on %s never Ready", s.name)
+	}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(BeTrue(), "recorder Pod on %s never Ready", s.Name)
 }
 
-var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
-	if !r.Failed() {
+// dumpRecords adds what the recorder received on each side to a failed
+// spec's dump.
+func dumpRecords(ctx context.Context, t *harness.Target, dir string) {
+	r, ok := harness.Value[*eventingRun](ctx)
+	if !ok {
 		return
 	}
-	for _, s := range sides {
-		if s.c == nil {
+	for _, s := range r.sides {
+		if s.Target != t {
 			continue
 		}
-		dir := filepath.Join(artDir, "dump", strings.ReplaceAll(r.LeafNodeText, " ", "_"), s.name)
-		_ = e2eutil.Dump(ctx, s.c, dir)
 		if raw, err := getRecords(ctx, s); err == nil {
 			b, _ := json.MarshalIndent(raw, "", "  ")
+			_ = os.MkdirAll(dir, 0o755)
 			_ = os.WriteFile(filepath.Join(dir, "records.json"), b, 0o644)
 		}
 	}
-})
+}
 
-var _ = AfterSuite(func(ctx SpecContext) {
-	if !enabled || env == nil {
-		return
+func writeReport(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	r, ok := harness.Value[*eventingRun](ctx)
+	if !ok {
+		return ctx, nil
 	}
-	if artDir != "" {
-		md := report.Markdown()
-		_ = os.WriteFile(filepath.Join(artDir, "report.md"), []byte(md), 0o644)
-		fmt.Fprintf(GinkgoWriter, "\n%s\nreport: %s\n", md, filepath.Join(artDir, "report.md"))
+	md := r.report.Markdown()
+	if err := os.WriteFile(filepath.Join(r.artDir, "report.md"), []byte(md), 0o644); err != nil {
+		return ctx, err
 	}
-	if keep {
-		fmt.Fprintln(GinkgoWriter, "LAMPYR_PORTABILITY_KEEP=1: both clusters are left running; delete them with: just cluster-down stock lampyr")
-		return
-	}
-	for _, s := range sides {
-		if created[s.name] {
-			Expect(env.Manager().Delete(s.name)).To(Succeed())
-		} else {
-			fmt.Fprintf(GinkgoWriter, "cluster %s existed before this run: left running\n", s.name)
-		}
-	}
-}, NodeTimeout(10*time.Minute))
+	fmt.Fprintf(GinkgoWriter, "\n%s\nreport: %s\n", md, filepath.Join(r.artDir, "report.md"))
+	return ctx, nil
+}
 
 // subscriberURI is a Trigger's path on the sink with the Receiver's query.
 func subscriberURI(extra url.Values) string {

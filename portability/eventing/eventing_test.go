@@ -80,11 +80,11 @@ func (r *eventReport) Markdown() string {
 // the counts; it returns both sides' records.
 func deliveryCase(ctx context.Context, name, prefix string, parallel, acceptedOnly bool, timeout time.Duration, done func([]events.Record) bool, evs ...event.Event) (a, b []events.Record) {
 	t0 := time.Now()
-	for _, s := range sides {
+	for _, s := range the().sides {
 		send(ctx, s, parallel, evs...)
 	}
-	a = settle(ctx, stock, prefix, timeout, 5*time.Second, done)
-	b = settle(ctx, lampyr, prefix, timeout, 5*time.Second, done)
+	a = settle(ctx, the().stock, prefix, timeout, 5*time.Second, done)
+	b = settle(ctx, the().lampyr, prefix, timeout, 5*time.Second, done)
 	writeJSON(name+"-stock.json", a)
 	writeJSON(name+"-lampyr.json", b)
 	ca, cb := a, b
@@ -94,7 +94,7 @@ func deliveryCase(ctx context.Context, name, prefix string, parallel, acceptedOn
 	diffs := diffRecords(ca, cb)
 	c := caseResult{name: name, stock: count(len(evs), a), lampyr: count(len(evs), b), diffs: diffs, took: time.Since(t0)}
 	fmt.Fprintf(GinkgoWriter, "%s\n  stock:  %s %s\n  lampyr: %s %s\n", name, c.stock, summary(a), c.lampyr, summary(b))
-	report.add(c)
+	the().report.add(c)
 	return a, b
 }
 
@@ -110,14 +110,14 @@ func accepted(rs []events.Record) []events.Record {
 }
 
 func lastCase() *caseResult {
-	report.mu.Lock()
-	defer report.mu.Unlock()
-	return &report.cases[len(report.cases)-1]
+	the().report.mu.Lock()
+	defer the().report.mu.Unlock()
+	return &the().report.cases[len(the().report.cases)-1]
 }
 
 func writeJSON(name string, v any) {
 	raw, _ := json.MarshalIndent(v, "", "  ")
-	_ = os.WriteFile(filepath.Join(artDir, name), raw, 0o644)
+	_ = os.WriteFile(filepath.Join(the().artDir, name), raw, 0o644)
 }
 
 // conditions maps an object's condition types to their status.
@@ -143,8 +143,8 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		// Lampyr, 2026-12-02 08:17), and a comparison of a converged state
 		// against a passing one would change from run to run.
 		get := func(s *side, gvr schema.GroupVersionResource, name string, fields ...[]string) view {
-			u, err := s.c.WaitReady(ctx, gvr, ns, name, 2*time.Minute)
-			Expect(err).NotTo(HaveOccurred(), "%s %s on %s", gvr.Resource, name, s.name)
+			u, err := s.Clients.WaitReady(ctx, gvr, ns, name, 2*time.Minute)
+			Expect(err).NotTo(HaveOccurred(), "%s %s on %s", gvr.Resource, name, s.Name)
 			v := view{Conditions: conditions(u), Fields: map[string]string{}}
 			for _, f := range fields {
 				x, _, _ := unstructured.NestedString(u.Object, f...)
@@ -154,7 +154,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		}
 		var diffs []string
 		compare := func(what string, gvr schema.GroupVersionResource, name string, fields ...[]string) {
-			a, b := get(stock, gvr, name, fields...), get(lampyr, gvr, name, fields...)
+			a, b := get(the().stock, gvr, name, fields...), get(the().lampyr, gvr, name, fields...)
 			if d := portability.Diff(what, a, b); d != "" {
 				diffs = append(diffs, d)
 			}
@@ -166,10 +166,10 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		for _, t := range triggers {
 			compare("Trigger "+t.name, triggerGVR, t.name, []string{"status", "subscriberUri"}, []string{"status", "deadLetterSinkUri"})
 		}
-		u, err := lampyr.c.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, sink, metav1.GetOptions{})
+		u, err := the().lampyr.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, sink, metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		url, _, _ := unstructured.NestedString(u.Object, "status", "address", "url")
-		report.add(caseResult{name: "status", diffs: diffs, notes: []string{"Service " + sink + " status.address.url on both: " + url}})
+		the().report.add(caseResult{name: "status", diffs: diffs, notes: []string{"Service " + sink + " status.address.url on both: " + url}})
 		Expect(url).To(Equal("http://" + sink + "." + ns + ".svc.cluster.local"))
 		Expect(diffs).To(BeEmpty())
 	})
@@ -305,28 +305,28 @@ func maxOverlap(rs []events.Record) int {
 // effort, for the report: zero means nothing was lost in the Broker.
 func routerRefusals(ctx context.Context) map[string]int {
 	out := map[string]int{}
-	for _, s := range sides {
-		out[s.name] = filterFailures(ctx, s)
+	for _, s := range the().sides {
+		out[s.Name] = filterFailures(ctx, s)
 	}
 	return out
 }
 
 func routerRefusalsSince(ctx context.Context, before map[string]int) string {
 	var parts []string
-	for _, s := range sides {
-		parts = append(parts, fmt.Sprintf("%s %d", s.name, filterFailures(ctx, s)-before[s.name]))
+	for _, s := range the().sides {
+		parts = append(parts, fmt.Sprintf("%s %d", s.Name, filterFailures(ctx, s)-before[s.Name]))
 	}
 	return strings.Join(parts, ", ")
 }
 
 func filterFailures(ctx context.Context, s *side) int {
-	pods, err := s.c.Kube.CoreV1().Pods("knative-eventing").List(ctx, metav1.ListOptions{LabelSelector: "eventing.knative.dev/brokerRole=filter"})
+	pods, err := s.Clients.Kube.CoreV1().Pods("knative-eventing").List(ctx, metav1.ListOptions{LabelSelector: "eventing.knative.dev/brokerRole=filter"})
 	if err != nil {
 		return 0
 	}
 	n := 0
 	for _, p := range pods.Items {
-		raw, err := s.c.Kube.CoreV1().Pods(p.Namespace).GetLogs(p.Name, nil).DoRaw(ctx)
+		raw, err := s.Clients.Kube.CoreV1().Pods(p.Namespace).GetLogs(p.Name, nil).DoRaw(ctx)
 		if err != nil {
 			continue
 		}
@@ -349,13 +349,13 @@ func routerCodes(ctx context.Context) map[string]float64 {
 // routerMetric sums fiber-router's metric name for the sink's Revision by
 // the label by ("" sums everything under "").
 func routerMetric(ctx context.Context, name, by string) map[string]float64 {
-	pods, err := lampyr.c.Kube.CoreV1().Pods("lampyr-system").List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+	pods, err := the().lampyr.Clients.Kube.CoreV1().Pods("lampyr-system").List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 	if err != nil || len(pods.Items) == 0 {
 		return nil
 	}
 	out := map[string]float64{}
 	for _, p := range pods.Items {
-		raw, err := lampyr.c.Kube.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9091", "/metrics", nil).DoRaw(ctx)
+		raw, err := the().lampyr.Clients.Kube.CoreV1().Pods(p.Namespace).ProxyGet("http", p.Name, "9091", "/metrics", nil).DoRaw(ctx)
 		if err != nil {
 			fmt.Fprintf(GinkgoWriter, "fiber-router metrics of %s: %v\n", p.Name, err)
 			return nil

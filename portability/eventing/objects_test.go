@@ -98,8 +98,8 @@ func applyEventing(ctx context.Context, s *side) {
 		body, err := o.MarshalJSON()
 		Expect(err).NotTo(HaveOccurred())
 		force := true
-		_, err = s.c.Dynamic.Resource(gvr).Namespace(ns).Patch(ctx, o.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "eventing-portability", Force: &force})
-		Expect(err).NotTo(HaveOccurred(), "%s %s on %s", o.GetKind(), o.GetName(), s.name)
+		_, err = s.Clients.Dynamic.Resource(gvr).Namespace(ns).Patch(ctx, o.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "eventing-portability", Force: &force})
+		Expect(err).NotTo(HaveOccurred(), "%s %s on %s", o.GetKind(), o.GetName(), s.Name)
 	}
 }
 
@@ -121,21 +121,21 @@ func newEvent(typ, id string, ext map[string]string) event.Event {
 func send(ctx context.Context, s *side, parallel bool, evs ...event.Event) []events.SendResult {
 	body, err := json.Marshal(events.SendRequest{To: s.brokerURL, Events: evs, Parallel: parallel})
 	Expect(err).NotTo(HaveOccurred())
-	raw, err := s.c.Kube.CoreV1().RESTClient().Post().Namespace(ns).Resource("services").Name(recName+":80").SubResource("proxy").Suffix("send").
+	raw, err := s.Clients.Kube.CoreV1().RESTClient().Post().Namespace(ns).Resource("services").Name(recName+":80").SubResource("proxy").Suffix("send").
 		SetHeader("Content-Type", "application/json").Body(body).Timeout(2 * time.Minute).DoRaw(ctx)
-	Expect(err).NotTo(HaveOccurred(), "sending through the recorder on %s: %s", s.name, raw)
+	Expect(err).NotTo(HaveOccurred(), "sending through the recorder on %s: %s", s.Name, raw)
 	var res []events.SendResult
 	Expect(json.Unmarshal(raw, &res)).To(Succeed(), string(raw))
 	for _, r := range res {
-		Expect(r.Status).To(Equal(202), "the Broker on %s refused event %s: %+v", s.name, r.ID, r)
+		Expect(r.Status).To(Equal(202), "the Broker on %s refused event %s: %+v", s.Name, r.ID, r)
 	}
 	return res
 }
 
 func getRecords(ctx context.Context, s *side) ([]events.Record, error) {
-	raw, err := s.c.Kube.CoreV1().Services(ns).ProxyGet("http", recName, "80", "/records", nil).DoRaw(ctx)
+	raw, err := s.Clients.Kube.CoreV1().Services(ns).ProxyGet("http", recName, "80", "/records", nil).DoRaw(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w: %s", s.name, err, raw)
+		return nil, fmt.Errorf("%s: %w: %s", s.Name, err, raw)
 	}
 	var rs []events.Record
 	return rs, json.Unmarshal(raw, &rs)
@@ -163,9 +163,9 @@ func settle(ctx context.Context, s *side, prefix string, timeout, quiet time.Dur
 	Eventually(func() bool {
 		rs = recordsOf(ctx, s, prefix)
 		return done(rs)
-	}).WithContext(ctx).WithTimeout(timeout).WithPolling(time.Second).Should(BeTrue(), "%s: records of %s never complete: %s", s.name, prefix, summary(rs))
+	}).WithContext(ctx).WithTimeout(timeout).WithPolling(time.Second).Should(BeTrue(), "%s: records of %s never complete: %s", s.Name, prefix, summary(rs))
 	n := len(rs)
-	Consistently(func() int { return len(recordsOf(ctx, s, prefix)) }).WithContext(ctx).WithTimeout(quiet).WithPolling(time.Second).Should(Equal(n), "%s: more deliveries of %s after they completed", s.name, prefix)
+	Consistently(func() int { return len(recordsOf(ctx, s, prefix)) }).WithContext(ctx).WithTimeout(quiet).WithPolling(time.Second).Should(Equal(n), "%s: more deliveries of %s after they completed", s.Name, prefix)
 	return recordsOf(ctx, s, prefix)
 }
 
@@ -327,6 +327,6 @@ func count(sent int, rs []events.Record) Counts {
 
 // clearRecords forgets s's records (each case starts from none).
 func clearRecords(ctx context.Context, s *side) {
-	raw, err := s.c.Kube.CoreV1().RESTClient().Delete().Namespace(ns).Resource("services").Name(recName + ":80").SubResource("proxy").Suffix("records").DoRaw(ctx)
-	Expect(err).NotTo(HaveOccurred(), "%s: %s", s.name, raw)
+	raw, err := s.Clients.Kube.CoreV1().RESTClient().Delete().Namespace(ns).Resource("services").Name(recName + ":80").SubResource("proxy").Suffix("records").DoRaw(ctx)
+	Expect(err).NotTo(HaveOccurred(), "%s: %s", s.Name, raw)
 }

@@ -3,7 +3,7 @@
 //
 //	lampyr-clusters inputs              build (or find cached) node and registry images
 //	lampyr-clusters up NAME...          create or reuse clusters, in parallel, and install
-//	                                    their profile (stock*, lampyr*; --profile overrides);
+//	                                    their profile (--profile; the pair stock, lampyr: their own);
 //	                                    --eventing (or LAMPYR_EVENTING=1) adds Knative Eventing
 //	lampyr-clusters down NAME...        delete clusters
 //	lampyr-clusters down --all          delete every Kind cluster on this Docker engine
@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
 )
@@ -46,16 +47,16 @@ func run(ctx context.Context, args []string) error {
 		return errors.New("usage: lampyr-clusters inputs|up|down|logs|load|info ...")
 	}
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	keep := fs.Bool("keep", os.Getenv("LAMPYR_KEEP") == "1", "keep clusters whose creation failed or was interrupted")
-	provider := fs.String("provider", clusters.Networking(), "networking provider for installed profiles ("+strings.Join(networking.Names(), ", ")+"; default from "+clusters.EnvNetworking+", else "+networking.Default+")")
+	keep := fs.Bool("keep", environ.Set(environ.Keep), "keep clusters whose creation failed or was interrupted")
+	provider := fs.String("provider", environ.Provider(), "networking provider for installed profiles ("+strings.Join(networking.Names(), ", ")+"; default from "+environ.Networking+", else "+networking.Default+")")
 	all := fs.Bool("all", false, "down: every Kind cluster on this Docker engine (CI starts from none)")
-	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: from the name (stock*, lampyr*)")
-	eventing := fs.Bool("eventing", os.Getenv(clusters.EnvEventing) == "1", "up: also install Knative Eventing (core, MT channel-based Broker, InMemoryChannel) on every cluster given a profile")
+	profile := fs.String("profile", "", "install profile for every cluster named (stock, lampyr, none); default: the paired clusters' own (stock: stock, lampyr: lampyr), none for any other name")
+	eventing := fs.Bool("eventing", environ.Set(environ.Eventing), "up: also install Knative Eventing (core, MT channel-based Broker, InMemoryChannel) on every cluster given a profile")
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
 	log := progress.New(os.Stderr)
-	env := clusters.NewEnv(log)
+	env := clusters.NewEnv(log, environ.Clusters())
 	start := time.Now()
 	defer func() { log.Printf("lampyr-clusters %s: %s", args[0], time.Since(start).Round(100*time.Millisecond)) }()
 	switch args[0] {
@@ -76,9 +77,13 @@ func run(ctx context.Context, args []string) error {
 		for _, i := range infos {
 			p := *profile
 			if p == "" {
-				p = clusters.ProfileFor(i.Name)
+				var paired bool
+				if p, paired = clusters.PairedProfile(i.Name); !paired {
+					log.Printf("cluster %s: no profile stated (--profile stock|lampyr): left bare", i.Name)
+					continue
+				}
 			}
-			if p == "" || p == "none" {
+			if p == "none" {
 				continue
 			}
 			if err := env.Install(ctx, i, p, *provider); err != nil {

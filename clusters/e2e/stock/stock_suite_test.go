@@ -8,8 +8,6 @@ package stock
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -18,24 +16,30 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
 )
 
-func TestStock(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "stock")
-}
+var suite = harness.New(harness.Config{
+	Name:     "stock",
+	Recipe:   "just test-stock",
+	Clusters: []harness.Cluster{{Name: clusterName, Profile: clusters.ProfileStock}},
+})
+
+func TestStock(t *testing.T) { suite.Run(t) }
+
+var _ = suite.Setup("publishing helloworld and the fixture handler, creating namespace "+ns, setupStock)
 
 const (
 	// helloBody is what knative.dev/serving/test/test_images/helloworld answers.
@@ -45,64 +49,50 @@ const (
 	helloPkg    = "knative.dev/serving/test/test_images/helloworld"
 )
 
-var (
-	env     *clusters.Env
-	info    kindcluster.Info
-	c       *e2eutil.Clients
-	gateway string
+// stockRun is the suite's state: the cluster and the images it runs.
+type stockRun struct {
+	*harness.Target
 	hello   string // digest-pinned helloworld image (Knative's test image)
 	fixture string // digest-pinned fixtures/cmd/handler image (answers "Hello $TARGET!")
-	enabled = os.Getenv("LAMPYR_E2E") == "1"
-	created bool // this run created the cluster: delete it at the end unless LAMPYR_KEEP=1
-	// provider is the networking provider installed (clusters.Networking).
+	// provider is the networking provider installed.
 	provider networking.Provider
-)
+}
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	if !enabled {
-		Skip("cluster suites create real Kind clusters: run them with `just test-stock` (sets LAMPYR_E2E=1)")
+// the is the suite's state.
+func the() *stockRun {
+	r, ok := harness.Value[*stockRun](suite.Context())
+	Expect(ok).To(BeTrue(), "the suite's setup did not run")
+	return r
+}
+
+func setupStock(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	t, err := harness.TargetFrom(ctx, clusterName)
+	if err != nil {
+		return ctx, err
 	}
-	env = clusters.NewEnv(progress.New(GinkgoWriter))
-	infos, err := env.Up(ctx, []string{clusterName}, os.Getenv("LAMPYR_KEEP") == "1")
-	Expect(err).NotTo(HaveOccurred())
-	info = infos[0]
-	created = info.Created // this run created it (or recreated a stale one): delete it at the end
-	provider, err = networking.Get(clusters.Networking())
-	Expect(err).NotTo(HaveOccurred())
-	Expect(env.Install(ctx, info, "stock", provider.Name())).To(Succeed())
-	AddReportEntry("networking", provider.Name()+": "+provider.Describe())
-	c, err = e2eutil.NewClients(info.Kubeconfig)
-	Expect(err).NotTo(HaveOccurred())
-	gateway = info.GatewayURL()
+	r := &stockRun{Target: t}
+	if r.provider, err = networking.Get(t.Provider); err != nil {
+		return ctx, err
+	}
+	env, err := harness.Env(ctx)
+	if err != nil {
+		return ctx, err
+	}
 	refs, err := env.Publisher().Publish(ctx, gobuild.Spec{Name: "knative-test-images", Module: knative.ServingModule, Version: knative.ServingVersion, Packages: []string{helloPkg}, LDFlags: "-s -w"},
 		[]publish.Image{{Package: helloPkg, Repo: "knative-serving/test/helloworld"}})
-	Expect(err).NotTo(HaveOccurred())
-	hello = refs[helloPkg]
-	fixture, err = e2eutil.BuildAndPush(ctx, env.Cache, "lampyr.dev/serving/fixtures/cmd/handler", info.Registry, "fixtures/handler", "stock")
-	Expect(err).NotTo(HaveOccurred())
-	_, err = c.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-	if err != nil && !strings.Contains(err.Error(), "already exists") {
-		Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return ctx, err
 	}
-}, NodeTimeout(60*time.Minute))
-
-var _ = AfterSuite(func() {
-	if env == nil || !created {
-		return
+	r.hello = refs[helloPkg]
+	if r.fixture, err = harness.Image(ctx, t, "lampyr.dev/serving/fixtures/cmd/handler"); err != nil {
+		return ctx, err
 	}
-	if os.Getenv("LAMPYR_KEEP") == "1" {
-		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: cluster %s left running (just cluster-down %s)\n", clusterName, clusterName)
-		return
+	_, err = t.Clients.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return ctx, err
 	}
-	Expect(env.Manager().Delete(clusterName)).To(Succeed())
-})
-
-var _ = ReportAfterEach(func(ctx SpecContext, r SpecReport) {
-	if r.Failed() && c != nil {
-		dir := filepath.Join(e2eutil.ArtifactsDir(), "stock", strings.ReplaceAll(r.LeafNodeText, " ", "_"))
-		_ = e2eutil.Dump(ctx, c, dir)
-	}
-})
+	return harness.With(ctx, r), nil
+}
 
 func ksvc(name, image string, annotations map[string]string) *unstructured.Unstructured {
 	return &unstructured.Unstructured{Object: map[string]any{
@@ -125,38 +115,38 @@ func toAny(m map[string]string) map[string]any {
 
 func applyKsvc(ctx context.Context, u *unstructured.Unstructured) {
 	u.SetNamespace(ns)
-	Expect(c.Apply(ctx, e2eutil.KServices, u, "stock-suite")).To(Succeed())
+	Expect(the().Clients.Apply(ctx, e2eutil.KServices, u, "stock-suite")).To(Succeed())
 }
 
 func host(name string) string { return name + "." + ns + "." + clusters.Domain }
 
 var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "stock"), Ordered, func() {
 	It("serves a digest-pinned helloworld through the gateway on 127.0.0.1", func(ctx SpecContext) {
-		Expect(hello).To(ContainSubstring("@sha256:"))
+		Expect(the().hello).To(ContainSubstring("@sha256:"))
 		// A short stable window so the scale-to-zero check below takes
 		// under a minute; the grace period is upstream's default.
 		start := time.Now()
-		applyKsvc(ctx, ksvc("hello", hello, map[string]string{"autoscaling.knative.dev/window": "6s"}))
-		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "hello", 3*time.Minute)
+		applyKsvc(ctx, ksvc("hello", the().hello, map[string]string{"autoscaling.knative.dev/window": "6s"}))
+		_, err := the().Clients.WaitReady(ctx, e2eutil.KServices, ns, "hello", 3*time.Minute)
 		Expect(err).NotTo(HaveOccurred())
 		ready := time.Since(start)
 		// The first request the moment the Service is Ready: a KIngress
 		// implementation that probes the data plane before Ready
 		// (gateway-api) must already serve it.
-		code, body, _, err := e2eutil.Get(ctx, gateway, host("hello"), "/")
+		code, body, _, err := e2eutil.Get(ctx, the().Gateway, host("hello"), "/")
 		first := fmt.Sprintf("%d %q", code, strings.TrimSpace(body))
 		if err != nil {
 			first = err.Error()
 		}
-		msg := fmt.Sprintf("%s: apply -> Ready %s; first request after Ready: %s", provider.Name(), ready.Round(100*time.Millisecond), first)
+		msg := fmt.Sprintf("%s: apply -> Ready %s; first request after Ready: %s", the().provider.Name(), ready.Round(100*time.Millisecond), first)
 		AddReportEntry("helloworld apply -> Ready", msg)
 		fmt.Fprintln(GinkgoWriter, msg)
-		if provider.Name() == networking.GatewayAPIName {
+		if the().provider.Name() == networking.GatewayAPIName {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(200), "net-gateway-api reported Ready only after probing the data plane, so the first request must be served: %s", msg)
 		}
 		Eventually(func() (string, error) {
-			code, body, _, err := e2eutil.Get(ctx, gateway, host("hello"), "/")
+			code, body, _, err := e2eutil.Get(ctx, the().Gateway, host("hello"), "/")
 			if err == nil && code != 200 {
 				err = fmt.Errorf("status %d: %s", code, body)
 			}
@@ -167,14 +157,14 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 	It("scales to zero and serves the next request from zero", func(ctx SpecContext) {
 		sel := "serving.knative.dev/service=hello"
 		Eventually(func() (int, error) {
-			pods, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+			pods, err := the().Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 			if err != nil {
 				return -1, err
 			}
 			return len(pods.Items), nil
 		}).WithTimeout(3*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "pods of hello still exist after the stable window")
 		start := time.Now()
-		code, body, _, err := e2eutil.Get(ctx, gateway, host("hello"), "/")
+		code, body, _, err := e2eutil.Get(ctx, the().Gateway, host("hello"), "/")
 		cold := time.Since(start)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(code).To(Equal(200), body)
@@ -185,14 +175,14 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 
 	It("splits traffic 50/50 between two Revisions and routes a tag to its Revision", func(ctx SpecContext) {
 		split := func(target string) *unstructured.Unstructured {
-			u := ksvc("split", fixture, nil)
+			u := ksvc("split", the().fixture, nil)
 			tmpl := u.Object["spec"].(map[string]any)["template"].(map[string]any)
 			tmpl["metadata"].(map[string]any)["name"] = "split-" + target
 			tmpl["spec"].(map[string]any)["containers"].([]any)[0].(map[string]any)["env"] = []any{map[string]any{"name": "TARGET", "value": target}}
 			return u
 		}
 		applyKsvc(ctx, split("a"))
-		_, err := c.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
+		_, err := the().Clients.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
 		Expect(err).NotTo(HaveOccurred())
 		u := split("b")
 		u.Object["spec"].(map[string]any)["traffic"] = []any{
@@ -201,7 +191,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		}
 		applyKsvc(ctx, u)
 		Eventually(func() (bool, error) {
-			s, err := c.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
+			s, err := the().Clients.WaitReady(ctx, e2eutil.KServices, ns, "split", 3*time.Minute)
 			if err != nil {
 				return false, err
 			}
@@ -212,7 +202,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		Eventually(func() (int, error) {
 			seen := map[string]bool{}
 			for i := 0; i < 20; i++ {
-				_, body, _, err := e2eutil.Get(ctx, gateway, host("split"), "/")
+				_, body, _, err := e2eutil.Get(ctx, the().Gateway, host("split"), "/")
 				if err != nil {
 					return 0, err
 				}
@@ -223,7 +213,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		counts := map[string]int{}
 		const n = 200
 		for i := 0; i < n; i++ {
-			code, body, _, err := e2eutil.Get(ctx, gateway, host("split"), "/")
+			code, body, _, err := e2eutil.Get(ctx, the().Gateway, host("split"), "/")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(200), body)
 			counts[body]++
@@ -244,7 +234,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 			Expect(counts[want]).To(BeNumerically("<=", 130), "split %s", report)
 		}
 		for i := 0; i < 20; i++ {
-			code, body, _, err := e2eutil.Get(ctx, gateway, "a-split."+ns+".example.com", "/")
+			code, body, _, err := e2eutil.Get(ctx, the().Gateway, "a-split."+ns+".example.com", "/")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(code).To(Equal(200))
 			Expect(body).To(Equal("Hello a!\n"), "the tag host a-split must always reach split-a")
@@ -260,7 +250,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		const domain = "hello.example.org"
 		cdc := schema.GroupVersionResource{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "clusterdomainclaims"}
 		dm := schema.GroupVersionResource{Group: "serving.knative.dev", Version: "v1beta1", Resource: "domainmappings"}
-		_, err := c.Dynamic.Resource(cdc).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		_, err := the().Clients.Dynamic.Resource(cdc).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "networking.internal.knative.dev/v1alpha1", "kind": "ClusterDomainClaim",
 			"metadata": map[string]any{"name": domain}, "spec": map[string]any{"namespace": ns},
 		}}, metav1.CreateOptions{})
@@ -268,7 +258,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 			Expect(err).NotTo(HaveOccurred())
 		}
 		created := time.Now()
-		_, err = c.Dynamic.Resource(dm).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
+		_, err = the().Clients.Dynamic.Resource(dm).Namespace(ns).Create(ctx, &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "serving.knative.dev/v1beta1", "kind": "DomainMapping",
 			"metadata": map[string]any{"name": domain, "namespace": ns},
 			"spec":     map[string]any{"ref": map[string]any{"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": "hello"}},
@@ -277,7 +267,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 			Expect(err).NotTo(HaveOccurred())
 		}
 		readiness := ""
-		if u, err := c.WaitReady(ctx, dm, ns, domain, 2*time.Minute); err == nil {
+		if u, err := the().Clients.WaitReady(ctx, dm, ns, domain, 2*time.Minute); err == nil {
 			readiness = "Ready after " + time.Since(created).Round(100*time.Millisecond).String()
 		} else {
 			st, r, m := "", "", ""
@@ -290,7 +280,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		codes := map[int]int{}
 		var lastBody string
 		for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(500 * time.Millisecond) {
-			code, body, _, err := e2eutil.Get(ctx, gateway, domain, "/")
+			code, body, _, err := e2eutil.Get(ctx, the().Gateway, domain, "/")
 			if err != nil {
 				codes[-1]++
 				continue
@@ -298,9 +288,9 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 			codes[code]++
 			lastBody = body
 		}
-		msg := fmt.Sprintf("%s: DomainMapping %s %s; 20 s of requests through the gateway: status counts %v (last body %q)", provider.Name(), domain, readiness, codes, strings.TrimSpace(lastBody))
+		msg := fmt.Sprintf("%s: DomainMapping %s %s; 20 s of requests through the gateway: status counts %v (last body %q)", the().provider.Name(), domain, readiness, codes, strings.TrimSpace(lastBody))
 		AddReportEntry("DomainMapping", msg)
 		fmt.Fprintln(GinkgoWriter, msg)
-		Expect(codes[200]).To(BeZero(), "%s now serves DomainMappings: update docs/networking.md and this expectation\n%s", provider.Name(), msg)
+		Expect(codes[200]).To(BeZero(), "%s now serves DomainMappings: update docs/networking.md and this expectation\n%s", the().provider.Name(), msg)
 	})
 })

@@ -47,6 +47,7 @@ import (
 	"lampyr.dev/serving/clusters/apply"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
@@ -126,7 +127,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.gatewayService, "gateway-service", "", "third-party mode: namespace/name of the Service in front of the KIngress implementation (its port 80 NodePort is dialled)")
 	fs.StringVar(&o.ingressEndpoint, "ingress-endpoint", "127.0.0.1", "address that reaches the gateway Service's node ports")
 	fs.StringVar(&o.ingressClass, "ingress-class", "", "the KIngress class (default: the --provider's)")
-	fs.StringVar(&o.provider, "provider", "", "networking provider installed on the cluster ("+strings.Join(networking.Names(), ", ")+"; default: on a managed cluster the one installed there, else from "+clusters.EnvNetworking+", else "+networking.Default+")")
+	fs.StringVar(&o.provider, "provider", "", "networking provider installed on the cluster ("+strings.Join(networking.Names(), ", ")+"; default: on a managed cluster the one installed there, else from "+environ.Networking+", else "+networking.Default+")")
 	fs.StringVar(&o.registry, "registry", "", "where the test images are pushed, as registry/path (default: localhost:5002, the local registry)")
 	fs.StringVar(&o.implementation, "implementation", "", "name of the implementation under test (default: from the cluster's profile)")
 	fs.StringVar(&o.version, "version", "", "its version (default: Knative Serving's pinned version, or this checkout's for Lampyr)")
@@ -170,7 +171,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	log := progress.New(os.Stderr)
-	env := clusters.NewEnv(log)
+	env := clusters.NewEnv(log, environ.Clusters())
 	root := e2eutil.RepoRoot()
 	rep := &upstream.Report{Date: time.Now().UTC(), Mode: "managed"}
 	profile := ""
@@ -194,7 +195,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		}
 	}
 	if o.provider == "" {
-		o.provider = clusters.Networking()
+		o.provider = environ.Provider()
 	}
 	prov, err := networking.Get(o.provider)
 	if err != nil {
@@ -210,7 +211,7 @@ func run(ctx context.Context, args []string) (int, error) {
 			return 2, err
 		}
 		o.kubeconfig = info.Kubeconfig
-		profile = clusters.ProfileFor(o.cluster)
+		profile, _ = clusters.PairedProfile(o.cluster)
 		gw := prov.Gateway(info.Gateway().NodePort)
 		gwNS, gwName = gw.Namespace, gw.Service
 		if info.Gateway().HostPort != info.Gateway().NodePort {
@@ -256,7 +257,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		rep.Claimed, rep.Unsupported = exp.Claimed, exp.Unsupported
 	}
 	if o.out == "" {
-		o.out = filepath.Join(e2eutil.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
+		o.out = filepath.Join(environ.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
 	}
 	rep.Implementation = upstream.Implementation{Name: o.implementation, Version: o.version, Networking: fmt.Sprintf("%s: %s (class %s)", o.provider, prov.Describe(), o.ingressClass)}
 	if rep.Implementation.Name == "lampyr" {

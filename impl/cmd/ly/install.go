@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/clusters/progress"
 )
@@ -54,7 +55,7 @@ func clusterInstall(ctx context.Context, c common, provider string, nodePort int
 	if err := clientcmd.WriteToFile(*raw, tmp.Name()); err != nil {
 		return err
 	}
-	env := clusters.NewEnv(progress.New(log))
+	env := clusters.NewEnv(progress.New(log), environ.Clusters())
 	name := strings.TrimPrefix(ctxName, "kind-")
 	info := kindcluster.Info{Name: name, Kubeconfig: tmp.Name(), Ports: []kindcluster.PortMapping{{NodePort: clusters.DefaultNodePort}}}
 	if known, err := env.Manager().ReadInfo(name); err == nil && len(known.Ports) > 0 {

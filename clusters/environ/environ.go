@@ -1,0 +1,99 @@
+// Package environ is the edge where the cluster framework reads its
+// environment variables: the commands (lampyr-clusters, knative-conformance,
+// ly) and the suite harness (clusters/harness) call it once and hand the
+// values on as explicit fields; no library below them reads the
+// environment. Every variable is listed in docs/environment.md.
+package environ
+
+import (
+	"os"
+	"path/filepath"
+
+	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/networking"
+)
+
+// The variables read here.
+const (
+	// E2E=1 runs the cluster suites (the just recipes set it); unset, they
+	// skip with the recipe to run.
+	E2E = "LAMPYR_E2E"
+	// Keep=1 leaves clusters a suite created running (and clusters whose
+	// creation failed).
+	Keep = "LAMPYR_KEEP"
+	// PortabilityKeep=1 is Keep for the portability suites, which also print
+	// how to reach the kept Services.
+	PortabilityKeep = "LAMPYR_PORTABILITY_KEEP"
+	// Artifacts is the folder reports and failure dumps go to.
+	Artifacts = "LAMPYR_ARTIFACTS"
+	// CacheDir holds everything built from pinned versions.
+	CacheDir = "LAMPYR_CACHE_DIR"
+	// StateDir holds the clusters' kubeconfigs and records.
+	StateDir = "LAMPYR_STATE_DIR"
+	// EtcdOnDisk=1 keeps a test cluster's etcd on disk instead of tmpfs.
+	EtcdOnDisk = "LAMPYR_ETCD_ON_DISK"
+	// DebianMirror is where the node image's packages come from.
+	DebianMirror = "LAMPYR_DEBIAN_MIRROR"
+	// Networking names the networking provider installs use.
+	Networking = "LAMPYR_NETWORKING"
+	// Eventing=1 adds Knative Eventing to what `lampyr-clusters up` installs.
+	Eventing = "LAMPYR_EVENTING"
+	// ConformanceKubeconfig and ConformanceGateway name a third party's
+	// Lampyr installation for Lampyr's own conformance suite.
+	ConformanceKubeconfig = "LAMPYR_CONFORMANCE_KUBECONFIG"
+	ConformanceGateway    = "LAMPYR_CONFORMANCE_GATEWAY"
+)
+
+// Set reports whether variable k is "1".
+func Set(k string) bool { return os.Getenv(k) == "1" }
+
+// Clusters is the cluster framework's settings: the cache (LAMPYR_CACHE_DIR,
+// else $XDG_CACHE_HOME/lampyr, else ~/.cache/lampyr), the state directory
+// (LAMPYR_STATE_DIR, else <cache>/clusters), etcd's placement and the Debian
+// mirror.
+func Clusters() clusters.Settings {
+	cache := cacheDir()
+	state := os.Getenv(StateDir)
+	if state == "" {
+		state = filepath.Join(cache, "clusters")
+	}
+	return clusters.Settings{
+		Cache:        cache,
+		StateDir:     state,
+		EtcdOnDisk:   Set(EtcdOnDisk),
+		DebianMirror: os.Getenv(DebianMirror),
+	}
+}
+
+func cacheDir() string {
+	if d := os.Getenv(CacheDir); d != "" {
+		return d
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "lampyr")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return filepath.Join(os.TempDir(), "lampyr-cache")
+	}
+	return filepath.Join(home, ".cache", "lampyr")
+}
+
+// Provider is the networking provider to install (LAMPYR_NETWORKING; unset,
+// networking.Default): the one place every suite, `lampyr-clusters up`,
+// `ly cluster install` and the conformance runner take it from.
+func Provider() string {
+	if v := os.Getenv(Networking); v != "" {
+		return v
+	}
+	return networking.Default
+}
+
+// ArtifactsDir is LAMPYR_ARTIFACTS, else _artifacts at the repository root.
+func ArtifactsDir() string {
+	if d := os.Getenv(Artifacts); d != "" {
+		return d
+	}
+	return filepath.Join(e2eutil.RepoRoot(), "_artifacts")
+}
