@@ -4,36 +4,34 @@
 // written as a ConformanceReport, the same type conformance/upstream writes
 // for Knative's suites.
 //
-// Managed (default): it brings up the "lampyr" Kind cluster as `just
-// cluster-up lampyr` does. Third-party: LAMPYR_CONFORMANCE_KUBECONFIG and
-// LAMPYR_CONFORMANCE_GATEWAY (http://host:port of the Knative gateway) name
-// an existing Lampyr installation; nothing is created but the tests'
-// namespaces, their Services and the fixture's snapshot artifact (pushed to
-// the installation's registry, as `ly deploy` would).
+// The cluster comes from clusters/harness. Managed (default): the "lampyr"
+// Kind cluster with the lampyr profile, created or reused. Third-party:
+// LAMPYR_CONFORMANCE_KUBECONFIG and LAMPYR_CONFORMANCE_GATEWAY (http://host:port
+// of the Knative gateway) name an existing Lampyr installation; nothing is
+// created but the tests' namespaces, their Services and the fixture's
+// snapshot artifact (pushed to the installation's registry, as `ly deploy`
+// would).
 //
 // Flags (after the package: `go test ./conformance/lampyr/ -lampyr.declarations=mine.yaml`):
 // -lampyr.declarations, -lampyr.report, -lampyr.report-into.
 package lampyr
 
 import (
+	"context"
 	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/install"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/conformance/upstream"
-	"lampyr.dev/serving/impl/ly"
 )
 
 var (
@@ -42,92 +40,72 @@ var (
 	reportIntoFlag   = flag.String("lampyr.report-into", "", "an existing report.yaml of the same implementation (knative-conformance's) to add this suite's section to")
 )
 
-func TestLampyrConformance(t *testing.T) {
-	RegisterFailHandler(Fail)
-	RunSpecs(t, "lampyr-conformance")
-}
-
 const cluster = "lampyr"
 
-var (
-	enabled = os.Getenv("LAMPYR_E2E") == "1"
-	keep    = os.Getenv("LAMPYR_KEEP") == "1"
-	env     *clusters.Env
-	created bool
-	run     *Run
-)
+var suite = harness.New(harness.Config{
+	Name:         "lampyr-conformance",
+	Recipe:       "just test-lampyr-conformance",
+	Clusters:     []harness.Cluster{{Name: cluster, Profile: clusters.ProfileLampyr}},
+	ExternalVars: true,
+})
 
-var _ = Define(Tests, func() *Run { return run }, "cluster", "lampyr", "conformance")
+// declarations are checked before anything else, with or without a
+// cluster: a stale declaration fails at once.
+var declarations *Declarations
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	root := e2eutil.RepoRoot()
+func TestLampyrConformance(t *testing.T) {
 	path := *declarationsFlag
 	if path == "" {
-		path = filepath.Join(root, "conformance", "expectations", "lampyr.yaml")
+		path = filepath.Join(e2eutil.RepoRoot(), "conformance", "expectations", "lampyr.yaml")
 	}
-	decl, err := LoadDeclarations(path, Tests)
+	var err error
+	if declarations, err = LoadDeclarations(path, Tests); err != nil {
+		t.Fatal(err)
+	}
+	suite.Run(t)
+}
+
+var _ = Define(Tests, func() *Run {
+	r, _ := harness.Value[*Run](suite.Context())
+	return r
+}, "cluster", "lampyr", "conformance")
+
+var _ = suite.Setup("building the fixture handler's snapshot artifact (ly build) and pushing it to the installation's registry", setup)
+
+func setup(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	t, err := harness.TargetFrom(ctx, cluster)
 	if err != nil {
-		Fail(err.Error())
+		return ctx, err
 	}
-	if !enabled {
-		Skip("the Lampyr conformance suite needs a real Lampyr cluster: run it with `just test-lampyr-conformance` (sets LAMPYR_E2E=1)")
-	}
-	r := &Run{Decl: decl, Keep: keep, Artifacts: environ.ArtifactsDir(), ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
+	opts := suite.Options()
+	root := e2eutil.RepoRoot()
+	r := &Run{Decl: declarations, Target: t, Keep: opts.Keep, ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
 	if r.ReportDir == "" {
-		r.ReportDir = filepath.Join(r.Artifacts, "conformance", "lampyr-suite")
+		r.ReportDir = filepath.Join(opts.Artifacts, "conformance", "lampyr-suite")
 	}
 	r.Report = upstream.Report{Date: time.Now().UTC(), Mode: "managed",
-		Implementation: upstream.Implementation{Name: decl.Exp.Implementation, Version: GitVersion(root), URL: "https://lampyr.dev/serving"}}
-	tgt := &Target{}
-	kubeconfig := os.Getenv("LAMPYR_CONFORMANCE_KUBECONFIG")
-	if kubeconfig != "" {
-		tgt.Gateway = os.Getenv("LAMPYR_CONFORMANCE_GATEWAY")
-		Expect(tgt.Gateway).NotTo(BeEmpty(), "third-party mode: set LAMPYR_CONFORMANCE_GATEWAY to the Knative gateway's http://host:port")
+		Implementation: upstream.Implementation{Name: declarations.Exp.Implementation, Version: GitVersion(root), URL: "https://lampyr.dev/serving"},
+		Cluster:        upstream.Cluster{Name: t.Name, Gateway: t.Gateway}}
+	if t.External {
 		r.Report.Mode = "third-party"
-		r.Report.Cluster = upstream.Cluster{Kubeconfig: kubeconfig, Gateway: tgt.Gateway}
-	} else {
-		env = clusters.NewEnv(progress.New(GinkgoWriter), environ.Clusters())
-		infos, err := env.Up(ctx, []string{cluster}, keep)
-		Expect(err).NotTo(HaveOccurred())
-		created = infos[0].Created
-		tgt.Provider, err = networking.Get(environ.Provider())
-		Expect(err).NotTo(HaveOccurred())
-		Expect(env.Install(ctx, infos[0], "lampyr", tgt.Provider.Name())).To(Succeed())
-		kubeconfig, tgt.Gateway = infos[0].Kubeconfig, infos[0].GatewayURL()
-		r.Report.Cluster = upstream.Cluster{Name: cluster, Gateway: tgt.Gateway}
+		r.Report.Cluster = upstream.Cluster{Kubeconfig: t.Kubeconfig, Gateway: t.Gateway}
 	}
-	tgt.Clients, err = e2eutil.NewClients(kubeconfig)
-	Expect(err).NotTo(HaveOccurred())
-	if tgt.Provider == nil {
-		tgt.Provider, err = install.InstalledProvider(ctx, tgt.Clients)
-		Expect(err).NotTo(HaveOccurred())
+	if t.Provider != "" {
+		p, err := networking.Get(t.Provider)
+		if err != nil {
+			return ctx, err
+		}
+		r.Report.Implementation.Networking = p.Name() + ": " + p.Describe()
 	}
-	if tgt.Provider != nil {
-		r.Report.Implementation.Networking = tgt.Provider.Name() + ": " + tgt.Provider.Describe()
+	if err := ClusterFacts(ctx, t.Clients, &r.Report.Cluster); err != nil {
+		return ctx, fmt.Errorf("cluster %s does not answer: %w", t.Name, err)
 	}
-	Expect(ClusterFacts(ctx, tgt.Clients, &r.Report.Cluster)).To(Succeed())
-	tgt.Ly, err = ly.Connect(kubeconfig, "")
-	Expect(err).NotTo(HaveOccurred())
-	var inst *ly.Installation
-	Eventually(func() error { inst, err = tgt.Ly.Describe(ctx); return err }).WithTimeout(time.Minute).Should(Succeed())
 	r.Report.Reproduce = []string{
 		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", r.Report.Implementation.Version),
-		"just test-lampyr-conformance   # managed; or LAMPYR_CONFORMANCE_KUBECONFIG=... LAMPYR_CONFORMANCE_GATEWAY=http://host:port",
+		"just test-lampyr-conformance   # managed; or LAMPYR_E2E=1 LAMPYR_CONFORMANCE_KUBECONFIG=... LAMPYR_CONFORMANCE_GATEWAY=http://host:port go test ./conformance/lampyr/ -lampyr.declarations=their.yaml",
 	}
-	By("building the fixture handler's snapshot artifact (ly build) and pushing it to " + inst.Registry)
-	fx, err := BuildFixture(ctx, inst, filepath.Join(GinkgoT().TempDir(), "artifact"))
-	Expect(err).NotTo(HaveOccurred())
-	r.Target, r.Fixture = tgt, fx
-	run = r
-}, NodeTimeout(60*time.Minute))
-
-var _ = AfterSuite(func() {
-	if env == nil || !created {
-		return
+	if r.Fixture, err = BuildFixture(ctx, t.Installation, filepath.Join(GinkgoT().TempDir(), "artifact")); err != nil {
+		return ctx, err
 	}
-	if keep {
-		fmt.Fprintf(GinkgoWriter, "LAMPYR_KEEP=1: cluster %s left running (just cluster-down %s)\n", cluster, cluster)
-		return
-	}
-	Expect(env.Manager().Delete(cluster)).To(Succeed())
-})
+	return harness.With(ctx, r), nil
+}

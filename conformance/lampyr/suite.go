@@ -15,13 +15,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/conformance/upstream"
 )
 
 // Run is what the specs need once the suite's setup has run.
 type Run struct {
 	Decl    *Declarations
-	Target  *Target
+	Target  *harness.Target
 	Fixture *Fixture
 	// Keep leaves each test's namespace (LAMPYR_KEEP=1).
 	Keep bool
@@ -32,8 +33,6 @@ type Run struct {
 	// set, is an existing report.yaml (knative-conformance's) that gets
 	// this suite's section too, so one report covers both.
 	ReportDir, ReportInto string
-	// Artifacts is where a failed test's cluster dump goes.
-	Artifacts string
 }
 
 // Report entry names a spec records.
@@ -104,8 +103,12 @@ func runTest(ctx SpecContext, r *Run, test Test) {
 	t, err := NewT(ctx, r.Target, r.Fixture, test)
 	Expect(err).NotTo(HaveOccurred(), "preparing namespace %s", NamespacePrefix+test.Name)
 	DeferCleanup(func(ctx SpecContext) {
+		// The harness dumps the cluster after a failed spec; the
+		// namespace stays for a person to look at (the next run's
+		// NewT replaces it).
 		if CurrentSpecReport().Failed() {
-			_ = e2eutil.Dump(ctx, t.Clients, filepath.Join(r.Artifacts, "lampyr-conformance", test.Name))
+			Logf("failed: namespace %s left as it is", t.Namespace)
+			return
 		}
 		if r.Keep {
 			Logf("LAMPYR_KEEP=1: namespace %s left", t.Namespace)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -14,21 +15,11 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/harness"
+	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/ly"
 )
-
-// Target is the Lampyr installation under test.
-type Target struct {
-	Clients *e2eutil.Clients
-	// Ly is ly's connection to the installation (fleet key, image
-	// snapshots).
-	Ly *ly.Cluster
-	// Gateway is the Knative gateway, http://host:port.
-	Gateway string
-	// Provider is the networking provider installed (nil: unknown).
-	Provider networking.Provider
-}
 
 // Fixture is the fixture handler (fixtures/cmd/handler) built once per run:
 // its project, its snapshot artifact in the installation's registry, and
@@ -67,11 +58,12 @@ func BuildFixture(ctx context.Context, inst *ly.Installation, artifactDir string
 	return f, nil
 }
 
-// T is what one test's Manifests and Assert work with: the target, the
-// fixture, the installation as the test started and the test's own
-// namespace.
+// T is what one test's Manifests and Assert work with: the harness's
+// target (clients, gateway, registry, the Lampyr installation and ly's
+// connection to it, profile, provider), the fixture, the installation as
+// the test started and the test's own namespace.
 type T struct {
-	*Target
+	*harness.Target
 	*Fixture
 	// Inst is the installation as described when the test started (a
 	// test that rotates the fleet key updates it).
@@ -82,7 +74,7 @@ type T struct {
 // NewT prepares a test's namespace (fresh, under Pod Security
 // "restricted": no Lampyr Pod runs in a tenant's namespace,
 // docs/security.md) and reads the installation.
-func NewT(ctx context.Context, tgt *Target, fx *Fixture, test Test) (*T, error) {
+func NewT(ctx context.Context, tgt *harness.Target, fx *Fixture, test Test) (*T, error) {
 	t := &T{Target: tgt, Fixture: fx, Namespace: NamespacePrefix + test.Name}
 	var err error
 	if t.Inst, err = tgt.Ly.Describe(ctx); err != nil {
@@ -190,6 +182,21 @@ func (t *T) WaitCondition(ctx context.Context, rev, typ, status string, timeout 
 		return s, err
 	}).WithTimeout(timeout).WithPolling(500*time.Millisecond).Should(Equal(status), "Revision %s condition %s", rev, typ)
 	return reason, msg
+}
+
+// NetworkingProvider is the networking provider installed: the one the
+// harness installed, else (an external installation) the one
+// knative-serving/config-network's ingress class names.
+func (t *T) NetworkingProvider(ctx context.Context) networking.Provider {
+	if t.Provider != "" {
+		p, err := networking.Get(t.Provider)
+		Expect(err).NotTo(HaveOccurred())
+		return p
+	}
+	p, err := install.InstalledProvider(ctx, t.Clients)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(p).NotTo(BeNil(), "knative-serving/config-network names no ingress class of a known networking provider (%s)", strings.Join(networking.Names(), ", "))
+	return p
 }
 
 // Leftovers lists what Knative or Lampyr left for the test's namespace.

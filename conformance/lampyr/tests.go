@@ -19,7 +19,6 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/networking"
 	grantconfig "lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/ly"
@@ -67,13 +66,7 @@ func installation() Test {
 		Name: "installation", Feature: FeatureInstallation, Labels: []string{LabelInstall},
 		Description: "runs no stock controller, activator or autoscaler",
 		Assert: func(ctx context.Context, t *T) {
-			provider := t.Provider
-			if provider == nil {
-				p, err := install.InstalledProvider(ctx, t.Clients)
-				Expect(err).NotTo(HaveOccurred())
-				Expect(p).NotTo(BeNil(), "knative-serving/config-network names no ingress class of a known networking provider (%s)", strings.Join(networking.Names(), ", "))
-				provider = p
-			}
+			provider := t.NetworkingProvider(ctx)
 			ds, err := t.Clients.Kube.AppsV1().Deployments("knative-serving").List(ctx, metav1.ListOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			var names []string
@@ -133,12 +126,7 @@ func valid() Test {
 			Expect(inNS.Items).To(BeEmpty(), "no Pod of a Revision runs in the tenant's namespace")
 			svc, err := t.Clients.Kube.CoreV1().Services(t.Namespace).Get(ctx, rev, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred(), "the backend Service the upstream Route reconciler expects, named after the Revision")
-			provider := t.Provider
-			if provider == nil {
-				provider, err = install.InstalledProvider(ctx, t.Clients)
-				Expect(err).NotTo(HaveOccurred())
-				Expect(provider).NotTo(BeNil(), "knative-serving/config-network names no ingress class of a known networking provider")
-			}
+			provider := t.NetworkingProvider(ctx)
 			strategy := clusters.BackendStrategyFor(provider.Name())
 			if strategy == "externalname" {
 				Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeExternalName), "externalname strategy (%s)", provider.Name())
