@@ -79,7 +79,7 @@ func setup(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	}
 	opts := suite.Options()
 	root := e2eutil.RepoRoot()
-	r := &Run{Decl: declarations, Target: t, Keep: opts.Keep, ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
+	r := &Run{Decl: declarations, Target: t, ReportDir: *reportFlag, ReportInto: *reportIntoFlag}
 	if r.ReportDir == "" {
 		r.ReportDir = filepath.Join(opts.Artifacts, "conformance", "lampyr-suite")
 	}

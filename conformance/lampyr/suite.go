@@ -24,8 +24,6 @@ type Run struct {
 	Decl    *Declarations
 	Target  *harness.Target
 	Fixture *Fixture
-	// Keep leaves each test's namespace (LAMPYR_KEEP=1).
-	Keep bool
 	// Report is the ConformanceReport's header (implementation, mode,
 	// cluster); the suite adds its section.
 	Report upstream.Report
@@ -110,12 +108,10 @@ func runTest(ctx SpecContext, r *Run, test Test) {
 			Logf("failed: namespace %s left as it is", t.Namespace)
 			return
 		}
-		if r.Keep {
-			Logf("LAMPYR_KEEP=1: namespace %s left", t.Namespace)
-			return
-		}
-		// Not waited for: Lampyr finalizes in the background; the
-		// finalization test is the one that waits.
+		// Also with LAMPYR_KEEP=1 (which keeps the cluster): every
+		// passed test's Services would hold fiber capacity. Not waited
+		// for: Lampyr finalizes in the background; the finalization test
+		// is the one that waits.
 		_ = t.Clients.Kube.CoreV1().Namespaces().Delete(ctx, t.Namespace, metav1.DeleteOptions{})
 	})
 	failure := Intercept(func() {
