@@ -47,26 +47,26 @@ test-unit:
     go test -run '^$' -fuzz '^FuzzValidate$' -fuzztime 20000x -fuzzminimizetime 200x ./impl/reconciler/revision/
 
 # Cluster suites on real Kind clusters.
-test-clusters: tools
+test-clusters *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json {{GINKGO_ARGS}}
 
 # Stock Knative Serving on the offline "stock" cluster: helloworld, scale to zero, split, tags.
-test-stock: tools
+test-stock *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json {{GINKGO_ARGS}}
 
 # The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster
 # (each provider that runs here installed in turn; the default one last, so the cluster is left on it).
-test-feasibility: tools
+test-feasibility *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json {{GINKGO_ARGS}}
 
 # Side-by-side performance of stock Knative and Lampyr on the paired clusters
 # (report in _artifacts/bench/report.{json,md,html}). Knobs: LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES.
-bench-portability: tools
+bench-portability *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
 
 # Only Knative networking's KIngress suite against a cluster's networking
 # layer (default: the stock cluster with the default provider, or
@@ -116,9 +116,9 @@ test-lampyr-conformance *ARGS: tools
 # Two tenants holding only namespace `edit`, under Pod Security restricted, try
 # every attack of docs/security.md against Lampyr, stock Knative as a reference.
 # The hostile-tenant suite on the paired clusters (table: _artifacts/tenancy/report.md).
-test-tenancy: tools
+test-tenancy *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 100m ./conformance/tenancy/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 100m ./conformance/tenancy/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json {{GINKGO_ARGS}}
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).

@@ -11,12 +11,12 @@ import (
 
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
 
 	"lampyr.dev/serving/clusters/inputs"
@@ -109,6 +109,13 @@ type Settings struct {
 	EtcdOnDisk bool
 	// DebianMirror overrides inputs.DebianMirror.
 	DebianMirror string
+	// Online says upstream registries are reachable, so networking
+	// providers that pull images (kourier) may be installed
+	// (install.Options.Online).
+	Online bool
+	// LampyrSources say where the lampyr profile's components come from
+	// (zero: built from this checkout).
+	LampyrSources install.LampyrSources
 }
 
 // Env ties the cache, the state directory and the registry together.
@@ -223,18 +230,18 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 		return err
 	}
 	provider = prov.Name()
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}
 	switch profile {
 	case ProfileStock:
 		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain})
+			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Online: e.Online})
 		})
 	case ProfileLampyr:
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher())
+			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher(), e.LampyrSources)
 			if err != nil {
 				return err
 			}
@@ -248,7 +255,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
 				return err
 			}
-			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects}); err != nil {
+			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects, Online: e.Online}); err != nil {
 				return err
 			}
 			return e.authorizeLocalSealer(ctx, info)
@@ -316,7 +323,7 @@ func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) e
 // objects on stock and on Lampyr. Optional; Serving-only installs never
 // call it.
 func (e *Env) InstallEventing(ctx context.Context, info kindcluster.Info) error {
-	c, err := e2eutil.NewClients(info.Kubeconfig)
+	c, err := install.NewClients(info.Kubeconfig)
 	if err != nil {
 		return err
 	}

@@ -40,16 +40,13 @@ const (
 	// evidence and not as a hang: "router-zero" scales fiber-router to zero
 	// during proof 6.
 	envSabotage = "LAMPYR_FEASIBILITY_SABOTAGE"
-	// envOnline=1: this machine can pull from public registries (providers
-	// that need one are measured).
-	envOnline = "LAMPYR_ONLINE"
 )
 
 var suite = harness.New(harness.Config{
 	Name:     "feasibility",
 	Recipe:   "just test-feasibility",
 	Clusters: []harness.Cluster{{Name: clusterName, Profile: clusters.ProfileLampyr}},
-	Knobs:    []string{envProviders, envSabotage, envOnline},
+	Knobs:    []string{envProviders, envSabotage},
 	// Each provider is installed in turn by its specs (gateProviders: the
 	// default last, so the cluster is left on it); the harness installs
 	// the first, so the shared setup has a Lampyr to talk to.
@@ -90,11 +87,7 @@ type gate struct {
 }
 
 // the is the gate's state.
-func the() *gate {
-	g, ok := harness.Value[*gate](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return g
-}
+func the() *gate { return harness.State[*gate](suite) }
 
 func setupGate(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	t, err := harness.TargetFrom(ctx, clusterName)
@@ -262,7 +255,7 @@ func gateProviders(o harness.Options) []string {
 	}
 	for _, n := range measuredProviders(o) {
 		p, _ := networking.Get(n)
-		if p.NeedsRegistry() != "" && o.Knobs[envOnline] != "1" {
+		if p.NeedsRegistry() != "" && !o.Clusters.Online {
 			continue
 		}
 		if n != def {
@@ -319,9 +312,9 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 		if err != nil {
 			panic(err)
 		}
-		if why := p.NeedsRegistry(); why != "" && suite.Knob(envOnline) != "1" {
+		if why := p.NeedsRegistry(); why != "" && !suite.Options().Clusters.Online {
 			for _, strategy := range Strategies {
-				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func() {
+				It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), Label(prov, strategy), func() {
 					for _, pr := range Proofs {
 						the().matrix.Add(Result{Provider: prov, Strategy: strategy, Proof: pr, Outcome: OutcomeSkipped, Evidence: "needs a container registry: " + why})
 					}
@@ -332,14 +325,14 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 	}
 	for _, prov := range order {
 		for _, strategy := range Strategies {
-			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), func(ctx SpecContext) {
+			It(fmt.Sprintf("proves %s with the %s strategy", prov, strategy), Label(prov, strategy), func(ctx SpecContext) {
 				Expect(installProvider(ctx, prov)).To(Succeed(), "installing the lampyr profile with %s", prov)
 				runGate(ctx, prov, strategy)
 			})
 		}
 	}
 
-	It("selects, per provider, the strategy the install profile uses", func() {
+	It("selects, per provider, the strategy the install profile uses", Label("selection"), func() {
 		sel := the().matrix.Selected()
 		fmt.Fprintf(GinkgoWriter, "\n%s", the().matrix.Table())
 		Expect(order).NotTo(BeEmpty(), "no networking provider can run here")

@@ -38,7 +38,7 @@ const unreadBodyRequests = "LAMPYR_UNREAD_BODY_REQUESTS"
 var suite = harness.New(harness.Config{
 	Name:     "portability",
 	Recipe:   "just test-knative-portability",
-	Clusters: []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Clusters: harness.Paired(),
 	KeepVar:  environ.PortabilityKeep,
 	Knobs:    []string{unreadBodyRequests},
 })
@@ -80,11 +80,7 @@ type proof struct {
 }
 
 // the is the proof's state.
-func the() *proof {
-	p, ok := harness.Value[*proof](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return p
-}
+func the() *proof { return harness.State[*proof](suite) }
 
 func host() string { return hostOf(svcName) }
 
@@ -232,26 +228,26 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 	})
 
 	for _, r := range RequestSet {
-		It("answers "+r.Name+" identically", func(ctx SpecContext) {
+		It("answers "+r.Name+" identically", Label("http"), func(ctx SpecContext) {
 			a, b := onBoth(func(s *harness.Target) (*Response, error) { return Do(ctx, s.Gateway, host(), r) })
 			expectSame("request "+r.Name, "the answer to "+r.Method+" "+r.Path, a, b)
 		})
 	}
 
-	It("streams the same chunks, incrementally", func(ctx SpecContext) {
+	It("streams the same chunks, incrementally", Label("http", "streaming"), func(ctx SpecContext) {
 		a, b := onBoth(func(s *harness.Target) (*Stream, error) { return DoStream(ctx, s.Gateway, host(), 5, 200) })
 		Expect(a.Incremental).To(BeTrue(), "stock delivered the stream at once: %+v", a)
 		expectSame("stream", "the streamed answer of /stream", a, b)
 	})
 
-	It("echoes WebSocket messages identically", func(ctx SpecContext) {
+	It("echoes WebSocket messages identically", Label("websocket"), func(ctx SpecContext) {
 		msgs := []string{"one", "two", strings.Repeat("x", 4096)}
 		a, b := onBoth(func(s *harness.Target) ([]string, error) { return WebSocketEcho(ctx, s.Gateway, host(), msgs) })
 		Expect(a).To(HaveLen(len(msgs)))
 		expectSame("websocket", "the WebSocket replies on /ws", a, b)
 	})
 
-	It("answers every request whose body the handler does not read", func(ctx SpecContext) {
+	It("answers every request whose body the handler does not read", Label("http"), func(ctx SpecContext) {
 		n := suite.IntKnob(unreadBodyRequests, 1000)
 		start := CurrentSpecReport().StartTime
 		a, b := onBoth(func(s *harness.Target) (*UnreadBodyTally, error) { return UnreadBodies(ctx, s.Gateway, host(), n), nil })
@@ -276,7 +272,7 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		Expect(problems).To(BeEmpty())
 	})
 
-	It("answers gRPC over h2c identically", func(ctx SpecContext) {
+	It("answers gRPC over h2c identically", Label("grpc"), func(ctx SpecContext) {
 		for _, s := range the().Sides() {
 			Eventually(func() error {
 				_, err := Do(ctx, s.Gateway, hostOf(grpcName), RequestSet[0])
@@ -291,7 +287,7 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 	})
 
 	for _, name := range []string{svcName, grpcName} {
-		It("serves the same defaulted Service spec for "+name, func(ctx SpecContext) {
+		It("serves the same defaulted Service spec for "+name, Label("api"), func(ctx SpecContext) {
 			a, b := onBoth(func(s *harness.Target) (map[string]any, error) {
 				u, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 				if err != nil {
@@ -305,7 +301,7 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		})
 	}
 
-	It("serves the same Knative CRD specs", func(ctx SpecContext) {
+	It("serves the same Knative CRD specs", Label("api"), func(ctx SpecContext) {
 		for _, name := range []string{"services", "configurations", "revisions", "routes", "domainmappings"} {
 			crd := name + ".serving.knative.dev"
 			a, b := onBoth(func(s *harness.Target) (map[string]any, error) {
@@ -319,7 +315,7 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		}
 	})
 
-	It("ran the Service on fibers on Lampyr and on Pods on stock", func(ctx SpecContext) {
+	It("ran the Service on fibers on Lampyr and on Pods on stock", Label("execution"), func(ctx SpecContext) {
 		// The proof is only meaningful if each side ran its own way.
 		start := time.Now()
 		var problem string

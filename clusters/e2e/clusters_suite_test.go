@@ -53,7 +53,7 @@ func env() *clusters.Env {
 }
 
 var _ = Describe("offline paired clusters", Label("cluster"), func() {
-	It("has every node Ready and every kube-system pod (CoreDNS, kube-proxy, control plane) Ready in both clusters", func(ctx SpecContext) {
+	It("has every node Ready and every kube-system pod (CoreDNS, kube-proxy, control plane) Ready in both clusters", Label("nodes"), func(ctx SpecContext) {
 		for _, t := range suite.Targets() {
 			n := t.Name
 			Eventually(func() ([]string, error) {
@@ -84,7 +84,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		}
 	})
 
-	It("serves a pod built by the image builder and pulled from localhost:5002 in each cluster, on 127.0.0.1", func(ctx SpecContext) {
+	It("serves a pod built by the image builder and pulled from localhost:5002 in each cluster, on 127.0.0.1", Label("registry", "images"), func(ctx SpecContext) {
 		ref, err := harness.Image(suite.In(ctx), suite.Targets()[0], "lampyr.dev/serving/fixtures/cmd/handler")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ref).To(ContainSubstring("@sha256:"), "the pod must pull by digest")
@@ -102,7 +102,7 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		}
 	})
 
-	It("leaves no container behind when creation is interrupted", func(ctx SpecContext) {
+	It("leaves no container behind when creation is interrupted", Label("lifecycle"), func(ctx SpecContext) {
 		bin := filepath.Join(e2eutil.RepoRoot(), "build", "lampyr-clusters")
 		build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./clusters/cmd/lampyr-clusters")
 		build.Dir = e2eutil.RepoRoot()

@@ -19,8 +19,10 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/install"
 )
 
 // Clients bundles the clients of one cluster.
@@ -30,27 +32,29 @@ type Clients struct {
 	Dynamic dynamic.Interface
 }
 
-// NewClients loads a kubeconfig file.
+// NewClients loads a kubeconfig file (the installer's loader: the same
+// rate limits for the suites and `ly cluster install`).
 func NewClients(kubeconfig string) (*Clients, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	ic, err := install.NewClients(kubeconfig)
 	if err != nil {
-		return nil, fmt.Errorf("load kubeconfig %s: %w", kubeconfig, err)
+		return nil, err
 	}
-	cfg.QPS, cfg.Burst = 50, 100
-	return ClientsFor(cfg)
+	return &Clients{Config: ic.Config, Kube: ic.Kube, Dynamic: ic.Dynamic}, nil
 }
 
 // ClientsFor makes the typed and dynamic clients for cfg.
 func ClientsFor(cfg *rest.Config) (*Clients, error) {
-	kube, err := kubernetes.NewForConfig(cfg)
+	ic, err := install.ClientsFor(cfg)
 	if err != nil {
 		return nil, err
 	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return &Clients{Config: cfg, Kube: kube, Dynamic: dyn}, nil
+	return &Clients{Config: ic.Config, Kube: ic.Kube, Dynamic: ic.Dynamic}, nil
+}
+
+// Install is the installer's client bundle for the same cluster
+// (impl/install takes its own type, not the test framework's).
+func (c *Clients) Install() *install.Clients {
+	return &install.Clients{Config: c.Config, Kube: c.Kube, Dynamic: c.Dynamic}
 }
 
 // DumpResources are the custom resources a dump lists with their status.
@@ -61,7 +65,7 @@ var DumpResources = []schema.GroupVersionResource{
 	{Group: "serving.knative.dev", Version: "v1", Resource: "routes"},
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "ingresses"},
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "serverlessservices"},
-	{Group: "fiberd.io", Version: "v1alpha1", Resource: "capacitygrants"},
+	contract.CapacityGrants,
 	// The gateway-api networking provider's objects.
 	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"},
 	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"},

@@ -12,6 +12,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install"
 )
 
 // The variables read here.
@@ -43,6 +44,16 @@ const (
 	// Lampyr installation for Lampyr's own conformance suite.
 	ConformanceKubeconfig = "LAMPYR_CONFORMANCE_KUBECONFIG"
 	ConformanceGateway    = "LAMPYR_CONFORMANCE_GATEWAY"
+	// Online=1 says upstream registries are reachable (kourier may be
+	// installed).
+	Online = install.EnvOnline
+	// ClusterInputs, ControllerManifest, GrantImage and HelperImage name
+	// the lampyr profile's components when they are not built from this
+	// checkout (install.LampyrSources).
+	ClusterInputs      = install.EnvClusterInputs
+	ControllerManifest = install.EnvControllerManifest
+	GrantImage         = install.EnvGrantImage
+	HelperImage        = install.EnvHelperImage
 )
 
 // Set reports whether variable k is "1".
@@ -50,8 +61,9 @@ func Set(k string) bool { return os.Getenv(k) == "1" }
 
 // Clusters is the cluster framework's settings: the cache (LAMPYR_CACHE_DIR,
 // else $XDG_CACHE_HOME/lampyr, else ~/.cache/lampyr), the state directory
-// (LAMPYR_STATE_DIR, else <cache>/clusters), etcd's placement and the Debian
-// mirror.
+// (LAMPYR_STATE_DIR, else <cache>/clusters), etcd's placement, the Debian
+// mirror, LAMPYR_ONLINE and where the lampyr profile's components come
+// from.
 func Clusters() clusters.Settings {
 	cache := cacheDir()
 	state := os.Getenv(StateDir)
@@ -63,6 +75,13 @@ func Clusters() clusters.Settings {
 		StateDir:     state,
 		EtcdOnDisk:   Set(EtcdOnDisk),
 		DebianMirror: os.Getenv(DebianMirror),
+		Online:       Set(Online),
+		LampyrSources: install.LampyrSources{
+			InputsDir:          os.Getenv(ClusterInputs),
+			ControllerManifest: os.Getenv(ControllerManifest),
+			GrantImage:         os.Getenv(GrantImage),
+			HelperImage:        os.Getenv(HelperImage),
+		},
 	}
 }
 

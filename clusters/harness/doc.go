@@ -33,6 +33,26 @@
 // errors fail it, named). The context is kept by the Suite between the two,
 // its values detached from the Ginkgo node that made them.
 //
+// # A suite
+//
+//	var suite = harness.New(harness.Config{
+//		Name: "portability", Recipe: "just test-knative-portability",
+//		Clusters: harness.Paired(), // or []harness.Cluster{{Name: "lampyr", Profile: clusters.ProfileLampyr}}
+//		Knobs:    []string{"LAMPYR_UNREAD_BODY_REQUESTS"},
+//	})
+//
+//	func TestPortability(t *testing.T) { suite.Run(t) }
+//
+//	var _ = suite.Setup("sealing and applying the Services", setupProof) // an env.Func
+//	var _ = suite.Finish("writing the report", finishProof)
+//
+//	func the() *proof { return harness.State[*proof](suite) } // put by setupProof with harness.With
+//
+// A spec reads suite.Target("lampyr") (or its own state through the()),
+// and calls the harness's funcs (Image, Reinstall) with suite.In(ctx).
+// A failed spec's dump goes to <artifacts>/<suite>/dump/<spec>/<cluster>;
+// Suite.OnFailure adds to it.
+//
 // The environment variables are read once, by New (through
 // clusters/environ); docs/environment.md lists them.
 package harness

@@ -16,6 +16,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
@@ -204,7 +205,7 @@ func Reinstall(ctx context.Context, t *Target, provider string) error {
 func ConnectExternal(c Cluster, ext External) env.Func {
 	return func(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 		if ext.Gateway == "" {
-			return ctx, fmt.Errorf("third-party mode: set the gateway (%s) to the Knative gateway's http://host:port", "LAMPYR_CONFORMANCE_GATEWAY")
+			return ctx, fmt.Errorf("third-party mode: set %s to the Knative gateway's http://host:port", environ.ConformanceGateway)
 		}
 		t := &Target{
 			Name: c.Name, Profile: c.Profile, Kubeconfig: ext.Kubeconfig, Gateway: ext.Gateway,

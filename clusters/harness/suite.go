@@ -191,6 +191,14 @@ func (s *Suite) Target(name string) *Target {
 	return t
 }
 
+// State is the suite's own state of type T, put in the context by a setup
+// step with With; a spec fails if the setup did not put one.
+func State[T any](s *Suite) T {
+	v, ok := Value[T](s.Context())
+	Expect(ok).To(BeTrue(), "suite %s: no %T in the context: the setup step that makes it did not run", s.cfg.Name, v)
+	return v
+}
+
 // Targets are every target, in declared order.
 func (s *Suite) Targets() []*Target { return Targets(s.Context()) }
 
@@ -284,7 +292,9 @@ func (s *Suite) runSetup(ctx SpecContext) {
 		out, err := st.fn(joined{Context: ctx, values: s.values}, s.econf)
 		timings = append(timings, fmt.Sprintf("%s: %s", st.name, time.Since(t0).Round(100*time.Millisecond)))
 		fmt.Fprintf(GinkgoWriter, "setup: %s\n", timings[len(timings)-1])
-		Expect(err).NotTo(HaveOccurred(), "setup: %s", st.name)
+		if err != nil {
+			Fail(fmt.Sprintf("setup: %s: %v", st.name, err))
+		}
 		if out != nil {
 			s.values = context.WithoutCancel(out)
 		}
@@ -315,7 +325,9 @@ func (s *Suite) runFinish(ctx SpecContext) {
 			s.values = context.WithoutCancel(out)
 		}
 	}
-	Expect(errors.Join(errs...)).NotTo(HaveOccurred())
+	if err := errors.Join(errs...); err != nil {
+		Fail(err.Error())
+	}
 }
 
 // dumpOnFailure writes each target's conditions, events and pod logs into

@@ -9,6 +9,7 @@ import (
 
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
+	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/kindcluster"
 	"lampyr.dev/serving/impl/ly"
@@ -24,6 +25,11 @@ type Cluster struct {
 	Profile string
 	// Eventing adds Knative Eventing after the profile.
 	Eventing bool
+}
+
+// Paired is the stock/lampyr pair, each with its profile.
+func Paired() []Cluster {
+	return []Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}}
 }
 
 // External names an installation the suite does not manage: nothing is

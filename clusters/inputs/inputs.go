@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"golang.org/x/sync/errgroup"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/build/image"
@@ -67,137 +66,18 @@ func (b *Builder) GoBuild(ctx context.Context, spec gobuild.Spec) ([]gobuild.Bin
 }
 
 // Build makes (or finds in the cache) the node image and the registry image,
-// and loads both into Docker. The rootfs (network-bound) runs beside the Go
-// builds (CPU-bound); the Go builds run one at a time since two cores are
-// easily saturated.
+// and loads both into Docker, as a list of actions (buildActions): the
+// rootfs (network-bound) runs beside the Go builds (CPU-bound); the Go
+// builds run one at a time since two cores are easily saturated.
 func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	if err := os.MkdirAll(b.Cache, 0o755); err != nil {
 		return nil, err
 	}
-	kindDir, err := gobuild.Download(ctx, "sigs.k8s.io/kind", KindVersion)
-	if err != nil {
+	s := &buildState{b: b, res: &Result{ControlPlaneImages: map[string]string{}}}
+	if err := runActions(ctx, b.Log, s, buildActions()); err != nil {
 		return nil, err
 	}
-	k8sMod, err := gobuild.Download(ctx, "k8s.io/kubernetes", KubernetesVersion)
-	if err != nil {
-		return nil, err
-	}
-	rootSpec := nodeimage.RootfsSpec{Suite: DebianSuite, Mirror: or(b.DebianMirror, DebianMirror),
-		Packages: NodePackages, KindFiles: filepath.Join(kindDir.Dir, "images/base/files")}
-	rootKey := hashOf(recipe, rootSpec.Suite, rootSpec.Mirror, strings.Join(rootSpec.Packages, ","), KindVersion)
-	rootDir := filepath.Join(b.Cache, "rootfs", "bookworm-"+rootKey)
-	rootTar := rootDir + ".tar"
-
-	var (
-		k8sBins, etcdBins, dnsBins, crictlBins, regBins, netpolBins []gobuild.Binary
-	)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		if _, err := os.Stat(rootTar); err == nil {
-			return nil
-		}
-		return b.Log.Step("Building node rootfs (debootstrap "+DebianSuite+", "+fmt.Sprint(len(NodePackages))+" packages)", func() error {
-			if _, err := os.Stat(rootDir); err != nil {
-				if err := os.MkdirAll(filepath.Dir(rootDir), 0o755); err != nil {
-					return err
-				}
-				if err := nodeimage.BuildRootfs(gctx, rootSpec, rootDir, b.Log); err != nil {
-					return err
-				}
-			}
-			return nodeimage.TarDir(gctx, rootDir, rootTar)
-		})
-	})
-	g.Go(func() error {
-		k8sSpec, err := KubernetesSpec(gctx)
-		if err != nil {
-			return err
-		}
-		if k8sBins, err = b.GoBuild(gctx, k8sSpec); err != nil {
-			return err
-		}
-		if etcdBins, err = b.GoBuild(gctx, EtcdSpec()); err != nil {
-			return err
-		}
-		if dnsBins, err = b.GoBuild(gctx, CoreDNSSpec()); err != nil {
-			return err
-		}
-		if crictlBins, err = b.GoBuild(gctx, CrictlSpec()); err != nil {
-			return err
-		}
-		if regBins, err = b.GoBuild(gctx, RegistrySpec()); err != nil {
-			return err
-		}
-		netpolBins, err = b.GoBuild(gctx, NetworkPolicySpec())
-		return err
-	})
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	bin := func(bins []gobuild.Binary, name string) string {
-		for _, x := range bins {
-			if filepath.Base(x.Path) == name {
-				return x.Path
-			}
-		}
-		panic("no binary " + name) // programming error: names come from the specs above
-	}
-
-	pause := filepath.Join(b.Cache, "pause", "pause-"+hashOf(recipe, KubernetesVersion))
-	if _, err := os.Stat(pause); err != nil {
-		if err := b.Log.Step("Compiling pause (gcc -static)", func() error {
-			return buildPause(ctx, filepath.Join(k8sMod.Dir, "build/pause/linux/pause.c"), pause)
-		}); err != nil {
-			return nil, err
-		}
-	}
-
-	required, err := KubeadmImages(ctx, bin(k8sBins, "kubeadm"))
-	if err != nil {
-		return nil, err
-	}
-	if err := CheckPins(required); err != nil {
-		return nil, err
-	}
-
-	res := &Result{ControlPlaneImages: map[string]string{}}
-	imgDir := filepath.Join(b.Cache, "images")
-	if err := os.MkdirAll(imgDir, 0o755); err != nil {
-		return nil, err
-	}
-	cpBins := map[string]string{
-		"kube-apiserver": bin(k8sBins, "kube-apiserver"), "kube-controller-manager": bin(k8sBins, "kube-controller-manager"),
-		"kube-scheduler": bin(k8sBins, "kube-scheduler"), "kube-proxy": bin(k8sBins, "kube-proxy"),
-		"etcd": bin(etcdBins, "server"), "coredns": bin(dnsBins, "coredns"), "pause": pause,
-	}
-	nodeBins := map[string]string{
-		"/usr/bin/kubelet": bin(k8sBins, "kubelet"), "/usr/bin/kubeadm": bin(k8sBins, "kubeadm"),
-		"/usr/bin/kubectl": bin(k8sBins, "kubectl"), "/usr/local/bin/crictl": bin(crictlBins, "crictl"),
-	}
-	addonBins := map[string]string{"kube-router-netpol": bin(netpolBins, "kube-router-netpol")}
-	// A warm run finds the node image it made last time without
-	// re-assembling (and re-compressing) the control-plane images.
-	memo, err := newNodeMemo(imgDir, rootKey, required, cpBins, nodeBins, addonBins)
-	if err != nil {
-		return nil, err
-	}
-	if m, ok := memo.load(ctx); ok {
-		res.NodeImage, res.ControlPlaneImages, res.NetworkPolicyImage = m.NodeImage, m.ControlPlaneImages, m.NetworkPolicyImage
-	} else {
-		if err := b.nodeAndImages(ctx, res, rootDir, rootTar, rootKey, rootSpec, required, cpBins, nodeBins, addonBins); err != nil {
-			return nil, err
-		}
-		if err := memo.save(res); err != nil {
-			return nil, err
-		}
-	}
-
-	reg, err := b.registryImage(ctx, bin(regBins, "distribution"))
-	if err != nil {
-		return nil, err
-	}
-	res.RegistryImage = reg
-	return res, nil
+	return s.res, nil
 }
 
 // nodeAndImages assembles the control-plane images, the NetworkPolicy

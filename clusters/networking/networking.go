@@ -31,7 +31,7 @@ type Gateway struct {
 const TLSNodePortOffset = 363
 
 // Default is the networking provider every suite, tool and install uses
-// unless told otherwise (clusters.Networking reads LAMPYR_NETWORKING at the
+// unless told otherwise (clusters/environ.Provider reads LAMPYR_NETWORKING at the
 // edge): net-gateway-api over Traefik's Gateway API provider, the offline
 // KIngress that probes the data plane before reporting Ready.
 const Default = GatewayAPIName

@@ -16,8 +16,8 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/install"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -193,7 +193,7 @@ func (t *T) NetworkingProvider(ctx context.Context) networking.Provider {
 		Expect(err).NotTo(HaveOccurred())
 		return p
 	}
-	p, err := install.InstalledProvider(ctx, t.Clients)
+	p, err := install.InstalledProvider(ctx, t.Clients.Install())
 	Expect(err).NotTo(HaveOccurred())
 	Expect(p).NotTo(BeNil(), "knative-serving/config-network names no ingress class of a known networking provider (%s)", strings.Join(networking.Names(), ", "))
 	return p

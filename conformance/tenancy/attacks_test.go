@@ -56,6 +56,23 @@ type attack struct {
 	run     func(ctx context.Context, s *side) (observed string, refused bool)
 }
 
+// labels select an attack by its row (attack-7c), by what it tries (a
+// fiber's own attempts, controls) and by where it runs (stock-reference:
+// it also runs on stock).
+func (a attack) labels(fiber bool) Labels {
+	ls := Labels{"attack-" + strings.Fields(a.name)[0]}
+	if fiber {
+		ls = append(ls, "fiber")
+	}
+	if a.control {
+		ls = append(ls, "control")
+	}
+	if a.appliesTo&onStock != 0 {
+		ls = append(ls, "stock-reference")
+	}
+	return ls
+}
+
 // B's selection headers: how fiber-router and Knative's activator pick a
 // Revision.
 var selectB = []string{"Knative-Serving-Namespace: " + nsB, "Knative-Serving-Revision: " + victimRev}
@@ -215,12 +232,12 @@ var attacks = []attack{
 }
 
 var _ = Describe("hostile tenant", Label("cluster", "tenancy"), Ordered, ContinueOnFailure, func() {
-	for _, a := range append(append([]attack{}, attacks...), fiberAttacks...) {
+	for i, a := range append(append([]attack{}, attacks...), fiberAttacks...) {
 		timeout := a.timeout
 		if timeout == 0 {
 			timeout = 8 * time.Minute
 		}
-		It(a.name, func(ctx SpecContext) {
+		It(a.name, a.labels(i >= len(attacks)), func(ctx SpecContext) {
 			r := &result{attack: a}
 			addResult(r)
 			var wg sync.WaitGroup

@@ -54,7 +54,7 @@ const clustersVar = "LAMPYR_TENANCY_CLUSTERS"
 var suite = harness.New(harness.Config{
 	Name:     "tenancy",
 	Recipe:   "just test-tenancy",
-	Clusters: []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Clusters: harness.Paired(),
 	Knobs:    []string{clustersVar},
 	Choose: func(o harness.Options) ([]harness.Cluster, error) {
 		return chooseClusters(o.Knobs[clustersVar])
@@ -105,11 +105,7 @@ type tenancyRun struct {
 }
 
 // the is the suite's state.
-func the() *tenancyRun {
-	r, ok := harness.Value[*tenancyRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *tenancyRun { return harness.State[*tenancyRun](suite) }
 
 // side is one platform of the pair, as the administrator and the two
 // tenants reach it.
@@ -162,7 +158,7 @@ func sealerName(ns string) string { return ns + "-deployer" }
 // each cluster with its profile stated); empty, the pair.
 func chooseClusters(v string) ([]harness.Cluster, error) {
 	if v == "" {
-		return []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}}, nil
+		return harness.Paired(), nil
 	}
 	var st, la *harness.Cluster
 	for _, kv := range strings.Split(v, ",") {

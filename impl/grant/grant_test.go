@@ -32,6 +32,7 @@ import (
 	"knative.dev/pkg/controller"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -269,7 +270,7 @@ func (h *harness) status(t *testing.T) *v1alpha1.CapacityGrant {
 
 type cond struct {
 	status corev1.ConditionStatus
-	reason string
+	reason contract.Reason
 }
 
 func TestReconcile(t *testing.T) {
@@ -292,9 +293,9 @@ func TestReconcile(t *testing.T) {
 			"create secrets " + hn, "create services " + hn, "create pods " + hn,
 		},
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
-			v1alpha1.GrantConditionReady:     {corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
+			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, contract.ReasonAdmitted},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, contract.ReasonHomePending},
+			v1alpha1.GrantConditionReady:     {corev1.ConditionUnknown, contract.ReasonHomePending},
 		},
 		wantRequeue: 5 * time.Minute,
 		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
@@ -344,9 +345,9 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{big, grant("hello-00001", withMemory("128Mi", 3))},
 		key:  "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionFalse, v1alpha1.ReasonInsufficientMemory},
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonNotAdmitted},
-			v1alpha1.GrantConditionReady:     {corev1.ConditionFalse, v1alpha1.ReasonInsufficientMemory},
+			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionFalse, contract.ReasonInsufficientMemory},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, contract.ReasonNotAdmitted},
+			v1alpha1.GrantConditionReady:     {corev1.ConditionFalse, contract.ReasonInsufficientMemory},
 		},
 		wantMsg: []string{"needs 384Mi", "only 256Mi", "fiber-memory-capacity", "config-lampyr"},
 	}, {
@@ -357,7 +358,7 @@ func TestReconcile(t *testing.T) {
 			"create secrets " + hn, "create services " + hn, "create pods " + hn,
 		},
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, contract.ReasonAdmitted},
 		},
 		wantRequeue: 5 * time.Minute,
 	}, {
@@ -370,7 +371,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, v1alpha1.ReasonInsufficientMemory},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, contract.ReasonInsufficientMemory},
 		},
 		wantMsg: []string{"needs 512Mi", "only 256Mi"},
 	}, {
@@ -382,7 +383,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionTrue, contract.ReasonAdmitted},
 		},
 		wantRequeue: 5 * time.Minute,
 		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
@@ -395,7 +396,7 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{grant("hello-00001", withMemory("1Gi", 1))},
 		key:  "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, v1alpha1.ReasonMemoryPerFiberTooLarge},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, contract.ReasonMemoryPerFiberTooLarge},
 		},
 		wantMsg: []string{"1Gi", "512Mi", "max-memory-per-fiber"},
 	}, {
@@ -403,7 +404,7 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{grant("hello-00001", withMemory("1Mi", 17))},
 		key:  "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, v1alpha1.ReasonTooManyFibers},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, contract.ReasonTooManyFibers},
 		},
 		wantMsg: []string{"max-scale", "max-fibers-per-grant"},
 	}, {
@@ -411,7 +412,7 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{grant("hello-00001", func(g *v1alpha1.CapacityGrant) { g.Spec.Template = "localhost:5002/t:hello-00001" })},
 		key:  "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, v1alpha1.ReasonInvalidSpec},
+			v1alpha1.GrantConditionAdmitted: {corev1.ConditionFalse, contract.ReasonInvalidSpec},
 		},
 		wantMsg: []string{"spec.template", "digest-pinned"},
 	}, {
@@ -422,7 +423,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
+			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, contract.ReasonAdmitted},
 			v1alpha1.GrantConditionHomeReady: {corev1.ConditionTrue, ""},
 			v1alpha1.GrantConditionReady:     {corev1.ConditionTrue, ""},
 		},
@@ -472,7 +473,7 @@ func TestReconcile(t *testing.T) {
 		key:         "default/hello-00001",
 		wantActions: []string{"delete pods " + hn},
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeFailed},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, contract.ReasonHomeFailed},
 		},
 		wantRequeue: 5 * time.Minute,
 	}, {
@@ -486,7 +487,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, contract.ReasonHomeNotReady},
 		},
 		wantRequeue: 5 * time.Minute,
 	}, {
@@ -499,7 +500,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		key: "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeNameTaken},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, contract.ReasonHomeNameTaken},
 		},
 	}, {
 		name: "a leftover Home of an earlier grant of the same name is replaced",
@@ -511,7 +512,7 @@ func TestReconcile(t *testing.T) {
 		key:         "default/hello-00001",
 		wantActions: []string{"delete pods " + hn, "delete services " + hn, "delete secrets " + hn},
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionUnknown, contract.ReasonHomePending},
 		},
 		wantRequeue: time.Second,
 	}, {
@@ -532,8 +533,8 @@ func TestReconcile(t *testing.T) {
 		objs: []runtime.Object{grant("hello-00001")},
 		key:  "default/hello-00001",
 		wantConds: map[apis.ConditionType]cond{
-			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, v1alpha1.ReasonAdmitted},
-			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, v1alpha1.ReasonHomeImageNotPinned},
+			v1alpha1.GrantConditionAdmitted:  {corev1.ConditionTrue, contract.ReasonAdmitted},
+			v1alpha1.GrantConditionHomeReady: {corev1.ConditionFalse, contract.ReasonHomeImageNotPinned},
 		},
 		check: func(t *testing.T, h *harness, g *v1alpha1.CapacityGrant) {
 			if msg := g.Status.GetCondition(v1alpha1.GrantConditionHomeReady).Message; !strings.Contains(msg, "home-image") || !strings.Contains(msg, "sha256") {
@@ -570,7 +571,7 @@ func TestReconcile(t *testing.T) {
 			}
 			for typ, want := range tc.wantConds {
 				c := g.Status.GetCondition(typ)
-				if c == nil || c.Status != want.status || (want.reason != "" && c.Reason != want.reason) {
+				if c == nil || c.Status != want.status || (want.reason != "" && c.Reason != want.reason.String()) {
 					t.Errorf("condition %s = %+v, want %s/%s", typ, c, want.status, want.reason)
 				}
 			}
@@ -616,10 +617,11 @@ func TestAdmissionDoesNotDoubleBook(t *testing.T) {
 
 // fakeDiagnoser answers as fiberd's /readyz would, and counts the calls.
 type fakeDiagnoser struct {
-	reason, msg string
-	handler     *fiberdclient.HandlerFailure
-	ok          bool
-	calls       int
+	reason  contract.Reason
+	msg     string
+	handler *fiberdclient.HandlerFailure
+	ok      bool
+	calls   int
 }
 
 func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (fiberdclient.Error, bool) {
@@ -653,33 +655,33 @@ func TestHomeDiagnosis(t *testing.T) {
 		pod:  running,
 		diag: &fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited with code 5 before it listened on $PORT (8080)", ok: true,
 			handler: &fiberdclient.HandlerFailure{ExitCode: 5, Output: "Started...\nCrashed...\x1b[0m", ConsecutiveFailures: 3}},
-		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerExited},
+		want:        cond{corev1.ConditionFalse, contract.ReasonHandlerExited},
 		wantInMsg:   "the handler exited with code 5 before it listened on $PORT (8080); last output:\nStarted...\nCrashed...\ufffd[0m",
 		wantCalls:   1,
-		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed...\ufffd[0m"},
+		wantFailure: &v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed...\ufffd[0m"},
 	}, {
 		name: "handler killed by a signal",
 		pod:  running,
 		diag: &fakeDiagnoser{reason: "HandlerExited", msg: "the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)", ok: true,
 			handler: &fiberdclient.HandlerFailure{ExitCode: 137, Signal: "SIGKILL"}},
-		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerExited},
+		want:        cond{corev1.ConditionFalse, contract.ReasonHandlerExited},
 		wantInMsg:   "killed by signal SIGKILL",
 		wantCalls:   1,
-		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+		wantFailure: &v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
 	}, {
 		name: "handler never listens",
 		pod:  running,
 		diag: &fakeDiagnoser{reason: "HandlerNotListening", msg: "the handler did not listen on $PORT (8080) within the start-up timeout of 10s", ok: true,
 			handler: &fiberdclient.HandlerFailure{Output: strings.Repeat("y", 5000)}},
-		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonHandlerNotListening},
+		want:        cond{corev1.ConditionFalse, contract.ReasonHandlerNotListening},
 		wantInMsg:   "within the start-up timeout of 10s; last output:\n" + strings.Repeat("y", v1alpha1.MaxHandlerOutput),
 		wantCalls:   1,
-		wantFailure: &v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerNotListening, Output: strings.Repeat("y", v1alpha1.MaxHandlerOutput)},
+		wantFailure: &v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerNotListening, Output: strings.Repeat("y", v1alpha1.MaxHandlerOutput)},
 	}, {
 		name:      "a handler reason without details is not a handler failure",
 		pod:       running,
 		diag:      &fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited", ok: true},
-		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		want:      cond{corev1.ConditionUnknown, contract.ReasonHomeNotReady},
 		wantCalls: 1,
 	}, {
 		name:      "template port differs from the snapshot's",
@@ -689,17 +691,31 @@ func TestHomeDiagnosis(t *testing.T) {
 		wantInMsg: `snapshot's port 9000`,
 		wantCalls: 1,
 	}, {
+		name:      "snapshot over fiberd's limits",
+		pod:       running,
+		diag:      &fakeDiagnoser{reason: contract.ReasonSnapshotTooLarge, msg: "SnapshotTooLarge: unpacked size limit of 1073741824 bytes exceeded", ok: true},
+		want:      cond{corev1.ConditionFalse, contract.ReasonSnapshotTooLarge},
+		wantInMsg: "unpacked size limit",
+		wantCalls: 1,
+	}, {
+		name:      "a load reason in the message only is not a load failure",
+		pod:       running,
+		diag:      &fakeDiagnoser{reason: contract.ReasonNotReady, msg: "SnapshotUnavailable: not really", ok: true},
+		want:      cond{corev1.ConditionUnknown, contract.ReasonHomeNotReady},
+		wantInMsg: "SnapshotUnavailable: not really",
+		wantCalls: 1,
+	}, {
 		name:      "still warming",
 		pod:       running,
 		diag:      &fakeDiagnoser{msg: "warm pool not filled yet", ok: true},
-		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		want:      cond{corev1.ConditionUnknown, contract.ReasonHomeNotReady},
 		wantInMsg: "warm pool not filled yet",
 		wantCalls: 1,
 	}, {
 		name:      "fiberd does not answer: the Pod's own view stays",
 		pod:       running,
 		diag:      &fakeDiagnoser{},
-		want:      cond{corev1.ConditionUnknown, v1alpha1.ReasonHomeNotReady},
+		want:      cond{corev1.ConditionUnknown, contract.ReasonHomeNotReady},
 		wantCalls: 1,
 	}, {
 		name:      "ready Home: not asked",
@@ -721,7 +737,7 @@ func TestHomeDiagnosis(t *testing.T) {
 				t.Fatal("no status written")
 			}
 			c := st.Status.GetCondition(v1alpha1.GrantConditionHomeReady)
-			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason {
+			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason.String() {
 				t.Fatalf("HomeReady = %+v, want %+v", c, tc.want)
 			}
 			if !strings.Contains(c.Message, tc.wantInMsg) {
@@ -831,35 +847,35 @@ func TestTemplateChecks(t *testing.T) {
 		name:        "replayed from another namespace, with a Home running",
 		objs:        running(),
 		template:    func(t *testing.T) []byte { return sealFor(t, testSealer, "victim", "hello-00001") },
-		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateMismatch},
+		want:        cond{corev1.ConditionFalse, contract.ReasonTemplateMismatch},
 		wantInMsg:   `sealed for namespace "victim"`,
 		wantActions: stopped,
 	}, {
 		name:      "sealed by an identity nobody trusts",
 		objs:      []runtime.Object{grant("hello-00001")},
 		template:  func(t *testing.T) []byte { return sealFor(t, mallory, "default", "hello-00001") },
-		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnauthenticated},
+		want:      cond{corev1.ConditionFalse, contract.ReasonTemplateUnauthenticated},
 		wantInMsg: mallory.KeyID()[:16],
 	}, {
 		name:      "sealed by a ly identity authorized for other namespaces",
 		objs:      []runtime.Object{grant("hello-00001")},
 		template:  func(t *testing.T) []byte { return sealFor(t, alice, "default", "hello-00001") },
 		sealers:   sealers("team-b"),
-		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateNotAuthorized},
+		want:      cond{corev1.ConditionFalse, contract.ReasonTemplateNotAuthorized},
 		wantInMsg: `"alice"`,
 	}, {
 		name:        "sealed by a ly identity authorized for this namespace",
 		objs:        []runtime.Object{grant("hello-00001")},
 		template:    func(t *testing.T) []byte { return sealFor(t, alice, "default", "hello-00001") },
 		sealers:     sealers("team-b", "default"),
-		want:        cond{corev1.ConditionUnknown, v1alpha1.ReasonHomePending},
+		want:        cond{corev1.ConditionUnknown, contract.ReasonHomePending},
 		wantActions: []string{"create secrets " + hn, "create services " + hn, "create pods " + hn},
 		wantRequeue: 5 * time.Minute,
 	}, {
 		name:      "a format v1 template (unsigned)",
 		objs:      []runtime.Object{grant("hello-00001")},
 		template:  func(t *testing.T) []byte { return append([]byte("LYTPL1\x00\x00"), make([]byte, 100)...) },
-		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnauthenticated},
+		want:      cond{corev1.ConditionFalse, contract.ReasonTemplateUnauthenticated},
 		wantInMsg: "ly deploy",
 	}, {
 		name: "sealed to another installation's fleet key",
@@ -868,12 +884,12 @@ func TestTemplateChecks(t *testing.T) {
 			b, _ := seal.Seal(otherFleet.Public(), testSealer, seal.Template{Namespace: "default", Revision: "hello-00001", SnapshotDigest: digest, Execution: seal.ExecutionPolicy{Mode: "fresh"}, Helper: seal.HelperFacts{Port: 8080}})
 			return b
 		},
-		want:      cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnsealable},
+		want:      cond{corev1.ConditionFalse, contract.ReasonTemplateUnsealable},
 		wantInMsg: "another fleet key",
 	}, {
 		name:        "registry does not answer, nothing running yet",
 		objs:        []runtime.Object{grant("hello-00001")},
-		want:        cond{corev1.ConditionFalse, v1alpha1.ReasonTemplateUnavailable},
+		want:        cond{corev1.ConditionFalse, contract.ReasonTemplateUnavailable},
 		wantInMsg:   "connection refused",
 		wantRequeue: 10 * time.Second,
 	}, {
@@ -908,7 +924,7 @@ func TestTemplateChecks(t *testing.T) {
 				t.Fatal("no status written")
 			}
 			c := st.Status.GetCondition(v1alpha1.GrantConditionHomeReady)
-			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason || !strings.Contains(c.Message, tc.wantInMsg) {
+			if c == nil || c.Status != tc.want.status || c.Reason != tc.want.reason.String() || !strings.Contains(c.Message, tc.wantInMsg) {
 				t.Fatalf("HomeReady = %+v, want %s/%s saying %q", c, tc.want.status, tc.want.reason, tc.wantInMsg)
 			}
 		})

@@ -12,10 +12,11 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // GrantGVR is the CapacityGrant resource.
-var GrantGVR = v1alpha1.SchemeGroupVersion.WithResource("capacitygrants")
+var GrantGVR = contract.CapacityGrants
 
 // grantStore is what the reconciler needs of CapacityGrants. CapacityGrants
 // are reached through the dynamic client (no generated clientset), so this is

@@ -43,7 +43,7 @@ var suite = harness.New(harness.Config{
 	Name:         "bench-portability",
 	Folder:       "bench",
 	Recipe:       "just bench-portability",
-	Clusters:     []harness.Cluster{{Name: "stock", Profile: clusters.ProfileStock}, {Name: "lampyr", Profile: clusters.ProfileLampyr}},
+	Clusters:     harness.Paired(),
 	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis},
 	SetupTimeout: benchSetupTimeout,
 })
@@ -78,11 +78,7 @@ type benchRun struct {
 }
 
 // the is the bench's state.
-func the() *benchRun {
-	r, ok := harness.Value[*benchRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *benchRun { return harness.State[*benchRun](suite) }
 
 // settle waits (up to 5 min) until both nodes are quiet: freshly created
 // clusters keep two cores busy for minutes (controllers' first syncs, image
@@ -270,7 +266,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 	// latency-sensitive service would declare); cold: fresh fibers.
 	BeforeAll(func(ctx SpecContext) { deployBothMode(ctx, "warm", 20, "reuse") })
 
-	It("measures warm latency and throughput at concurrency 1, 4, 16", func(ctx SpecContext) {
+	It("measures warm latency and throughput at concurrency 1, 4, 16", Label("warm"), func(ctx SpecContext) {
 		dur := time.Duration(suite.IntKnob(benchSeconds, 5)) * time.Second
 		for _, conc := range []int{1, 4, 16} {
 			got := map[string]*Sample{"stock": {}, "lampyr": {}}
@@ -307,7 +303,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		}
 	})
 
-	It("measures cold requests: stock from zero Pods, Lampyr fresh fibers", func(ctx SpecContext) {
+	It("measures cold requests: stock from zero Pods, Lampyr fresh fibers", Label("cold", "scaling"), func(ctx SpecContext) {
 		cycles := suite.IntKnob(benchColdCycles, 20)
 		// Stock's autoscaler would keep an idle Revision 60s+30s; the cold
 		// cycles need it at zero sooner. Set only now: with a 6 s window
@@ -355,7 +351,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		Expect(got["stock"].Errors+got["lampyr"].Errors).To(BeZero(), "cold requests failed: stock %v lampyr %v", got["stock"].Codes, got["lampyr"].Codes)
 	})
 
-	It("measures apply -> Ready and apply -> first response over 5 Revisions", func(ctx SpecContext) {
+	It("measures apply -> Ready and apply -> first response over 5 Revisions", Label("readiness"), func(ctx SpecContext) {
 		// Free the grant capacity the earlier Services reserve (max-scale x
 		// memory; the installation default is 8Gi): the first run's fifth
 		// Revision was refused for capacity and never became Ready.
@@ -404,7 +400,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		)
 	})
 
-	It("measures behaviour at 2x max-scale concurrent requests", func(ctx SpecContext) {
+	It("measures behaviour at 2x max-scale concurrent requests", Label("scaling"), func(ctx SpecContext) {
 		deployBoth(ctx, "cap", 2)
 		for _, s := range the().sides {
 			smp := Load(ctx, 4, 10*time.Second, GetFunc(the().client, s.Gateway, host("cap"), "/stream?n=10&delayms=100"))
@@ -419,7 +415,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		)
 	})
 
-	It("measures the idle footprint with 0 and 20 idle Services", func(ctx SpecContext) {
+	It("measures the idle footprint with 0 and 20 idle Services", Label("footprint"), func(ctx SpecContext) {
 		for _, s := range the().sides {
 			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
 		}

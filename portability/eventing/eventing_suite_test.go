@@ -76,11 +76,7 @@ type eventingRun struct {
 }
 
 // the is the suite's state.
-func the() *eventingRun {
-	r, ok := harness.Value[*eventingRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *eventingRun { return harness.State[*eventingRun](suite) }
 
 func setupEventing(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	pair, err := portability.NewPair(ctx, ns, "eventing")

@@ -132,7 +132,7 @@ func conditions(u *unstructured.Unstructured) map[string]string {
 }
 
 var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a stock one", Label("cluster", "eventing"), Ordered, ContinueOnFailure, func() {
-	It("reports the same Broker, Trigger and Addressable Service status", func(ctx SpecContext) {
+	It("reports the same Broker, Trigger and Addressable Service status", Label("status"), func(ctx SpecContext) {
 		type view struct {
 			Conditions map[string]string
 			Fields     map[string]string
@@ -174,7 +174,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(diffs).To(BeEmpty())
 	})
 
-	It("delivers the events the Trigger's filter selects, with identical attributes, extensions and data", func(ctx SpecContext) {
+	It("delivers the events the Trigger's filter selects, with identical attributes, extensions and data", Label("delivery"), func(ctx SpecContext) {
 		plain := newEvent("basic", "basic-2", map[string]string{"color": "blue", "tenant": "acme"})
 		plain.SetSubject("orders/42")
 		Expect(plain.SetData("text/plain", "hello eventing")).To(Succeed())
@@ -195,7 +195,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("retries a failing sink with the configured backoff, then delivers", func(ctx SpecContext) {
+	It("retries a failing sink with the configured backoff, then delivers", Label("delivery", "retries"), func(ctx SpecContext) {
 		a, b := deliveryCase(ctx, "retries (500, 500, then 202)", "retry-", false, false, 2*time.Minute, delivered(sink, "retry-1"), newEvent("retry", "retry-1", nil))
 		for _, s := range []struct {
 			name string
@@ -217,7 +217,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("dead-letters an event when retries are exhausted", func(ctx SpecContext) {
+	It("dead-letters an event when retries are exhausted", Label("delivery", "retries"), func(ctx SpecContext) {
 		a, _ := deliveryCase(ctx, "dead letter (always 500, retry 2)", "dead-", false, false, 2*time.Minute, delivered(dlq, "dead-1"), newEvent("dead", "dead-1", map[string]string{"color": "green"}))
 		Expect(summary(a)).To(Equal("[dead-1@event-dlq#1->202 dead-1@event-sink#1->500 dead-1@event-sink#2->500 dead-1@event-sink#3->500]"), "stock")
 		for _, r := range a {
@@ -228,7 +228,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("wakes the Service for an event and delivers on the first attempt, within the Trigger's timeout", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("wakes the Service for an event and delivers on the first attempt, within the Trigger's timeout", Label("lampyr-specific"), Label("scaling"), func(ctx SpecContext) {
 		// Fresh mode: Lampyr releases a fiber when its response ends, so
 		// no fiber of the sink runs now; the Trigger allows no retry and
 		// 10 s.
@@ -241,7 +241,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("holds max-scale under a burst: excess deliveries wait or are refused and retried, none is lost", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("holds max-scale under a burst: excess deliveries wait or are refused and retried, none is lost", Label("lampyr-specific"), Label("scaling"), func(ctx SpecContext) {
 		// 8 deliveries of 2 s each to max-scale 1 take 16 s one after the
 		// other: more than fiber-router's 10 s queue, so Lampyr refuses
 		// the last ones (503) and the Broker retries them; stock's
@@ -268,7 +268,7 @@ var _ = Describe("Knative Eventing delivers to a Lampyr Service exactly as to a 
 		Expect(lastCase().diffs).To(BeEmpty())
 	})
 
-	It("retries an event whose fiber crashed mid-request, and does not lose it", Label("lampyr-specific"), func(ctx SpecContext) {
+	It("retries an event whose fiber crashed mid-request, and does not lose it", Label("lampyr-specific"), Label("restart"), func(ctx SpecContext) {
 		a, b := deliveryCase(ctx, "crash mid-event (exit on attempt 1)", "crash-", false, false, 3*time.Minute, delivered(sink, "crash-1"), newEvent("crash", "crash-1", nil))
 		for _, rs := range [][]events.Record{a, b} {
 			Expect(summary(rs)).To(Equal("[crash-1@event-sink#1->0 crash-1@event-sink#2->202]"))

@@ -59,11 +59,7 @@ type stockRun struct {
 }
 
 // the is the suite's state.
-func the() *stockRun {
-	r, ok := harness.Value[*stockRun](suite.Context())
-	Expect(ok).To(BeTrue(), "the suite's setup did not run")
-	return r
-}
+func the() *stockRun { return harness.State[*stockRun](suite) }
 
 func setupStock(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	t, err := harness.TargetFrom(ctx, clusterName)
@@ -121,7 +117,7 @@ func applyKsvc(ctx context.Context, u *unstructured.Unstructured) {
 func host(name string) string { return name + "." + ns + "." + clusters.Domain }
 
 var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "stock"), Ordered, func() {
-	It("serves a digest-pinned helloworld through the gateway on 127.0.0.1", func(ctx SpecContext) {
+	It("serves a digest-pinned helloworld through the gateway on 127.0.0.1", Label("routing"), func(ctx SpecContext) {
 		Expect(the().hello).To(ContainSubstring("@sha256:"))
 		// A short stable window so the scale-to-zero check below takes
 		// under a minute; the grace period is upstream's default.
@@ -154,7 +150,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		}).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal(helloBody))
 	})
 
-	It("scales to zero and serves the next request from zero", func(ctx SpecContext) {
+	It("scales to zero and serves the next request from zero", Label("scaling"), func(ctx SpecContext) {
 		sel := "serving.knative.dev/service=hello"
 		Eventually(func() (int, error) {
 			pods, err := the().Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
@@ -173,7 +169,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 		fmt.Fprintf(GinkgoWriter, "cold request latency: %s\n", cold)
 	})
 
-	It("splits traffic 50/50 between two Revisions and routes a tag to its Revision", func(ctx SpecContext) {
+	It("splits traffic 50/50 between two Revisions and routes a tag to its Revision", Label("routing", "traffic"), func(ctx SpecContext) {
 		split := func(target string) *unstructured.Unstructured {
 			u := ksvc("split", the().fixture, nil)
 			tmpl := u.Object["spec"].(map[string]any)["template"].(map[string]any)
@@ -246,7 +242,7 @@ var _ = Describe("stock Knative Serving on Kind, offline", Label("cluster", "sto
 	// provider has no host rewrite; the Gateway API provider refuses its
 	// ExternalName placeholder backend). If one starts to work, this fails
 	// so docs/networking.md is updated.
-	It("measures the networking layer's limits: DomainMapping is not served", func(ctx SpecContext) {
+	It("measures the networking layer's limits: DomainMapping is not served", Label("routing", "networking-limits"), func(ctx SpecContext) {
 		const domain = "hello.example.org"
 		cdc := schema.GroupVersionResource{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "clusterdomainclaims"}
 		dm := schema.GroupVersionResource{Group: "serving.knative.dev", Version: "v1beta1", Resource: "domainmappings"}

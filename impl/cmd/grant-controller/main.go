@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"knative.dev/pkg/logging"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/grant"
 	"lampyr.dev/serving/impl/grant/resources"
 )
@@ -29,7 +30,7 @@ import (
 func main() {
 	var (
 		kubeconfig = flag.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig; empty means in-cluster")
-		systemNS   = flag.String("system-namespace", envOr("SYSTEM_NAMESPACE", "lampyr-system"), "namespace of config-lampyr and the installation's keys")
+		systemNS   = flag.String("system-namespace", envOr("SYSTEM_NAMESPACE", contract.SystemNamespace), "namespace of config-lampyr and the installation's keys")
 		homesNS    = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", resources.DefaultHomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
 		elect      = flag.Bool("leader-elect", true, "run only while holding the Lease lampyr-grant-controller in the system namespace")
 	)
@@ -70,7 +71,7 @@ func main() {
 	}
 	id, _ := os.Hostname()
 	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: "lampyr-grant-controller", Namespace: *systemNS},
+		LeaseMeta:  metav1.ObjectMeta{Name: contract.GrantControllerName, Namespace: *systemNS},
 		Client:     kube.CoordinationV1(),
 		LockConfig: resourcelock.ResourceLockConfig{Identity: id},
 	}

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Spec describes the fibers of one Revision: the same for every fiber of a
@@ -67,7 +69,7 @@ type Fiber interface {
 // say what stock Knative says of a crashing container.
 type StartFailure struct {
 	// Reason is HandlerExited, HandlerNotListening or HandlerNotReady.
-	Reason string `json:"reason"`
+	Reason contract.Reason `json:"reason"`
 	// ExitCode is the handler's exit status, 128+N when signal N killed it
 	// (as kubelet reports a container's); meaningful for HandlerExited.
 	ExitCode int32 `json:"exitCode"`
@@ -93,12 +95,12 @@ const (
 
 // Reasons of a StartFailure.
 const (
-	ReasonHandlerExited       = "HandlerExited"
-	ReasonHandlerNotListening = "HandlerNotListening"
-	ReasonHandlerNotReady     = "HandlerNotReady"
+	ReasonHandlerExited       = contract.ReasonHandlerExited
+	ReasonHandlerNotListening = contract.ReasonHandlerNotListening
+	ReasonHandlerNotReady     = contract.ReasonHandlerNotReady
 )
 
-func (f *StartFailure) Error() string { return f.Reason + ": " + f.Message }
+func (f *StartFailure) Error() string { return f.Reason.String() + ": " + f.Message }
 
 // LastOutput makes the end of a handler's output fit to show its owner: at
 // most MaxFailureOutput bytes and MaxFailureOutputLines lines (a

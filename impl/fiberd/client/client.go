@@ -19,7 +19,7 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // FiberHeader names the fiber a proxied request is for. fiberd removes it
@@ -100,8 +100,10 @@ type GrantInfo struct {
 	IssuedAt         time.Time `json:"issuedAt"`
 	ExpiresAt        time.Time `json:"expiresAt"`
 	TemplateLoaded   bool      `json:"templateLoaded"`
-	// LoadError says why the template or snapshot was refused (reason:
-	// message, e.g. "TemplateUnsealable: ..."), empty when loaded.
+	// LoadReason says why the snapshot was refused (SnapshotUnavailable,
+	// SnapshotTooLarge, InvalidGrant), empty when loaded; programs read it.
+	LoadReason contract.Reason `json:"loadReason,omitempty"`
+	// LoadError says it in words for people ("reason: message").
 	LoadError string `json:"loadError,omitempty"`
 }
 
@@ -109,9 +111,10 @@ type GrantInfo struct {
 type Error struct {
 	// Status is the HTTP status code (not on the wire).
 	Status int `json:"-"`
-	// Reason is a CamelCase machine-readable reason, e.g. "MaxFibersReached".
-	Reason  string `json:"reason"`
-	Message string `json:"message"`
+	// Reason is a CamelCase machine-readable reason, e.g. "MaxFibersReached"
+	// (contract.Reason*): programs compare it, never the message.
+	Reason  contract.Reason `json:"reason"`
+	Message string          `json:"message"`
 	// Handler details a start the handler itself failed: set on /readyz
 	// with reason HandlerExited, HandlerNotListening or HandlerNotReady.
 	Handler *HandlerFailure `json:"handler,omitempty"`
@@ -142,23 +145,26 @@ type HandlerFailure struct {
 	ConsecutiveFailures int `json:"consecutiveFailures"`
 }
 
-// Reasons the API uses.
+// Reasons the API uses (impl/contract; the load reasons,
+// contract.ReasonSnapshotUnavailable, ReasonSnapshotTooLarge and
+// ReasonInvalidGrant, are /readyz's and GrantInfo.LoadReason's).
 const (
 	// A Revision's handler fails its fiber starts (/readyz, with Handler
 	// set; docs/contracts.md §4).
-	ReasonHandlerExited       = backend.ReasonHandlerExited
-	ReasonHandlerNotListening = backend.ReasonHandlerNotListening
-	ReasonHandlerNotReady     = backend.ReasonHandlerNotReady
+	ReasonHandlerExited       = contract.ReasonHandlerExited
+	ReasonHandlerNotListening = contract.ReasonHandlerNotListening
+	ReasonHandlerNotReady     = contract.ReasonHandlerNotReady
 
-	ReasonMaxFibersReached = "MaxFibersReached"
-	ReasonNoGrant          = "NoValidGrant"
-	ReasonNotReady         = "NotReady"
-	ReasonUnknownFiber     = "UnknownFiber"
-	ReasonFiberBusy        = "FiberBusy"
-	ReasonFiberSpent       = "FiberSpent"
-	ReasonUnauthorized     = "Unauthorized"
-	ReasonFiberFailed      = "FiberFailed"
-	ReasonTunnelRefused    = "TunnelRefused"
+	ReasonMaxFibersReached = contract.ReasonMaxFibersReached
+	ReasonNoGrant          = contract.ReasonNoValidGrant
+	ReasonNotReady         = contract.ReasonNotReady
+	ReasonUnknownFiber     = contract.ReasonUnknownFiber
+	ReasonFiberBusy        = contract.ReasonFiberBusy
+	ReasonFiberSpent       = contract.ReasonFiberSpent
+	ReasonUnauthorized     = contract.ReasonUnauthorized
+	ReasonFiberFailed      = contract.ReasonFiberFailed
+	ReasonTunnelRefused    = contract.ReasonTunnelRefused
+	ReasonRequestTimeout   = contract.ReasonRequestTimeout
 )
 
 // IsMaxFibers reports whether err is the 429 answer at the grant's maxFibers.
@@ -371,7 +377,7 @@ func (b *bufferedConn) Read(p []byte) (int, error) { return b.r.Read(p) }
 func apiError(resp *http.Response, body []byte) *Error {
 	e := &Error{Status: resp.StatusCode}
 	if json.Unmarshal(body, e) != nil || e.Reason == "" {
-		e.Reason = http.StatusText(resp.StatusCode)
+		e.Reason = contract.Reason(http.StatusText(resp.StatusCode))
 		e.Message = string(bytes.TrimSpace(body))
 	}
 	if s := resp.Header.Get("Retry-After"); s != "" {

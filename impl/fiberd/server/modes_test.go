@@ -31,7 +31,7 @@ func TestFreshFiberServesOneRequest(t *testing.T) {
 		t.Fatalf("first request: %d %s", resp.StatusCode, body)
 	}
 	resp, body = get(t, c, f.ID, "/")
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberSpent) {
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberSpent.String()) {
 		t.Fatalf("second request into a fresh fiber: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberSpent)
 	}
 	// Every acquisition gets a never-used fiber: each one's first request
@@ -103,7 +103,7 @@ func TestOneRequestAtATimePerFiber(t *testing.T) {
 	}()
 	time.Sleep(150 * time.Millisecond)
 	resp, body := get(t, c, f.ID, "/")
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy) {
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy.String()) {
 		t.Fatalf("concurrent request: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberBusy)
 	}
 	<-done

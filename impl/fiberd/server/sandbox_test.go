@@ -18,6 +18,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
@@ -298,11 +299,13 @@ func TestSandboxHostileSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, tc := range []struct {
-		name, reason, msg string
-		img               v1.Image
+		name   string
+		reason contract.Reason
+		msg    string
+		img    v1.Image
 	}{
-		{"gzip bomb", "SnapshotTooLarge", "unpacked size limit of 1073741824", bombImg},
-		{"symlinked /tmp", "SnapshotUnavailable", "/tmp is a symlink, not a directory", symlinked},
+		{"gzip bomb", contract.ReasonSnapshotTooLarge, "unpacked size limit of 1073741824", bombImg},
+		{"symlinked /tmp", contract.ReasonSnapshotUnavailable, "/tmp is a symlink, not a directory", symlinked},
 	} {
 		ref, err := artifact.Push(context.Background(), tc.img, inst.Registry+"/lampyr/hostile:"+strconv.Itoa(i))
 		if err != nil {
@@ -316,8 +319,8 @@ func TestSandboxHostileSnapshots(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("%s: %s", tc.name, g.LoadError)
-		if !strings.HasPrefix(g.LoadError, tc.reason+": ") || !strings.Contains(g.LoadError, tc.msg) {
-			t.Errorf("%s: load error %q, want reason %s naming %q", tc.name, g.LoadError, tc.reason, tc.msg)
+		if g.LoadReason != tc.reason || !strings.Contains(g.LoadError, tc.msg) {
+			t.Errorf("%s: load error %s %q, want reason %s naming %q", tc.name, g.LoadReason, g.LoadError, tc.reason, tc.msg)
 		}
 		if err := inst.Client.Healthy(context.Background()); err != nil {
 			t.Errorf("fiberd after a %s: %v", tc.name, err)

@@ -30,6 +30,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/helper"
@@ -329,11 +330,11 @@ func loadKey(c signedgrant.Claims) string {
 
 // LoadError is a refusal to run a grant's Revision, with a CamelCase reason.
 type LoadError struct {
-	Reason string
+	Reason contract.Reason
 	Err    error
 }
 
-func (e *LoadError) Error() string { return e.Reason + ": " + e.Err.Error() }
+func (e *LoadError) Error() string { return e.Reason.String() + ": " + e.Err.Error() }
 func (e *LoadError) Unwrap() error { return e.Err }
 
 func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
@@ -345,7 +346,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	}
 	uid, gid, err := snap.Config.UserIDs()
 	if err != nil {
-		return nil, &LoadError{"SnapshotUnavailable", err}
+		return nil, &LoadError{contract.ReasonSnapshotUnavailable, err}
 	}
 	// The port and protocol are the Revision's (Knative's runtime contract:
 	// PORT is the containerPort, a port named h2c means HTTP/2), carried by
@@ -395,7 +396,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		Logf:         s.cfg.Logf,
 	})
 	if err != nil {
-		return nil, &LoadError{"InvalidGrant", err}
+		return nil, &LoadError{contract.ReasonInvalidGrant, err}
 	}
 	proto := c.Helper.Protocol
 	if proto == "" {
@@ -414,9 +415,9 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 func snapshotErr(err error) error {
 	var le *artifact.LimitError
 	if errors.As(err, &le) {
-		return &LoadError{"SnapshotTooLarge", err}
+		return &LoadError{contract.ReasonSnapshotTooLarge, err}
 	}
-	return &LoadError{"SnapshotUnavailable", err}
+	return &LoadError{contract.ReasonSnapshotUnavailable, err}
 }
 
 // unpack extracts a verified snapshot once per digest and adds the mount
@@ -483,7 +484,7 @@ func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
 
 // ---- HTTP ----
 
-func writeErr(w http.ResponseWriter, status int, reason, msg string) {
+func writeErr(w http.ResponseWriter, status int, reason contract.Reason, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "1")
@@ -503,7 +504,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // Home it is, so no credential is accepted; the answer then is 503
 // NoValidGrant (nothing to serve yet), never a 401 that would read as a key
 // problem.
-func (s *Server) credentialOK(h string) (status int, reason, msg string) {
+func (s *Server) credentialOK(h string) (status int, reason contract.Reason, msg string) {
 	s.mu.Lock()
 	home, keys := s.home, s.routerKeys
 	gerr := s.grantErr
@@ -557,7 +558,7 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // current returns the loaded Revision if the grant is valid now.
-func (s *Server) current() (*loaded, *signedgrant.Claims, int, string, string) {
+func (s *Server) current() (*loaded, *signedgrant.Claims, int, contract.Reason, string) {
 	s.mu.Lock()
 	g, gerr, l, lerr := s.grant, s.grantErr, s.loaded, s.loadErr
 	s.mu.Unlock()
@@ -670,9 +671,13 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	g, gerr, l, lerr := s.grant, s.grantErr, s.loaded, s.loadErr
 	s.mu.Unlock()
-	loadErr := ""
+	loadErr, loadReason := "", contract.Reason("")
 	if lerr != nil {
 		loadErr = lerr.Error()
+		var le *LoadError
+		if errors.As(lerr, &le) {
+			loadReason = le.Reason
+		}
 	}
 	if g == nil {
 		msg := "no grant"
@@ -686,7 +691,7 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 		GrantID: g.GrantID, Namespace: g.Namespace, Revision: g.Revision,
 		SnapshotArtifact: g.SnapshotArtifact, Template: g.Template,
 		MaxFibers: g.MaxFibers, MemoryPerFiber: g.MemoryPerFiberBytes, Mode: g.Execution.Mode,
-		IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, TemplateLoaded: l != nil, LoadError: loadErr,
+		IssuedAt: g.IssuedAt, ExpiresAt: g.ExpiresAt, TemplateLoaded: l != nil, LoadReason: loadReason, LoadError: loadErr,
 	})
 }
 
@@ -787,7 +792,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 			own()
 			log.Printf("fiber %s: %s %s: %v", id, r.Method, r.URL.Path, err)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				writeErr(w, http.StatusGatewayTimeout, "RequestTimeout", fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
+				writeErr(w, http.StatusGatewayTimeout, client.ReasonRequestTimeout, fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
 				return
 			}
 			if ferr := f.Err(); ferr != nil {

@@ -127,7 +127,7 @@ func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
 		t.Fatalf("fiber state with an open tunnel: %q, want %q", s, client.StateTunneled)
 	}
 	// Exclusivity: neither a proxied request nor a second tunnel gets in.
-	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy) {
+	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy.String()) {
 		t.Fatalf("proxied request into a tunneled fiber: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberBusy)
 	}
 	if c2, err := c.Tunnel(ctx, f.ID); !client.IsFiberBusy(err) {

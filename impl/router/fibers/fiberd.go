@@ -159,7 +159,7 @@ func (c *FiberdClient) Acquire(ctx context.Context, home Home) (Fiber, error) {
 			return Fiber{}, &CapacityError{Home: home, RetryAfter: ra}
 		case client.IsUnavailable(err):
 			errors.As(err, &fe)
-			return Fiber{}, &UnavailableError{Home: home, Reason: fe.Reason + ": " + fe.Message}
+			return Fiber{}, &UnavailableError{Home: home, Reason: fe.Reason.String() + ": " + fe.Message}
 		case ctx.Err() != nil:
 			return Fiber{}, ctx.Err()
 		case !errors.As(err, &fe):

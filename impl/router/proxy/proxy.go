@@ -2,17 +2,21 @@
 // gateway selected, lease a fiber for it, run the request inside the fiber
 // through fiberd, and release the fiber when the response, stream or
 // WebSocket ends.
+//
+// Along a request: proxy.go is the handler (Router, ServeHTTP, resolving the
+// selected Revision, probes, the router's own error answers); forward.go
+// sends the request to the fiber through fiberd (transports, tunnels, fiberd's
+// own answers and proxy errors); routes.go keeps one route per Revision from
+// the routermeta table (revision.Listener) and counts the Homes they name;
+// pools.go sizes, retires and drains each route's fiber pool (impl/router/pool).
 package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
@@ -22,8 +26,6 @@ import (
 	"time"
 
 	"knative.dev/networking/pkg/http/header"
-
-	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
@@ -83,18 +85,6 @@ type Router struct {
 	inFlight atomic.Int64
 }
 
-// route is a Revision as the request path needs it.
-type route struct {
-	meta routermeta.Metadata
-	pool *pool.Pool // nil while not ready
-	obs  *metrics.RevisionObserver
-	reqs map[int]requestSeries // status code -> series, filled lazily
-	mu   sync.Mutex
-	dur  interface{ Observe(float64) }
-}
-
-type requestSeries interface{ Inc() }
-
 // New returns a Router. Feed it through a revision.Table created with the
 // Router as listener.
 func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logger) *Router {
@@ -117,274 +107,6 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 		r.tunnel = r.newReverseProxy(tunnelTransport{tunnels: tc, client: client, fallback: h1}, tc.PrepareTunnel)
 	}
 	return r
-}
-
-// tunnelTransport sends a request over its fiber's tunnel; when the Home
-// turns out to have no tunnel call (an older fiberd during an upgrade) it
-// sends it through the proxy path instead. Nothing was sent then, so the
-// request is whole.
-type tunnelTransport struct {
-	tunnels  fibers.Tunnels
-	client   fibers.Client
-	fallback http.RoundTripper
-}
-
-func (t tunnelTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := t.tunnels.TunnelTransport().RoundTrip(req)
-	var nt *fibers.NoTunnelError
-	if err == nil || !errors.As(err, &nt) {
-		return resp, err
-	}
-	lease := req.Context().Value(leaseKey{}).(*pool.Lease)
-	out := req.Clone(req.Context())
-	t.client.PrepareProxy(out, lease.Fiber)
-	return t.fallback.RoundTrip(out)
-}
-
-func newHTTP1Transport() *http.Transport {
-	return &http.Transport{
-		Proxy:               nil,
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
-		// Bodies pass through untouched; the handler owns compression.
-		DisableCompression: true,
-		// As Knative's transports (http.DefaultTransport's value): the body
-		// of an "Expect: 100-continue" request goes once fiberd (and so the
-		// handler) asks for it, and the client sees the handler's 100
-		// Continue, or none if it answers without reading, as on stock.
-		ExpectContinueTimeout: time.Second,
-	}
-}
-
-// newH2CTransport speaks HTTP/2 with prior knowledge to fiberd, so gRPC
-// streams (full duplex, trailers) keep their semantics end to end.
-func newH2CTransport() *http.Transport {
-	t := newHTTP1Transport()
-	t.Protocols = new(http.Protocols)
-	t.Protocols.SetUnencryptedHTTP2(true)
-	return t
-}
-
-type leaseKey struct{}
-
-func (r *Router) newReverseProxy(t http.RoundTripper, prepare func(*http.Request, fibers.Fiber)) *httputil.ReverseProxy {
-	return &httputil.ReverseProxy{
-		Transport: t,
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			lease := pr.In.Context().Value(leaseKey{}).(*pool.Lease)
-			prepare(pr.Out, lease.Fiber)
-			if pr.Out.Body != nil && pr.Out.Body != http.NoBody && pr.Out.ContentLength > 0 {
-				pr.Out.Body = &declaredLengthBody{rc: pr.Out.Body, left: pr.Out.ContentLength}
-			}
-			pr.Out.Host = pr.In.Host // the handler sees the Host the client used
-			setForwarded(pr)
-		},
-		// As queue-proxy (knative.dev/networking/pkg/http/proxy.FlushInterval):
-		// 0 still flushes every write of a streamed response (no
-		// Content-Length) and of text/event-stream at once, and saves a
-		// syscall per write for bodies of known length.
-		FlushInterval:  0,
-		BufferPool:     bufferPool{},
-		ErrorHandler:   r.proxyError,
-		ModifyResponse: r.fiberdAnswer,
-		ErrorLog:       log.New(slogWriter{r.log}, "", 0),
-	}
-}
-
-// fiberdAnswer turns an answer fiberd made itself (fiberdclient.AnswerHeader:
-// the fiber failed, ended or timed out, the credential was refused) into the
-// router's own error, as proxyError does for a fiber it could not reach:
-// fiberd's message names fiber ids and loopback addresses, which go to the
-// log, never to the client. The lease ends: the fiber is not put back.
-func (r *Router) fiberdAnswer(resp *http.Response) error {
-	if resp.Header.Get(fiberdclient.AnswerHeader) == "" {
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-	resp.Body.Close()
-	var fe fiberdclient.Error
-	_ = json.Unmarshal(b, &fe)
-	req := resp.Request
-	reqID := req.Header.Get(RequestIDHeader)
-	err := fmt.Errorf("fiberd answered %d %s: %s", resp.StatusCode, fe.Reason, truncateString(fe.Message, 512))
-	if pe, ok := req.Context().Value(proxyErrKey{}).(*proxyErr); ok {
-		pe.err = err
-	}
-	status, msg := http.StatusBadGateway, "the fiber failed before it answered"
-	switch {
-	case fe.Reason == "RequestTimeout" || resp.StatusCode == http.StatusGatewayTimeout:
-		status, msg = http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds"
-	case fe.Reason == fiberdclient.ReasonFiberBusy:
-		status, msg = http.StatusServiceUnavailable, "the fiber is busy"
-	}
-	r.log.Warn("fiberd answered instead of the handler", "request", reqID, "status", resp.StatusCode, "reason", fe.Reason, "err", err)
-	body := fmt.Sprintf("fiber-router: %s\n", msg)
-	h := http.Header{}
-	h.Set("Content-Type", "text/plain; charset=utf-8")
-	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	if status == http.StatusServiceUnavailable {
-		h.Set("Retry-After", "1")
-	}
-	if reqID != "" {
-		h.Set(RequestIDHeader, reqID)
-	}
-	resp.StatusCode, resp.Status = status, fmt.Sprintf("%d %s", status, http.StatusText(status))
-	resp.Header, resp.Trailer = h, nil
-	resp.ContentLength = int64(len(body))
-	resp.TransferEncoding = nil
-	resp.Body = io.NopCloser(strings.NewReader(body))
-	return nil
-}
-
-// Changed implements revision.Listener: it creates, retunes or retires the
-// Revision's pool.
-func (r *Router) Changed(old, cur *routermeta.Metadata) {
-	if cur == nil {
-		k := revision.Key{Namespace: old.Namespace, Name: old.Revision}
-		r.mu.Lock()
-		rt := r.routes[k]
-		delete(r.routes, k)
-		unused, ok := r.unuseHome(rt)
-		r.mu.Unlock()
-		r.retire(rt)
-		if ok {
-			r.forgetHome(unused)
-		}
-		r.metrics.Forget(k.Namespace, k.Name)
-		r.metrics.Revisions.Set(float64(r.routeCount()))
-		return
-	}
-	k := revision.Key{Namespace: cur.Namespace, Name: cur.Revision}
-	r.mu.Lock()
-	prev := r.routes[k]
-	nr := &route{meta: *cur, reqs: map[int]requestSeries{}}
-	if prev != nil {
-		nr.obs, nr.dur, nr.reqs = prev.obs, prev.dur, prev.reqs
-	} else {
-		nr.obs = r.metrics.Revision(cur.Namespace, cur.Revision)
-		nr.dur = r.metrics.RequestDuration.WithLabelValues(cur.Namespace, cur.Revision)
-	}
-	var retire *route
-	if cur.Ready && cur.HomeEndpoint != "" {
-		pc := r.poolConfig(*cur)
-		if prev != nil && prev.pool != nil {
-			prev.pool.Update(pc)
-			nr.pool = prev.pool
-		} else {
-			nr.pool = pool.New(pc, r.client, nr.obs, func(err error) {
-				r.log.Error("fiber release failed; fiberd will reap it at its request timeout", "revision", k.String(), "err", err)
-			})
-		}
-	} else if prev != nil {
-		retire = prev
-	}
-	// The new Home is counted before the old one is let go, so a Home
-	// that stays is never forgotten in between.
-	r.useHome(nr)
-	unused, forget := r.unuseHome(prev)
-	r.routes[k] = nr
-	r.mu.Unlock()
-	r.retire(retire)
-	if forget {
-		r.forgetHome(unused)
-	}
-	r.metrics.Revisions.Set(float64(r.routeCount()))
-}
-
-// homeOf is the Home a Revision's metadata names.
-func homeOf(m routermeta.Metadata) fibers.Home {
-	return fibers.Home{Endpoint: m.HomeEndpoint, Name: m.Home}
-}
-
-// useHome counts rt's use of its Home; r.mu is held.
-func (r *Router) useHome(rt *route) {
-	if rt != nil && rt.meta.HomeEndpoint != "" {
-		r.homes[homeOf(rt.meta)]++
-	}
-}
-
-// unuseHome undoes useHome and returns rt's Home when no route names it
-// any more; r.mu is held.
-func (r *Router) unuseHome(rt *route) (fibers.Home, bool) {
-	if rt == nil || rt.meta.HomeEndpoint == "" {
-		return fibers.Home{}, false
-	}
-	h := homeOf(rt.meta)
-	if r.homes[h]--; r.homes[h] > 0 {
-		return h, false
-	}
-	delete(r.homes, h)
-	return h, true
-}
-
-// forgetHome drops the client's state for a Home no route names. Fibers it
-// still serves finish and are released all the same.
-func (r *Router) forgetHome(h fibers.Home) {
-	if f, ok := r.client.(fibers.Forgetter); ok {
-		f.Forget(h)
-	}
-}
-
-func (r *Router) retire(rt *route) {
-	if rt == nil || rt.pool == nil {
-		return
-	}
-	// Busy fibers are released by their requests; idle ones now.
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = rt.pool.Close(ctx)
-	}()
-}
-
-func (r *Router) routeCount() int {
-	r.mu.RLock()
-	defer r.mu.RUnlock()
-	return len(r.routes)
-}
-
-func (r *Router) poolConfig(m routermeta.Metadata) pool.Config {
-	max := int(m.MaxFibers)
-	if max == 0 {
-		max = r.cfg.DefaultMaxFibers
-	}
-	mode := pool.Fresh
-	if m.Mode == "reuse" {
-		mode = pool.Reuse
-	}
-	return pool.Config{
-		Home:         homeOf(m),
-		Mode:         mode,
-		MaxFibers:    max,
-		IdleTimeout:  routerIdleTimeout(time.Duration(m.IdleTimeoutSeconds) * time.Second),
-		QueueTimeout: r.cfg.QueueTimeout,
-		MaxQueue:     r.cfg.MaxQueue,
-	}
-}
-
-// routerIdleTimeout is when the router gives up an idle reuse-mode fiber.
-// fiberd releases a fiber idle for idleTimeoutSeconds on its own (contracts
-// §4); a router that offered such a fiber to a request at that moment would
-// get fiberd's 404 UnknownFiber instead of the handler's answer. So the
-// router lets go first, with a margin for its one-second reaper tick.
-func routerIdleTimeout(idle time.Duration) time.Duration {
-	if idle <= 0 {
-		return 0
-	}
-	if idle > 4*time.Second {
-		return idle - 2*time.Second
-	}
-	return idle / 2
-}
-
-func (r *Router) lookup(k revision.Key) *route {
-	r.mu.RLock()
-	rt := r.routes[k]
-	r.mu.RUnlock()
-	return rt
 }
 
 // ServeHTTP implements http.Handler.
@@ -463,17 +185,6 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// Only a request that ran to completion leaves its fiber fit for reuse:
 	// after a cancellation or timeout the handler may still be working.
 	clean = pe.err == nil && ctx.Err() == nil
-}
-
-func (rt *route) count(m *metrics.Metrics, k revision.Key, code int) {
-	rt.mu.Lock()
-	c, ok := rt.reqs[code]
-	if !ok {
-		c = m.Requests.WithLabelValues(k.Namespace, k.Name, strconv.Itoa(code))
-		rt.reqs[code] = c
-	}
-	rt.mu.Unlock()
-	c.Inc()
 }
 
 func (r *Router) countUnrouted(code int) {
@@ -596,39 +307,6 @@ func (r *Router) leaseError(w http.ResponseWriter, req *http.Request, reqID stri
 
 func isCapacity(err error) bool { _, ok := fibers.IsCapacity(err); return ok }
 
-type proxyErrKey struct{}
-
-type proxyErr struct {
-	err error
-	// client is the client's own request context (the proxied request
-	// carries the router's timeout/shutdown context instead).
-	client context.Context
-}
-
-// proxyError is ReverseProxy's ErrorHandler: the fiber could not be reached
-// or the response could not be read before anything was written.
-func (r *Router) proxyError(w http.ResponseWriter, req *http.Request, err error) {
-	clientGone := false
-	if pe, ok := req.Context().Value(proxyErrKey{}).(*proxyErr); ok {
-		pe.err = err
-		clientGone = pe.client.Err() != nil
-	}
-	reqID := req.Header.Get(RequestIDHeader)
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		r.fail(w, reqID, http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds")
-	case r.hardStop.Err() != nil && !clientGone:
-		w.Header().Set("Retry-After", "1")
-		r.fail(w, reqID, http.StatusServiceUnavailable, "this fiber-router replica is shutting down")
-	case errors.Is(err, context.Canceled):
-		// The client is gone: record it, nobody reads an answer.
-		w.WriteHeader(499)
-	default:
-		r.log.Warn("proxy to fiber failed", "request", reqID, "err", err)
-		r.fail(w, reqID, http.StatusBadGateway, "the fiber could not be reached")
-	}
-}
-
 func isUpgrade(r *http.Request) bool {
 	for _, v := range r.Header.Values("Connection") {
 		for _, t := range strings.Split(v, ",") {
@@ -642,71 +320,3 @@ func isUpgrade(r *http.Request) bool {
 
 // InFlight is the number of requests being served.
 func (r *Router) InFlight() int64 { return r.inFlight.Load() }
-
-// Drain waits for in-flight requests to end until ctx does, then ends the
-// rest, and finally releases every idle fiber. After Drain no fiber this
-// router leased is left alive (barring a fiberd that cannot be reached).
-func (r *Router) Drain(ctx context.Context) error {
-	t := time.NewTicker(20 * time.Millisecond)
-	defer t.Stop()
-wait:
-	for r.inFlight.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			break wait
-		case <-t.C:
-		}
-	}
-	// Requests still running lose their context now; their deferred
-	// Done releases their fibers.
-	r.stopAll()
-	for r.inFlight.Load() > 0 {
-		<-t.C
-	}
-	r.mu.Lock()
-	var pools []*pool.Pool
-	for _, rt := range r.routes {
-		if rt.pool != nil {
-			pools = append(pools, rt.pool)
-		}
-	}
-	r.mu.Unlock()
-	closeCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var firstErr error
-	for _, p := range pools {
-		if err := p.Close(closeCtx); err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	return firstErr
-}
-
-// PoolStats returns the pool counters of a Revision, for tests.
-func (r *Router) PoolStats(k revision.Key) (pool.Stats, bool) {
-	rt := r.lookup(k)
-	if rt == nil || rt.pool == nil {
-		return pool.Stats{}, false
-	}
-	return rt.pool.Stats(), true
-}
-
-// WaitReleases waits until every pool's releases under way are done.
-func (r *Router) WaitReleases(ctx context.Context) error {
-	r.mu.RLock()
-	var pools []*pool.Pool
-	for _, rt := range r.routes {
-		if rt.pool != nil {
-			pools = append(pools, rt.pool)
-		}
-	}
-	r.mu.RUnlock()
-	for _, p := range pools {
-		if err := p.Wait(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-var _ revision.Listener = (*Router)(nil)

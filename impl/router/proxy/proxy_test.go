@@ -12,6 +12,7 @@ import (
 
 	"knative.dev/networking/pkg/http/header"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
@@ -358,28 +359,28 @@ func TestReuseTunnelAndFallback(t *testing.T) {
 // rather than kept for the next request.
 func TestFiberdAnswersBecomeRouterErrors(t *testing.T) {
 	for _, c := range []struct {
-		reason string
+		reason contract.Reason
 		status int
 		want   int
 		msg    string
 	}{
 		{client.ReasonFiberFailed, 502, 502, "the fiber failed before it answered"},
-		{"RequestTimeout", 504, 504, "timeoutSeconds"},
+		{client.ReasonRequestTimeout, 504, 504, "timeoutSeconds"},
 		{client.ReasonUnknownFiber, 404, 502, "the fiber failed before it answered"},
 	} {
-		t.Run(c.reason, func(t *testing.T) {
+		t.Run(c.reason.String(), func(t *testing.T) {
 			f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Header().Set(client.AnswerHeader, "1")
 				w.Header().Set("Content-Type", "application/json")
 				w.WriteHeader(c.status)
-				io.WriteString(w, `{"reason":"`+c.reason+`","message":"fiber 3196e90573e5: readfrom tcp 127.0.0.1:47034->127.0.0.1:8080: write: connection reset by peer"}`)
+				io.WriteString(w, `{"reason":"`+c.reason.String()+`","message":"fiber 3196e90573e5: readfrom tcp 127.0.0.1:47034->127.0.0.1:8080: write: connection reset by peer"}`)
 			}), func(m *routermeta.Metadata) { m.Mode = "reuse"; m.IdleTimeoutSeconds = 30 })
 			f.fd.Tunnels.Store(false) // fiberd's proxy path, where its answers travel
 			resp, body := f.get(t, "/", nil)
 			if resp.StatusCode != c.want || !strings.Contains(body, c.msg) || !strings.HasPrefix(body, "fiber-router: ") {
 				t.Fatalf("%d %q, want %d with %q", resp.StatusCode, body, c.want, c.msg)
 			}
-			for _, leak := range []string{"127.0.0.1", "3196e90573e5", c.reason} {
+			for _, leak := range []string{"127.0.0.1", "3196e90573e5", c.reason.String()} {
 				if strings.Contains(body, leak) {
 					t.Errorf("the client saw fiberd's detail %q: %q", leak, body)
 				}

@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 )
@@ -290,7 +291,7 @@ func (s *Server) Live() int {
 // Counts returns acquisitions and releases so far.
 func (s *Server) Counts() (acquired, released int64) { return s.acquired.Load(), s.released.Load() }
 
-func writeErr(w http.ResponseWriter, status int, reason, msg string) {
+func writeErr(w http.ResponseWriter, status int, reason contract.Reason, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(client.Error{Reason: reason, Message: fmt.Sprint(msg)})

@@ -2,14 +2,16 @@
 // rendered from the pinned module (clusters/knative), a networking provider
 // (clusters/networking) and, for the lampyr profile, Lampyr's own
 // components. Images are built here and pulled by digest from the local
-// registry.
+// registry. It ships in `ly cluster install` and the suites' harness uses
+// it, so it takes its own Clients and reads no environment variable: the
+// callers set Options and LampyrSources (clusters/environ reads LAMPYR_ONLINE and
+// the LAMPYR_* input overrides at the edge).
 package install
 
 import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -23,7 +25,6 @@ import (
 	"lampyr.dev/serving/clusters/apply"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/progress"
@@ -59,16 +60,24 @@ type Options struct {
 	Extra []*unstructured.Unstructured
 	// Timeout bounds the wait for Deployments.
 	Timeout time.Duration
+	// Online says upstream registries are reachable, so providers that pull
+	// images (kourier's Envoy) may be installed; offline is the default.
+	// The callers set it from LAMPYR_ONLINE=1 (EnvOnline).
+	Online bool
 }
+
+// EnvOnline (LAMPYR_ONLINE=1) is where the commands and the suites take
+// Options.Online from: the operator says upstream registries are reachable.
+const EnvOnline = "LAMPYR_ONLINE"
 
 // Install renders and applies a profile, then waits for every Deployment of
 // Knative and the provider to be Available.
-func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log *progress.Log, o Options) error {
+func Install(ctx context.Context, c *Clients, p *publish.Publisher, log *progress.Log, o Options) error {
 	if o.Timeout == 0 {
 		o.Timeout = 5 * time.Minute
 	}
-	if why := o.Provider.NeedsRegistry(); why != "" && !registryReachable() {
-		return fmt.Errorf("networking provider %s cannot be installed here: %s", o.Provider.Name(), why)
+	if why := o.Provider.NeedsRegistry(); why != "" && !o.Online {
+		return fmt.Errorf("networking provider %s cannot be installed here: %s (set %s=1 where upstream registries are reachable)", o.Provider.Name(), why, EnvOnline)
 	}
 	images, err := ServingImages(ctx, p)
 	if err != nil {
@@ -154,7 +163,7 @@ func Install(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log 
 // InstalledProvider returns the networking provider a cluster's Knative
 // installation uses, from config-network's ingress-class; nil (and no
 // error) when Knative is not installed or the class is not one of ours.
-func InstalledProvider(ctx context.Context, c *e2eutil.Clients) (networking.Provider, error) {
+func InstalledProvider(ctx context.Context, c *Clients) (networking.Provider, error) {
 	cm, err := c.Kube.CoreV1().ConfigMaps(knative.Namespace).Get(ctx, "config-network", metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, nil
@@ -177,7 +186,7 @@ type providerSwitch struct {
 // this cluster renders and the new one does not (a reused cluster
 // installed with another provider, or the feasibility gate moving to the
 // next provider); objects both render are replaced by the apply.
-func switchProvider(ctx context.Context, c *e2eutil.Clients, a *apply.Applier, log *progress.Log, to networking.Provider, nodePort int) (*providerSwitch, error) {
+func switchProvider(ctx context.Context, c *Clients, a *apply.Applier, log *progress.Log, to networking.Provider, nodePort int) (*providerSwitch, error) {
 	from, err := InstalledProvider(ctx, c)
 	if err != nil || from == nil || from.Name() == to.Name() {
 		return nil, err
@@ -204,7 +213,7 @@ const ingressClassAnnotation = "networking.knative.dev/ingress.class"
 // be deleted (measured: a namespace switched from gateway-api to
 // traefik-knative stayed Terminating on its KIngresses). A KIngress of the
 // new provider's class keeps it if the new provider uses the same one.
-func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *e2eutil.Clients, log *progress.Log) error {
+func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *Clients, log *progress.Log) error {
 	if sw == nil {
 		return nil
 	}
@@ -228,7 +237,7 @@ func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *e2eutil.Clien
 				return fmt.Errorf("waiting 2m for the Pods of %s's Deployment %s/%s to be gone: %w", sw.from.Name(), d.GetNamespace(), d.GetName(), err)
 			}
 		}
-		list, err := c.Dynamic.Resource(e2eutil.Ingresses).List(ctx, metav1.ListOptions{})
+		list, err := c.Dynamic.Resource(kingresses).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return err
 		}
@@ -242,7 +251,7 @@ func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *e2eutil.Clien
 			}
 			kept := slices.DeleteFunc(slices.Clone(ing.GetFinalizers()), func(f string) bool { return f == fin })
 			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"finalizers": kept, "resourceVersion": ing.GetResourceVersion()}})
-			if _, err := c.Dynamic.Resource(e2eutil.Ingresses).Namespace(ing.GetNamespace()).Patch(ctx, ing.GetName(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			if _, err := c.Dynamic.Resource(kingresses).Namespace(ing.GetNamespace()).Patch(ctx, ing.GetName(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("removing finalizer %s from KIngress %s/%s: %w", fin, ing.GetNamespace(), ing.GetName(), err)
 			}
 			released++
@@ -251,11 +260,6 @@ func (sw *providerSwitch) releaseIngresses(ctx context.Context, c *e2eutil.Clien
 		return nil
 	})
 }
-
-// registryReachable reports LAMPYR_ONLINE=1: the operator says upstream
-// registries are reachable, so providers that pull images (kourier's Envoy)
-// may run. Offline is the default.
-func registryReachable() bool { return os.Getenv("LAMPYR_ONLINE") == "1" }
 
 // GatewayNamespaceLabel marks the namespace of the gateway's data plane:
 // Lampyr's NetworkPolicies admit requests to fiber-router from it only

@@ -19,18 +19,40 @@ import (
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Lampyr's installation inputs may come from outside instead of this
 // checkout (seed 000, "Cluster suite inputs"): a resolved controller
 // manifest and the Home (grant) and helper images, or one directory holding
-// all of them.
+// all of them. These are the environment variables the commands and the
+// suites read into LampyrSources (the installer itself reads none);
+// EnvGrantImage and EnvHelperImage are also the grant controller's own
+// variables, which setHomeImages fills in its Deployment.
 const (
 	EnvClusterInputs      = "LAMPYR_CLUSTER_INPUTS"      // dir with lampyr.yaml, grant-image, helper-image
 	EnvControllerManifest = "LAMPYR_CONTROLLER_MANIFEST" // a resolved manifest of every Lampyr component
 	EnvGrantImage         = "LAMPYR_GRANT_IMAGE"         // the Home image (fiberd + helper)
 	EnvHelperImage        = "LAMPYR_HELPER_IMAGE"        // an image holding /lampyr-helper
 )
+
+// LampyrSources say where Lampyr's components come from; the zero value
+// builds every one from the checkout. Callers fill it from the environment
+// variables above (clusters/environ.Clusters).
+type LampyrSources struct {
+	// InputsDir holds lampyr.yaml, grant-image and helper-image
+	// (EnvClusterInputs); when set, the other fields are ignored.
+	InputsDir string
+	// ControllerManifest is a resolved manifest of every Lampyr component
+	// (EnvControllerManifest); it needs GrantImage.
+	ControllerManifest string
+	// GrantImage is the Home image, pinned by digest (EnvGrantImage);
+	// empty builds it from the checkout.
+	GrantImage string
+	// HelperImage holds /lampyr-helper (EnvHelperImage); empty means the
+	// Home image holds it.
+	HelperImage string
+}
 
 // ImplConfigDir is where Lampyr's manifests live in this repository.
 const ImplConfigDir = "impl/config"
@@ -50,14 +72,14 @@ type LampyrInputs struct {
 	HelperImage string
 }
 
-// LampyrComponents returns Lampyr's components, from the override
-// environment when set, else built from this checkout (root) and pushed.
-func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*LampyrInputs, error) {
-	if dir := os.Getenv(EnvClusterInputs); dir != "" {
+// LampyrComponents returns Lampyr's components, from src when it names
+// them, else built from this checkout (root) and pushed.
+func LampyrComponents(ctx context.Context, root string, p *publish.Publisher, src LampyrSources) (*LampyrInputs, error) {
+	if dir := src.InputsDir; dir != "" {
 		return fromInputsDir(dir)
 	}
-	in := &LampyrInputs{GrantImage: os.Getenv(EnvGrantImage), HelperImage: os.Getenv(EnvHelperImage)}
-	if mf := os.Getenv(EnvControllerManifest); mf != "" {
+	in := &LampyrInputs{GrantImage: src.GrantImage, HelperImage: src.HelperImage}
+	if mf := src.ControllerManifest; mf != "" {
 		raw, err := os.ReadFile(mf)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", EnvControllerManifest, err)
@@ -111,7 +133,7 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher) (*
 		}
 	}
 	// The Home image built here holds /lampyr-helper itself, so HelperImage
-	// stays empty unless LAMPYR_HELPER_IMAGE names one: no init container
+	// stays empty unless src.HelperImage (LAMPYR_HELPER_IMAGE) names one: no init container
 	// copies the helper in (the bench measured a Home Pod from scheduled to
 	// started in 4.1 s with it, 1.8 s without).
 	ko := make([]knative.Object, len(objs))
@@ -154,7 +176,7 @@ func setHomeImages(in *LampyrInputs) error {
 		}
 	}
 	for _, o := range in.Objects {
-		if o.GetKind() != "Deployment" || o.GetName() != "lampyr-grant-controller" {
+		if o.GetKind() != "Deployment" || o.GetName() != contract.GrantControllerName {
 			continue
 		}
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
@@ -185,7 +207,7 @@ func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) erro
 // SetConfig sets one key of config-lampyr.
 func SetConfig(objs []*unstructured.Unstructured, key, value string) error {
 	for _, o := range objs {
-		if o.GetKind() == "ConfigMap" && o.GetName() == "config-lampyr" {
+		if o.GetKind() == "ConfigMap" && o.GetName() == contract.ConfigMapName {
 			return unstructured.SetNestedField(o.Object, value, "data", key)
 		}
 	}

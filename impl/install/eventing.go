@@ -10,7 +10,6 @@ import (
 	"lampyr.dev/serving/clusters/apply"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
@@ -69,7 +68,7 @@ func EventingObjects(ctx context.Context, images map[string]string) ([]*unstruct
 // InstallEventing adds Knative Eventing to a cluster that has a profile
 // installed (stock or lampyr) and waits for its Deployments. It is optional
 // and touches nothing of Serving's. Idempotent (server-side apply).
-func InstallEventing(ctx context.Context, c *e2eutil.Clients, p *publish.Publisher, log *progress.Log, timeout time.Duration) error {
+func InstallEventing(ctx context.Context, c *Clients, p *publish.Publisher, log *progress.Log, timeout time.Duration) error {
 	if timeout == 0 {
 		timeout = 5 * time.Minute
 	}

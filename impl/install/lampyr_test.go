@@ -1,14 +1,18 @@
 package install
 
 import (
+	"context"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/clusters/manifest"
+	"lampyr.dev/serving/clusters/networking"
 )
 
 func implObjects(t *testing.T) []*unstructured.Unstructured {
@@ -110,5 +114,40 @@ func TestLeastPrivilege(t *testing.T) {
 				t.Errorf("Namespace %s enforces Pod Security %q, want %q", o.GetName(), level, want)
 			}
 		}
+	}
+}
+
+// TestSourcesAreOptionsNotEnvironment: the installer takes its inputs from
+// LampyrSources and Options (the callers read LAMPYR_*), so setting the
+// variables in the process changes nothing here.
+func TestSourcesAreOptionsNotEnvironment(t *testing.T) {
+	t.Setenv(EnvClusterInputs, t.TempDir()) // empty: would fail if read
+	dir := t.TempDir()
+	mf := filepath.Join(dir, "lampyr.yaml")
+	var b strings.Builder
+	for _, o := range implObjects(t) {
+		y, err := yaml.Marshal(o.Object)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString("---\n")
+		b.Write(y)
+	}
+	if err := os.WriteFile(mf, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pinned := "localhost:5002/lampyr/home@sha256:" + strings.Repeat("2", 64)
+	in, err := LampyrComponents(context.Background(), "", nil, LampyrSources{ControllerManifest: mf, GrantImage: pinned})
+	if err != nil {
+		t.Fatalf("a controller manifest and a pinned Home image: %v", err)
+	}
+	if in.GrantImage != pinned || len(in.Objects) == 0 {
+		t.Errorf("got Home image %q and %d objects, want %q and the manifest's objects", in.GrantImage, len(in.Objects), pinned)
+	}
+	if _, err := LampyrComponents(context.Background(), "", nil, LampyrSources{ControllerManifest: mf}); err == nil || !strings.Contains(err.Error(), EnvGrantImage) {
+		t.Errorf("a controller manifest without a Home image: %v, want an error naming %s", err, EnvGrantImage)
+	}
+	if err := Install(context.Background(), nil, nil, nil, Options{Provider: networking.Kourier{}}); err == nil || !strings.Contains(err.Error(), EnvOnline) {
+		t.Errorf("kourier offline: %v, want a refusal naming %s", err, EnvOnline)
 	}
 }
