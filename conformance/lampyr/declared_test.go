@@ -2,6 +2,9 @@ package lampyr
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -157,4 +160,80 @@ func TestInterceptStopsAtTheFirstFailure(t *testing.T) {
 	g.Expect(failure).To(ContainSubstring("one is not two"))
 	g.Expect(Intercept(func() { Expect(1).To(Equal(1)) })).To(BeEmpty())
 	g.Expect(Intercept(func() { panic("bug") })).To(HavePrefix("panic: bug"))
+}
+
+// TestDeclaredRuns runs the suite's wiring as a real Ginkgo run
+// (internal/declaredrun: tests that need no cluster) with right and wrong
+// declarations: the exit status and the ConformanceReport must say what the
+// declarations make of the results.
+func TestDeclaredRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a test binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "declaredrun.test")
+	if out, err := exec.Command("go", "test", "-c", "-o", bin, "./internal/declaredrun").CombinedOutput(); err != nil {
+		t.Fatalf("building internal/declaredrun: %v\n%s", err, out)
+	}
+	const base = "implementation: fake\nclaimedFeatures: [serving, restart-recovery]\nunsupportedFeatures:\n- {name: fleet-key-rotation, reason: one key forever}\ntests:\n"
+	const failsDeclared = "- {test: lampyr/fails, outcome: fail, feature: restart-recovery, reason: comes back slowly}\n"
+	for _, tc := range []struct {
+		name, decl string
+		args       []string
+		ok         bool
+		result     string
+		check      func(upstream.SuiteReport) string
+	}{
+		{"conforming", base + failsDeclared, nil, true, "partial", func(s upstream.SuiteReport) string {
+			if s.Statistics != (upstream.Statistics{Passed: 1, ExpectedFailures: 1, Skipped: 1}) {
+				return fmt.Sprintf("statistics %+v", s.Statistics)
+			}
+			return ""
+		}},
+		{"a passing test declared failing", base + failsDeclared + "- {test: lampyr/passes, outcome: fail, feature: serving, reason: wrong}\n", nil, false, "failure", func(s upstream.SuiteReport) string {
+			if strings.Join(s.UnexpectedPasses, ",") != "lampyr/passes" {
+				return fmt.Sprintf("unexpected passes %v", s.UnexpectedPasses)
+			}
+			return ""
+		}},
+		{"an undeclared failure", base + " []\n", nil, false, "failure", func(s upstream.SuiteReport) string {
+			if strings.Join(s.Undeclared, ",") != "lampyr/fails" || !strings.Contains(s.Tests[0].Reason, "the component came back") {
+				return fmt.Sprintf("undeclared %v, fails' reason %q", s.Undeclared, s.Tests[0].Reason)
+			}
+			return ""
+		}},
+		{"a label filter", base + failsDeclared, []string{"-ginkgo.label-filter=routing"}, true, "partial", func(s upstream.SuiteReport) string {
+			if s.Selection != "label-filter routing" || s.Tests[0].Reason != NotSelected {
+				return fmt.Sprintf("selection %q, fails' reason %q", s.Selection, s.Tests[0].Reason)
+			}
+			return ""
+		}},
+	} {
+		sub := filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "-"))
+		if err := os.MkdirAll(sub, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		decl := filepath.Join(sub, "declarations.yaml")
+		if err := os.WriteFile(decl, []byte(tc.decl), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"-test.run=TestDeclaredRun", "-declaredrun.declarations=" + decl, "-declaredrun.report=" + sub}, tc.args...)
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: run succeeded %v, want %v\n%s", tc.name, err == nil, tc.ok, out)
+			continue
+		}
+		rep, err := upstream.ReadReport(filepath.Join(sub, "report.yaml"))
+		if err != nil {
+			t.Errorf("%s: no report: %v\n%s", tc.name, err, out)
+			continue
+		}
+		s := rep.Suites[0]
+		if s.Result != tc.result || rep.Result != tc.result {
+			t.Errorf("%s: suite result %s, report %s, want %s", tc.name, s.Result, rep.Result, tc.result)
+		}
+		if msg := tc.check(s); msg != "" {
+			t.Errorf("%s: %s", tc.name, msg)
+		}
+	}
 }

@@ -24,6 +24,10 @@ type Run struct {
 	Decl    *Declarations
 	Target  *harness.Target
 	Fixture *Fixture
+	// Prepare makes a test's T; nil: a fresh namespace on Target
+	// (NewT), deleted after the test passed. Tests of the suite's own
+	// wiring give one that needs no cluster.
+	Prepare func(ctx context.Context, test Test) (*T, error)
 	// Report is the ConformanceReport's header (implementation, mode,
 	// cluster); the suite adds its section.
 	Report upstream.Report
@@ -98,22 +102,12 @@ func runTest(ctx SpecContext, r *Run, test Test) {
 	if dec.Skip != "" {
 		Skip(dec.Skip)
 	}
-	t, err := NewT(ctx, r.Target, r.Fixture, test)
-	Expect(err).NotTo(HaveOccurred(), "preparing namespace %s", NamespacePrefix+test.Name)
-	DeferCleanup(func(ctx SpecContext) {
-		// The harness dumps the cluster after a failed spec; the
-		// namespace stays for a person to look at (the next run's
-		// NewT replaces it).
-		if CurrentSpecReport().Failed() {
-			Logf("failed: namespace %s left as it is", t.Namespace)
-			return
-		}
-		// Also with LAMPYR_KEEP=1 (which keeps the cluster): every
-		// passed test's Services would hold fiber capacity. Not waited
-		// for: Lampyr finalizes in the background; the finalization test
-		// is the one that waits.
-		_ = t.Clients.Kube.CoreV1().Namespaces().Delete(ctx, t.Namespace, metav1.DeleteOptions{})
-	})
+	prepare := r.Prepare
+	if prepare == nil {
+		prepare = r.namespaced
+	}
+	t, err := prepare(ctx, test)
+	Expect(err).NotTo(HaveOccurred(), "preparing test %s", test.Name)
 	failure := Intercept(func() {
 		if test.Manifests != nil {
 			for _, u := range test.Manifests(ctx, t) {
@@ -134,6 +128,30 @@ func runTest(ctx SpecContext, r *Run, test Test) {
 	if failure != "" {
 		Logf("declared failure (needs %s: %s), and it failed: %s", dec.Declared.Feature, dec.Declared.Reason, failure)
 	}
+}
+
+// namespaced is a T on the cluster in a fresh namespace of the test's own,
+// deleted once the test passed.
+func (r *Run) namespaced(ctx context.Context, test Test) (*T, error) {
+	t, err := NewT(ctx, r.Target, r.Fixture, test)
+	if err != nil {
+		return nil, fmt.Errorf("namespace %s: %w", NamespacePrefix+test.Name, err)
+	}
+	DeferCleanup(func(ctx SpecContext) {
+		// The harness dumps the cluster after a failed spec; the
+		// namespace stays for a person to look at (the next run's
+		// NewT replaces it).
+		if CurrentSpecReport().Failed() {
+			Logf("failed: namespace %s left as it is", t.Namespace)
+			return
+		}
+		// Also with LAMPYR_KEEP=1 (which keeps the cluster): every
+		// passed test's Services would hold fiber capacity. Not waited
+		// for: Lampyr finalizes in the background; the finalization test
+		// is the one that waits.
+		_ = t.Clients.Kube.CoreV1().Namespaces().Delete(ctx, t.Namespace, metav1.DeleteOptions{})
+	})
+	return t, nil
 }
 
 // WriteReport checks the specs' results against the declarations and
