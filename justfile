@@ -56,11 +56,6 @@ test-stock *GINKGO_ARGS: tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json {{GINKGO_ARGS}}
 
-# Lampyr on the offline "lampyr" cluster: valid and refused Services, grant refusal, controller kills.
-test-lampyr: tools
-    @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-junit.xml -ginkgo.json-report={{artifacts}}/lampyr.json
-
 # The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster
 # (each provider that runs here installed in turn; the default one last, so the cluster is left on it).
 test-feasibility *GINKGO_ARGS: tools
@@ -99,17 +94,24 @@ test-conformance: tools
     go run ./conformance/cmd/knative-conformance --cluster stock --out {{artifacts}}/conformance/stock || failed+=("stock upstream suites")
     {{bin}}/lampyr-clusters up lampyr || exit 1
     go run ./conformance/cmd/knative-conformance --cluster lampyr --out {{artifacts}}/conformance/lampyr --reference {{artifacts}}/conformance/stock/report.yaml || failed+=("lampyr upstream suites")
-    just test-lampyr-conformance || failed+=("Lampyr's own suite")
-    echo "test-conformance: $((SECONDS - start))s; reports in {{artifacts}}/conformance/{stock,lampyr}/ and {{artifacts}}/lampyr-conformance*"
+    just test-lampyr-conformance -lampyr.report-into={{artifacts}}/conformance/lampyr/report.yaml || failed+=("Lampyr's own suite")
+    echo "test-conformance: $((SECONDS - start))s; reports in {{artifacts}}/conformance/{stock,lampyr,lampyr-suite}/ (lampyr/report.yaml holds Lampyr's own suite too)"
     if [ ${#failed[@]} -gt 0 ]; then printf 'failed: %s\n' "${failed[@]}"; exit 1; fi
 
 # Lampyr's own conformance suite on the lampyr cluster (or, with
 # LAMPYR_CONFORMANCE_KUBECONFIG and LAMPYR_CONFORMANCE_GATEWAY, on any
-# Lampyr installation): template subset, scaling translation, readiness
-# conditions, execution modes, restart recovery, finalization.
-test-lampyr-conformance: tools
+# Lampyr installation): declared tests (conformance/lampyr/tests.go), each in
+# its own namespace, skipped when their feature is not claimed and checked
+# against conformance/expectations/lampyr.yaml; ConformanceReport in
+# _artifacts/conformance/lampyr-suite/. Extra arguments go to the test binary:
+#   just test-lampyr-conformance -ginkgo.label-filter=restart
+#   just test-lampyr-conformance -ginkgo.label-filter='install || routing || refusal'
+#   just test-lampyr-conformance -lampyr.declarations=their.yaml
+# Labels: install routing template refusal scaling readiness capacity
+# execution restart keys tenancy finalization.
+test-lampyr-conformance *ARGS: tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json {{ARGS}}
 
 # Two tenants holding only namespace `edit`, under Pod Security restricted, try
 # every attack of docs/security.md against Lampyr, stock Knative as a reference.
@@ -120,7 +122,7 @@ test-tenancy *GINKGO_ARGS: tools
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: test-unit test-clusters test-stock test-lampyr test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
+test: test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.

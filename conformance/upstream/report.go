@@ -26,10 +26,14 @@ type Report struct {
 	Cluster Cluster `json:"cluster"`
 	// TestConfig lists what the run changed on the cluster before testing,
 	// as upstream's own test installation does.
-	TestConfig  []string      `json:"testConfig,omitempty"`
-	Claimed     []string      `json:"claimedFeatures,omitempty"`
-	Unsupported []Feature     `json:"unsupportedFeatures,omitempty"`
-	Suites      []SuiteReport `json:"suites"`
+	TestConfig  []string  `json:"testConfig,omitempty"`
+	Claimed     []string  `json:"claimedFeatures,omitempty"`
+	Unsupported []Feature `json:"unsupportedFeatures,omitempty"`
+	// Suites holds every suite run against the implementation: Knative's
+	// upstream suites (knative-conformance) and Lampyr's own
+	// (conformance/lampyr, which adds its section with AddSuite), so one
+	// report is what a third party publishes.
+	Suites []SuiteReport `json:"suites"`
 	// Result is success (every suite ran clean), partial (a test the
 	// implementation must pass was skipped or declared failing) or failure
 	// (an undeclared failure, or a suite that did not run).
@@ -69,6 +73,15 @@ type SuiteReport struct {
 	MissingDeclared  []string `json:"missingDeclared,omitempty"`
 	Tests            []Result `json:"tests,omitempty"`
 	Command          []string `json:"command"`
+	// Claimed and Unsupported are set when a suite declares its own
+	// features (Lampyr's suite: conformance/expectations/lampyr.yaml);
+	// the report's top-level ones are the upstream suites'.
+	Claimed     []string  `json:"claimedFeatures,omitempty"`
+	Unsupported []Feature `json:"unsupportedFeatures,omitempty"`
+	// Selection says which of the suite's tests the run selected (a
+	// Ginkgo label filter or focus), when not all: the result is then
+	// at best partial.
+	Selection string `json:"selection,omitempty"`
 }
 
 // Statistics counts a suite's tests by outcome.
@@ -106,6 +119,33 @@ func declaredSkips(rs []Result) int {
 		}
 	}
 	return n
+}
+
+// AddSuite puts a suite's section into the report, replacing an earlier
+// section of the same suite name (a rerun), and sets the overall result.
+func (r *Report) AddSuite(s SuiteReport) {
+	for i := range r.Suites {
+		if r.Suites[i].Suite.Name == s.Suite.Name {
+			r.Suites[i] = s
+			r.Finish()
+			return
+		}
+	}
+	r.Suites = append(r.Suites, s)
+	r.Finish()
+}
+
+// ReadReport reads a report.yaml that Write wrote.
+func ReadReport(path string) (*Report, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := yaml.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &r, nil
 }
 
 // Finish sets the overall result from the suites'.
@@ -206,7 +246,7 @@ func (r *Report) JUnit() ([]byte, error) {
 // Markdown is the human summary of one report.
 func Markdown(r *Report) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# Knative conformance: %s %s (%s)\n\n", r.Implementation.Name, r.Implementation.Version, r.Result)
+	fmt.Fprintf(&b, "# Conformance: %s %s (%s)\n\n", r.Implementation.Name, r.Implementation.Version, r.Result)
 	fmt.Fprintf(&b, "%s, %s mode, Kubernetes %s (%d node(s)), networking %s, gateway %s.\n\n",
 		r.Date.UTC().Format(time.RFC3339), r.Mode, r.Cluster.KubernetesVersion, r.Cluster.Nodes, r.Implementation.Networking, r.Cluster.Gateway)
 	for _, c := range r.TestConfig {
@@ -222,6 +262,15 @@ func Markdown(r *Report) string {
 		if s.Error != "" {
 			fmt.Fprintf(&b, "Did not run: %s\n", s.Error)
 			continue
+		}
+		if len(s.Claimed) > 0 {
+			fmt.Fprintf(&b, "Claimed features: %s.\n\n", strings.Join(s.Claimed, ", "))
+		}
+		for _, f := range s.Unsupported {
+			fmt.Fprintf(&b, "Not claimed: %s (%s).\n\n", f.Name, f.Reason)
+		}
+		if s.Selection != "" {
+			fmt.Fprintf(&b, "Selected: %s.\n\n", s.Selection)
 		}
 		for _, l := range []struct {
 			title string

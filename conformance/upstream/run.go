@@ -100,6 +100,9 @@ type Result struct {
 	// the feature the test needs and why it is not claimed.
 	Feature  string `json:"feature,omitempty"`
 	Declared string `json:"declared,omitempty"`
+	// Labels are the test's labels in a suite that has them (Lampyr's:
+	// what a -ginkgo.label-filter selects).
+	Labels []string `json:"labels,omitempty"`
 }
 
 // Invocation is one `go test` run of a suite.
