@@ -10,13 +10,11 @@
 # go.mod, so nothing but the Go module proxy is needed and the generated
 # code always matches the libraries the project builds with.
 #
-# Usage: hack/update-codegen.sh [output-root]
-#   output-root: where impl/... is written (default: the repository); the
-#   verify script generates into a temporary copy.
+# Usage: hack/update-codegen.sh   (hack/verify-codegen.sh checks the result
+# is committed)
 set -o errexit -o nounset -o pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-OUT_ROOT="${1:-${REPO_ROOT}}"
 cd "${REPO_ROOT}"
 
 MODULE="$(go list -m)"
@@ -26,7 +24,7 @@ BOILERPLATE="${REPO_ROOT}/hack/boilerplate/boilerplate.go.txt"
 
 APIS_PKG="${MODULE}/impl/apis"
 CLIENT_PKG="${MODULE}/impl/client"
-CLIENT_DIR="${OUT_ROOT}/impl/client"
+CLIENT_DIR="${REPO_ROOT}/impl/client"
 # group:versions, as generate-knative.sh takes them
 GROUP_VERSIONS=(fiberd/v1alpha1)
 INPUTS=()
@@ -38,16 +36,7 @@ gen() { # gen <code-generator command> args...
 }
 
 echo "=== deepcopy (k8s.io/code-generator ${CODEGEN_VERSION})"
-for gv in "${GROUP_VERSIONS[@]}"; do
-  mkdir -p "${OUT_ROOT}/impl/apis/${gv}"
-done
 gen deepcopy-gen --output-file zz_generated.deepcopy.go "${INPUTS[@]}"
-if [[ "${OUT_ROOT}" != "${REPO_ROOT}" ]]; then
-  # deepcopy-gen writes next to its input; move the result to the output root.
-  for gv in "${GROUP_VERSIONS[@]}"; do
-    cp "${REPO_ROOT}/impl/apis/${gv}/zz_generated.deepcopy.go" "${OUT_ROOT}/impl/apis/${gv}/zz_generated.deepcopy.go"
-  done
-fi
 
 echo "=== clientset, listers, informers (k8s.io/code-generator ${CODEGEN_VERSION})"
 rm -rf "${CLIENT_DIR}"
@@ -75,4 +64,4 @@ GOFLAGS=-mod=mod go run "knative.dev/pkg/codegen/cmd/injection-gen@${KNATIVE_PKG
   --output-package "${CLIENT_PKG}/injection" \
   --output-dir "${CLIENT_DIR}/injection"
 
-gofmt -s -w "${CLIENT_DIR}" "${OUT_ROOT}/impl/apis"
+gofmt -s -w "${CLIENT_DIR}" "${REPO_ROOT}/impl/apis"
