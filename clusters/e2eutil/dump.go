@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Clients bundles the clients of one cluster.
@@ -61,7 +63,7 @@ var DumpResources = []schema.GroupVersionResource{
 	{Group: "serving.knative.dev", Version: "v1", Resource: "routes"},
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "ingresses"},
 	{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "serverlessservices"},
-	{Group: "fiberd.io", Version: "v1alpha1", Resource: "capacitygrants"},
+	contract.CapacityGrants,
 	// The gateway-api networking provider's objects.
 	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"},
 	{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"},

@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 
-	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/grant/resources"
 	"lampyr.dev/serving/impl/ly"
 	"lampyr.dev/serving/impl/routermeta"
@@ -19,7 +19,7 @@ import (
 
 // Lampyr's namespaces (impl/config/controller/100-namespace.yaml).
 const (
-	LampyrSystemNamespace = "lampyr-system"
+	LampyrSystemNamespace = contract.SystemNamespace
 	LampyrHomesNamespace  = resources.DefaultHomesNamespace
 )
 
@@ -45,7 +45,7 @@ func HomePods(ctx context.Context, c *Clients, ns, rev string) (*corev1.PodList,
 func RouterMetadataName(ns, rev string) string { return routermeta.Name(ns, rev) }
 
 // CapacityGrants is fiberd.io/v1alpha1 capacitygrants.
-var CapacityGrants = fiberdv1alpha1.SchemeGroupVersion.WithResource("capacitygrants")
+var CapacityGrants = contract.CapacityGrants
 
 // Leftovers lists, sorted as "Kind/name", what Knative or Lampyr made for a
 // Revision in ns: Revisions, CapacityGrants, Services, EndpointSlices, Pods

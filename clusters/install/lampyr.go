@@ -19,6 +19,7 @@ import (
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Lampyr's installation inputs may come from outside instead of this
@@ -154,7 +155,7 @@ func setHomeImages(in *LampyrInputs) error {
 		}
 	}
 	for _, o := range in.Objects {
-		if o.GetKind() != "Deployment" || o.GetName() != "lampyr-grant-controller" {
+		if o.GetKind() != "Deployment" || o.GetName() != contract.GrantControllerName {
 			continue
 		}
 		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
@@ -185,7 +186,7 @@ func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) erro
 // SetConfig sets one key of config-lampyr.
 func SetConfig(objs []*unstructured.Unstructured, key, value string) error {
 	for _, o := range objs {
-		if o.GetKind() == "ConfigMap" && o.GetName() == "config-lampyr" {
+		if o.GetKind() == "ConfigMap" && o.GetName() == contract.ConfigMapName {
 			return unstructured.SetNestedField(o.Object, value, "data", key)
 		}
 	}

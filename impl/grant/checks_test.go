@@ -12,6 +12,7 @@ import (
 	rtesting "knative.dev/pkg/reconciler/testing"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -59,7 +60,7 @@ func TestHomeDiagnosis(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: home(running),
 		WantStatusUpdates: want(handlerFailed(
-			v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed...\ufffd[0m"},
+			v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed...\ufffd[0m"},
 			"the handler exited with code 5 before it listened on $PORT (8080)")),
 		OtherTestData: diagnosed(&fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited with code 5 before it listened on $PORT (8080)", ok: true,
 			handler: &fiberdclient.HandlerFailure{ExitCode: 5, Output: "Started...\nCrashed...\x1b[0m", ConsecutiveFailures: 3}}, 1),
@@ -69,7 +70,7 @@ func TestHomeDiagnosis(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: home(running),
 		WantStatusUpdates: want(handlerFailed(
-			v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+			v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
 			"the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)")),
 		OtherTestData: diagnosed(&fakeDiagnoser{reason: "HandlerExited", msg: "the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)", ok: true,
 			handler: &fiberdclient.HandlerFailure{ExitCode: 137, Signal: "SIGKILL"}}, 1),
@@ -79,7 +80,7 @@ func TestHomeDiagnosis(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: home(running),
 		WantStatusUpdates: want(handlerFailed(
-			v1alpha1.HandlerFailure{Reason: v1alpha1.ReasonHandlerNotListening, Output: strings.Repeat("y", v1alpha1.MaxHandlerOutput)},
+			v1alpha1.HandlerFailure{Reason: contract.ReasonHandlerNotListening, Output: strings.Repeat("y", v1alpha1.MaxHandlerOutput)},
 			"the handler did not listen on $PORT (8080) within the start-up timeout of 10s")),
 		OtherTestData: diagnosed(&fakeDiagnoser{reason: "HandlerNotListening", msg: "the handler did not listen on $PORT (8080) within the start-up timeout of 10s", ok: true,
 			handler: &fiberdclient.HandlerFailure{Output: strings.Repeat("y", 5000)}}, 1),
@@ -88,28 +89,28 @@ func TestHomeDiagnosis(t *testing.T) {
 		Name:              "a handler reason without details is not a handler failure",
 		Key:               "default/hello-00001",
 		Objects:           home(running),
-		WantStatusUpdates: want(homeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod lampyr-homes/"+hn+" is running; fiberd is not ready: the handler exited")),
+		WantStatusUpdates: want(homeNotReady(contract.ReasonHomeNotReady, "Home Pod lampyr-homes/"+hn+" is running; fiberd is not ready: the handler exited")),
 		OtherTestData:     diagnosed(&fakeDiagnoser{reason: "HandlerExited", msg: "the handler exited", ok: true}, 1),
 		PostConditions:    check,
 	}, {
 		Name:              "template port differs from the snapshot's",
 		Key:               "default/hello-00001",
 		Objects:           home(running),
-		WantStatusUpdates: want(homeFailed(v1alpha1.ReasonTemplateMismatch, "fiberd in Home Pod lampyr-homes/"+hn+" cannot run this Revision: TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000")),
+		WantStatusUpdates: want(homeFailed(contract.ReasonTemplateMismatch, "fiberd in Home Pod lampyr-homes/"+hn+" cannot run this Revision: TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000")),
 		OtherTestData:     diagnosed(&fakeDiagnoser{reason: "TemplateMismatch", msg: `TemplateMismatch: template helper.port 8080 differs from the snapshot's port 9000`, ok: true}, 1),
 		PostConditions:    check,
 	}, {
 		Name:              "still warming",
 		Key:               "default/hello-00001",
 		Objects:           home(running),
-		WantStatusUpdates: want(homeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod lampyr-homes/"+hn+" is running; fiberd is not ready: warm pool not filled yet")),
+		WantStatusUpdates: want(homeNotReady(contract.ReasonHomeNotReady, "Home Pod lampyr-homes/"+hn+" is running; fiberd is not ready: warm pool not filled yet")),
 		OtherTestData:     diagnosed(&fakeDiagnoser{msg: "warm pool not filled yet", ok: true}, 1),
 		PostConditions:    check,
 	}, {
 		Name:              "fiberd does not answer: the Pod's own view stays",
 		Key:               "default/hello-00001",
 		Objects:           home(running),
-		WantStatusUpdates: want(homeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod "+hn+" is Running and not ready yet (fiberd /readyz: valid grant, template opened, snapshot verified, pool warm).")),
+		WantStatusUpdates: want(homeNotReady(contract.ReasonHomeNotReady, "Home Pod "+hn+" is Running and not ready yet (fiberd /readyz: valid grant, template opened, snapshot verified, pool warm).")),
 		OtherTestData:     diagnosed(&fakeDiagnoser{}, 1),
 		PostConditions:    check,
 	}, {
@@ -159,7 +160,7 @@ func TestTemplateChecks(t *testing.T) {
 	with := func(sealed func(t testing.TB) []byte, requeue time.Duration) map[string]any {
 		return map[string]any{templatesKey: template(sealed), requeueKey: requeue}
 	}
-	refusedNew := func(reason, msg string) []clientgotesting.UpdateActionImpl {
+	refusedNew := func(reason contract.Reason, msg string) []clientgotesting.UpdateActionImpl {
 		return statusUpdate(grant("hello-00001", reconciled(markAdmitted("512Mi"), reserve(512<<20), atHome, homeFailed(reason, msg))))
 	}
 
@@ -168,7 +169,7 @@ func TestTemplateChecks(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: running(),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(reserve(512<<20), atHome,
-			homeFailed(v1alpha1.ReasonTemplateMismatch, `template was sealed for namespace "victim" but the Revision is in "default": a template cannot be replayed into another namespace; deploy the Service with `+"`ly deploy`"+` in this namespace`)))),
+			homeFailed(contract.ReasonTemplateMismatch, `template was sealed for namespace "victim" but the Revision is in "default": a template cannot be replayed into another namespace; deploy the Service with `+"`ly deploy`"+` in this namespace`)))),
 		WantDeletes:             deleteHome(hn),
 		SkipNamespaceValidation: true,
 		OtherTestData:           with(func(t testing.TB) []byte { return sealFor(t, testSealer, "victim", "hello-00001") }, 0),
@@ -176,13 +177,13 @@ func TestTemplateChecks(t *testing.T) {
 		Name:              "sealed by an identity nobody trusts",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh},
-		WantStatusUpdates: refusedNew(v1alpha1.ReasonTemplateUnauthenticated, ref+": template sealed by an identity this installation does not trust: it was signed by sealer key "+mallory.KeyID()[:16]+"; an administrator authorizes a `ly` identity with `ly cluster authorize-sealer` (ConfigMap lampyr-system/lampyr-template-sealers)"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnauthenticated, ref+": template sealed by an identity this installation does not trust: it was signed by sealer key "+mallory.KeyID()[:16]+"; an administrator authorizes a `ly` identity with `ly cluster authorize-sealer` (ConfigMap lampyr-system/lampyr-template-sealers)"),
 		OtherTestData:     with(func(t testing.TB) []byte { return sealFor(t, mallory, "default", "hello-00001") }, 0),
 	}, {
 		Name:              "sealed by a ly identity authorized for other namespaces",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh, sealers("team-b")},
-		WantStatusUpdates: refusedNew(v1alpha1.ReasonTemplateNotAuthorized, ref+`: sealer not authorized for the template's namespace: sealer "alice" (key `+alice.KeyID()[:16]+`) may seal for team-b, not for namespace "default"; an administrator extends it with `+"`ly cluster authorize-sealer`"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateNotAuthorized, ref+`: sealer not authorized for the template's namespace: sealer "alice" (key `+alice.KeyID()[:16]+`) may seal for team-b, not for namespace "default"; an administrator extends it with `+"`ly cluster authorize-sealer`"),
 		OtherTestData:     with(func(t testing.TB) []byte { return sealFor(t, alice, "default", "hello-00001") }, 0),
 	}, {
 		Name:        "sealed by a ly identity authorized for this namespace",
@@ -191,20 +192,20 @@ func TestTemplateChecks(t *testing.T) {
 		WantCreates: []runtime.Object{issuedSecret(fresh), homeService(fresh), homePod(fresh, func(*corev1.Pod) {})},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", reconciled(
 			markAdmitted("512Mi"), reserve(512<<20), atHome, issued("grant-hello-00001", now),
-			homeNotReady(v1alpha1.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
+			homeNotReady(contract.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           with(func(t testing.TB) []byte { return sealFor(t, alice, "default", "hello-00001") }, 5*time.Minute),
 	}, {
 		Name:              "a format v1 template (unsigned)",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh},
-		WantStatusUpdates: refusedNew(v1alpha1.ReasonTemplateUnauthenticated, ref+": template is not signed: it is a format v1 template (no sealer signature, not bound to a namespace), made by an older ly; redeploy with `ly deploy` to reseal it"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnauthenticated, ref+": template is not signed: it is a format v1 template (no sealer signature, not bound to a namespace), made by an older ly; redeploy with `ly deploy` to reseal it"),
 		OtherTestData:     with(func(testing.TB) []byte { return append([]byte("LYTPL1\x00\x00"), make([]byte, 100)...) }, 0),
 	}, {
 		Name:              "sealed to another installation's fleet key",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh},
-		WantStatusUpdates: refusedNew(v1alpha1.ReasonTemplateUnsealable, ref+": template sealed to another fleet key: it names fleet key "+otherFleet.Public().KeyID()[:16]+" but this cluster holds "+testFleet.Public().KeyID()[:16]+"; re-run `ly deploy` against this cluster so the template is sealed to its key (ConfigMap lampyr-system/lampyr-fleet-key)"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnsealable, ref+": template sealed to another fleet key: it names fleet key "+otherFleet.Public().KeyID()[:16]+" but this cluster holds "+testFleet.Public().KeyID()[:16]+"; re-run `ly deploy` against this cluster so the template is sealed to its key (ConfigMap lampyr-system/lampyr-fleet-key)"),
 		OtherTestData: with(func(testing.TB) []byte {
 			b, _ := seal.Seal(otherFleet.Public(), testSealer, seal.Template{Namespace: "default", Revision: "hello-00001", SnapshotDigest: digest, Execution: seal.ExecutionPolicy{Mode: "fresh"}, Helper: seal.HelperFacts{Port: 8080}})
 			return b
@@ -213,7 +214,7 @@ func TestTemplateChecks(t *testing.T) {
 		Name:              "registry does not answer, nothing running yet: asked again shortly",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh},
-		WantStatusUpdates: refusedNew(v1alpha1.ReasonTemplateUnavailable, "cannot fetch the sealed template "+templateRef("hello-00001")+": GET "+templateRef("hello-00001")+": connection refused"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnavailable, "cannot fetch the sealed template "+templateRef("hello-00001")+": GET "+templateRef("hello-00001")+": connection refused"),
 		OtherTestData:     with(nil, templateRetry),
 	}, {
 		Name:    "registry does not answer, Home running on its grant: it keeps running",

@@ -38,6 +38,7 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
@@ -171,7 +172,7 @@ func lookAgain(d time.Duration, err error) pkgreconciler.Event {
 // why).
 func (r *Reconciler) reconcileAdmission(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 	if msg := validate(g, cfg); msg != "" {
-		g.Status.MarkNotAdmitted(v1alpha1.ReasonInvalidSpec, "%s", msg)
+		g.Status.MarkNotAdmitted(contract.ReasonInvalidSpec, "%s", msg)
 		return false
 	}
 	return r.admit(g, cfg)
@@ -200,16 +201,16 @@ func reconcileImages(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 
 // checkImages refuses Home images that are not pinned by digest: whoever
 // can move a tag would otherwise choose what runs privileged in every Home.
-func checkImages(cfg *config.Config) (reason, message string) {
+func checkImages(cfg *config.Config) (reason contract.Reason, message string) {
 	if cfg.HomeImage == "" {
-		return v1alpha1.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
+		return contract.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
 	}
 	for key, img := range map[string]string{config.KeyHomeImage: cfg.HomeImage, config.KeyHelperImage: cfg.HelperImage} {
 		if img == "" {
 			continue
 		}
 		if _, err := artifact.ParseDigestRef(img); err != nil {
-			return v1alpha1.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, config.ConfigMapName, err)
+			return contract.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, config.ConfigMapName, err)
 		}
 	}
 	return "", ""
@@ -325,7 +326,7 @@ func ownershipOf(obj metav1.Object, g *v1alpha1.CapacityGrant) ownership {
 
 // taken marks the grant's Home name taken by obj and stops the reconcile.
 func (r *Reconciler) taken(g *v1alpha1.CapacityGrant, kind string, obj metav1.Object) error {
-	g.Status.MarkHomeFailed(v1alpha1.ReasonHomeNameTaken, "%s %s/%s exists and was not made for this CapacityGrant; delete it", kind, r.homesNamespace, obj.GetName())
+	g.Status.MarkHomeFailed(contract.ReasonHomeNameTaken, "%s %s/%s exists and was not made for this CapacityGrant; delete it", kind, r.homesNamespace, obj.GetName())
 	return errHomeNameTaken
 }
 
@@ -360,7 +361,7 @@ func validate(g *v1alpha1.CapacityGrant, cfg *config.Config) string {
 // admitted grant holds. Capacity is counted from it rather than from specs,
 // so a configuration change (default-max-fibers) or a spec change cannot
 // silently move other grants' reservations.
-const ReservedMemoryAnnotation = "fiberd.io/reserved-memory-bytes"
+const ReservedMemoryAnnotation = contract.ReservedMemoryAnnotation
 
 func reservedOf(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
 	if v, ok := g.Status.Annotations[ReservedMemoryAnnotation]; ok {
@@ -393,13 +394,13 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 		return true
 	}
 	if g.Spec.MemoryPerFiber.Cmp(cfg.MaxMemoryPerFiber) > 0 {
-		g.Status.MarkNotAdmitted(v1alpha1.ReasonMemoryPerFiberTooLarge,
+		g.Status.MarkNotAdmitted(contract.ReasonMemoryPerFiberTooLarge,
 			"memoryPerFiber %s exceeds the per-fiber cap %s; lower the Revision's memory request or raise %s in ConfigMap %s",
 			g.Spec.MemoryPerFiber.String(), cfg.MaxMemoryPerFiber.String(), config.KeyMaxMemoryPerFiber, config.ConfigMapName)
 		return false
 	}
 	if max := resources.EffectiveMaxFibers(g, cfg); max > cfg.MaxFibersPerGrant {
-		g.Status.MarkNotAdmitted(v1alpha1.ReasonTooManyFibers,
+		g.Status.MarkNotAdmitted(contract.ReasonTooManyFibers,
 			"maxFibers %d exceeds the per-grant cap %d; lower autoscaling.knative.dev/max-scale or raise %s in ConfigMap %s",
 			max, cfg.MaxFibersPerGrant, config.KeyMaxFibersPerGrant, config.ConfigMapName)
 		return false
@@ -407,7 +408,7 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 	used := int64(0)
 	all, err := r.grants.List(everything)
 	if err != nil {
-		g.Status.MarkNotAdmitted(string(ReasonCapacityUnknown), "cannot list CapacityGrants: %v", err)
+		g.Status.MarkNotAdmitted(ReasonCapacityUnknown, "cannot list CapacityGrants: %v", err)
 		return false
 	}
 	seen := map[string]bool{}
@@ -429,7 +430,7 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 		// A grant that grew beyond what is free loses its admission: its
 		// signed grant is no longer renewed, so its Home stops serving at
 		// expiry rather than run more than was admitted.
-		g.Status.MarkNotAdmitted(v1alpha1.ReasonInsufficientMemory,
+		g.Status.MarkNotAdmitted(contract.ReasonInsufficientMemory,
 			"needs %s (memoryPerFiber %s × maxFibers %d) but only %s of the installation's %s fiber memory is free; lower max-scale or the memory request, delete unused Revisions, or raise %s in ConfigMap %s",
 			bytesQ(want), g.Spec.MemoryPerFiber.String(), resources.EffectiveMaxFibers(g, cfg), bytesQ(max(capacity-used, 0)), cfg.FiberMemoryCapacity.String(), config.KeyFiberMemoryCapacity, config.ConfigMapName)
 		delete(r.pending, key)
@@ -464,7 +465,7 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 			if err := r.deleteHome(ctx, g.Namespace, g.Name, string(g.UID)); err != nil {
 				return 0, err
 			}
-			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "The Home of an earlier CapacityGrant named %s is being deleted.", g.Name)
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "The Home of an earlier CapacityGrant named %s is being deleted.", g.Name)
 			return 0, errLeftover
 		}
 	}
@@ -579,7 +580,7 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
 			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
 		}
-		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
+		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
 		return nil, nil
 	}
 	if err != nil {
@@ -594,7 +595,7 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 				return nil, fmt.Errorf("replacing a leftover Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
 			}
 		}
-		g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, have.Name)
+		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, have.Name)
 		return nil, nil
 	}
 	// Pods are immutable where it matters, so a Home that failed or runs an
@@ -603,7 +604,7 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
 			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
 		}
-		g.Status.MarkHomeFailed(v1alpha1.ReasonHomeFailed, "Home Pod %s/%s %s; replacing it. %s", r.homesNamespace, have.Name, phaseOrImage(have, want), have.Status.Message)
+		g.Status.MarkHomeFailed(contract.ReasonHomeFailed, "Home Pod %s/%s %s; replacing it. %s", r.homesNamespace, have.Name, phaseOrImage(have, want), have.Status.Message)
 		return nil, nil
 	}
 	markHome(g, have)
@@ -635,19 +636,19 @@ func markHome(g *v1alpha1.CapacityGrant, p *corev1.Pod) {
 	}
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
-			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomePending, "Home Pod %s/%s is not scheduled: %s", p.Namespace, p.Name, c.Message)
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is not scheduled: %s", p.Namespace, p.Name, c.Message)
 			return
 		}
 	}
 	for _, cs := range p.Status.ContainerStatuses {
 		if w := cs.State.Waiting; w != nil {
-			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s container %s: %s %s", p.Name, cs.Name, w.Reason, w.Message)
+			g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s container %s: %s %s", p.Name, cs.Name, w.Reason, w.Message)
 			return
 		}
 		if t := cs.LastTerminationState.Terminated; t != nil && cs.RestartCount > 0 {
-			g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s container %s restarted %d times, last exit %d (%s); see its logs", p.Name, cs.Name, cs.RestartCount, t.ExitCode, t.Reason)
+			g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s container %s restarted %d times, last exit %d (%s); see its logs", p.Name, cs.Name, cs.RestartCount, t.ExitCode, t.Reason)
 			return
 		}
 	}
-	g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s is %s and not ready yet (fiberd /readyz: valid grant, template opened, snapshot verified, pool warm).", p.Name, p.Status.Phase)
+	g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s is %s and not ready yet (fiberd /readyz: valid grant, template opened, snapshot verified, pool warm).", p.Name, p.Status.Phase)
 }

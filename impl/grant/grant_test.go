@@ -153,11 +153,6 @@ func testConfig() *config.Config {
 	return c
 }
 
-type cond struct {
-	status corev1.ConditionStatus
-	reason string
-}
-
 // TestReconcile is in reconcile_test.go.
 
 // Two grants reconciled back to back, before the informer has seen the

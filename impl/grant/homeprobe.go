@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	v1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -63,13 +63,6 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (clien
 	return e, true
 }
 
-// loadFailures are fiberd's reasons for not loading a Revision
-// (impl/fiberd/server LoadError, the reason of its 503). They do not heal by
-// waiting: the grant or its snapshot must change. Template reasons other
-// than a port that differs from the snapshot's come from the grant
-// controller itself (template.go), which opens templates.
-var loadFailures = []string{v1alpha1.ReasonTemplateMismatch, "SnapshotUnavailable", "SnapshotTooLarge", "InvalidGrant"}
-
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.
 const homeDiagnosisInterval = 3 * time.Second
 
@@ -87,18 +80,23 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	if !ok {
 		return homeDiagnosisInterval
 	}
-	reason, msg := e.Reason, e.Message
+	reason, msg := contract.Reason(e.Reason), e.Message
 	if f := handlerFailure(e); f != nil {
 		// The handler's own failure, in its own words: no Pod name or
 		// address of the Home, since it is shown to the Revision's owner.
 		g.Status.MarkHandlerFailed(*f, boundMessage(msg))
 		return homeDiagnosisInterval
 	}
-	if slices.Contains(loadFailures, reason) {
+	// fiberd's reasons for not loading a Revision (its load error, the
+	// reason of /readyz's 503) do not heal by waiting: the grant or its
+	// snapshot must change. Template reasons other than a port that differs
+	// from the snapshot's come from the grant controller itself
+	// (template.go), which opens templates.
+	if contract.LoadFailure(reason) {
 		g.Status.MarkHomeFailed(reason, "fiberd in Home Pod %s/%s cannot run this Revision: %s", pod.Namespace, pod.Name, msg)
 		return homeDiagnosisInterval
 	}
-	g.Status.MarkHomeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod %s/%s is running; fiberd is not ready: %s", pod.Namespace, pod.Name, msg)
+	g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s/%s is running; fiberd is not ready: %s", pod.Namespace, pod.Name, msg)
 	return homeDiagnosisInterval
 }
 
@@ -111,20 +109,18 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// handlerFailures are fiberd's reasons for a Revision whose handler fails
-// every fiber start (impl/fiberd/client): the handler must change, so they
-// are HomeReady False, and the Revision's ContainerHealthy follows.
-var handlerFailures = []string{v1alpha1.ReasonHandlerExited, v1alpha1.ReasonHandlerNotListening, v1alpha1.ReasonHandlerNotReady}
-
 // handlerFailure is fiberd's typed report of a failing handler, bounded and
 // cleaned again (the output is the tenant's: fiberd bounds it, and the
 // grant controller does not take a larger one from any Home).
 func handlerFailure(e client.Error) *v1alpha1.HandlerFailure {
-	if e.Handler == nil || !slices.Contains(handlerFailures, e.Reason) {
+	// A Revision whose handler fails every fiber start: the handler must
+	// change, so it is HomeReady False, and the Revision's ContainerHealthy
+	// follows.
+	if e.Handler == nil || !contract.HandlerFailure(contract.Reason(e.Reason)) {
 		return nil
 	}
 	f := &v1alpha1.HandlerFailure{
-		Reason:   e.Reason,
+		Reason:   contract.Reason(e.Reason),
 		ExitCode: e.Handler.ExitCode,
 		Output:   backend.LastOutput([]byte(e.Handler.Output)),
 	}

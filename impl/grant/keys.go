@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"knative.dev/pkg/logging"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/edpem"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -27,32 +28,32 @@ const (
 	// FleetKeyName is the Secret with the fleet private key (key
 	// "private.pem", retired keys "retired-<keyID>.pem") and the ConfigMap
 	// publishing its public half (key "public.pem") for `ly`.
-	FleetKeyName = "lampyr-fleet-key"
+	FleetKeyName = contract.FleetKeyName
 	// SigningKeyName is the Secret with the grant controller's signing key.
-	SigningKeyName = "lampyr-grant-signing-key"
+	SigningKeyName = contract.GrantSigningKeyName
 	// RouterKeyName is the Secret with fiber-router's key (mounted by the
 	// router; Homes get its public half).
-	RouterKeyName = "fiber-router-key"
+	RouterKeyName = contract.RouterKeyName
 	// ControllerSealerName is the Secret with the Lampyr controller's sealer
 	// key (templates of image-mapped Revisions); trusted for every namespace.
-	ControllerSealerName = "lampyr-controller-sealer"
+	ControllerSealerName = contract.ControllerSealerName
 	// SealersConfigMap lists the sealer identities (ly) administrators
 	// authorized, and for which namespaces (seal.ParseSealers).
-	SealersConfigMap = "lampyr-template-sealers"
+	SealersConfigMap = contract.SealersConfigMap
 	// legacyRouterToken is the shared token older installations copied into
 	// every Home; it is deleted at start.
 	legacyRouterToken = "fiber-router-token"
 
-	FleetPrivateKeyKey = "private.pem"
-	FleetPublicKeyKey  = "public.pem"
-	FleetKeyIDKey      = "keyID"
+	FleetPrivateKeyKey = contract.FleetPrivateKeyKey
+	FleetPublicKeyKey  = contract.FleetPublicKeyKey
+	FleetKeyIDKey      = contract.FleetKeyIDKey
 	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys,
 	// kept so templates sealed to them still open after a rotation.
-	RetiredFleetKeyPrefix = "retired-"
+	RetiredFleetKeyPrefix = contract.RetiredFleetKeyPrefix
 	// PrivateKeyKey and PublicKeyKey hold the halves of the signing key,
 	// the router key and the controller's sealer key.
-	PrivateKeyKey = "private.pem"
-	PublicKeyKey  = "public.pem"
+	PrivateKeyKey = contract.PrivateKeyKey
+	PublicKeyKey  = contract.PublicKeyKey
 	// SigningPrivateKey and SigningPublicKey name them in the signing
 	// key's Secret.
 	SigningPrivateKey = PrivateKeyKey
@@ -60,7 +61,7 @@ const (
 )
 
 // ControllerSealerIdentity names the controller in trust decisions.
-const ControllerSealerIdentity = "lampyr-controller"
+const ControllerSealerIdentity = contract.ControllerName
 
 // Keys are the keys the grant controller loads once at start. The fleet keys
 // are read anew from their Secret (FleetKeys), since a rotation changes them

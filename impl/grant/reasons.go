@@ -1,12 +1,11 @@
 package grant
 
-// Reason is a condition reason the grant controller sets that the API
-// package (impl/apis/fiberd/v1alpha1) does not name. It moves to the shared
-// contract package (impl/contract) when that lands.
-type Reason string
+import "lampyr.dev/serving/impl/contract"
 
+// Reasons the grant controller sets that impl/contract does not name: they
+// stay inside the grant controller (no other component compares them).
 const (
 	// ReasonCapacityUnknown: the grants holding capacity could not be
 	// listed, so admission cannot be decided.
-	ReasonCapacityUnknown Reason = "CapacityUnknown"
+	ReasonCapacityUnknown contract.Reason = "CapacityUnknown"
 )

@@ -16,6 +16,7 @@ import (
 	rtesting "knative.dev/pkg/reconciler/testing"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -40,7 +41,7 @@ func markAdmitted(reserved string) func(*v1alpha1.CapacityGrant) {
 	}
 }
 
-func markNotAdmitted(reason, msg string) func(*v1alpha1.CapacityGrant) {
+func markNotAdmitted(reason contract.Reason, msg string) func(*v1alpha1.CapacityGrant) {
 	return func(g *v1alpha1.CapacityGrant) { g.Status.MarkNotAdmitted(reason, "%s", msg) }
 }
 
@@ -62,11 +63,11 @@ func issued(id string, at time.Time) func(*v1alpha1.CapacityGrant) {
 	}
 }
 
-func homeNotReady(reason, msg string) func(*v1alpha1.CapacityGrant) {
+func homeNotReady(reason contract.Reason, msg string) func(*v1alpha1.CapacityGrant) {
 	return func(g *v1alpha1.CapacityGrant) { g.Status.MarkHomeNotReady(reason, "%s", msg) }
 }
 
-func homeFailed(reason, msg string) func(*v1alpha1.CapacityGrant) {
+func homeFailed(reason contract.Reason, msg string) func(*v1alpha1.CapacityGrant) {
 	return func(g *v1alpha1.CapacityGrant) { g.Status.MarkHomeFailed(reason, "%s", msg) }
 }
 
@@ -119,7 +120,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", reconciled(
 			markAdmitted("512Mi"), reserve(512<<20), atHome, issued("grant-hello-00001", now),
-			homeNotReady(v1alpha1.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
+			homeNotReady(contract.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 		PostConditions:          []func(*testing.T, *rtesting.TableRow){checkNewHome},
@@ -128,7 +129,7 @@ func TestReconcile(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: []runtime.Object{big, grant("hello-00001", withMemory("128Mi", 3))},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("128Mi", 3), reconciled(
-			markNotAdmitted(v1alpha1.ReasonInsufficientMemory, capacityMsg("384Mi", "128Mi", 3, "256Mi"))))),
+			markNotAdmitted(contract.ReasonInsufficientMemory, capacityMsg("384Mi", "128Mi", 3, "256Mi"))))),
 	}, {
 		Name:    "maxFibers 0 takes the installation default",
 		Key:     "default/hello-00001",
@@ -139,7 +140,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("128Mi", 0), reconciled(
 			markAdmitted("256Mi"), reserve(256<<20), atHome, issued("grant-hello-00001", now),
-			homeNotReady(v1alpha1.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
+			homeNotReady(contract.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" created.")))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {
@@ -149,7 +150,7 @@ func TestReconcile(t *testing.T) {
 			// Holds 256Mi; now asks 512Mi; 1Gi - 768Mi (big) = 256Mi free.
 			grant("hello-00001", withMemory("128Mi", 4), admitted, reserve(256<<20))},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("128Mi", 4), admitted, reserve(256<<20), reconciled(
-			markNotAdmitted(v1alpha1.ReasonInsufficientMemory, capacityMsg("512Mi", "128Mi", 4, "256Mi"))))),
+			markNotAdmitted(contract.ReasonInsufficientMemory, capacityMsg("512Mi", "128Mi", 4, "256Mi"))))),
 	}, {
 		Name: "an admitted grant keeps its reservation when the configuration shrinks",
 		Key:  "default/hello-00001",
@@ -163,19 +164,19 @@ func TestReconcile(t *testing.T) {
 		Key:     "default/hello-00001",
 		Objects: []runtime.Object{grant("hello-00001", withMemory("1Gi", 1))},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("1Gi", 1), reconciled(
-			markNotAdmitted(v1alpha1.ReasonMemoryPerFiberTooLarge, "memoryPerFiber 1Gi exceeds the per-fiber cap 512Mi; lower the Revision's memory request or raise max-memory-per-fiber in ConfigMap config-lampyr")))),
+			markNotAdmitted(contract.ReasonMemoryPerFiberTooLarge, "memoryPerFiber 1Gi exceeds the per-fiber cap 512Mi; lower the Revision's memory request or raise max-memory-per-fiber in ConfigMap config-lampyr")))),
 	}, {
 		Name:    "too many fibers",
 		Key:     "default/hello-00001",
 		Objects: []runtime.Object{grant("hello-00001", withMemory("1Mi", 17))},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("1Mi", 17), reconciled(
-			markNotAdmitted(v1alpha1.ReasonTooManyFibers, "maxFibers 17 exceeds the per-grant cap 16; lower autoscaling.knative.dev/max-scale or raise max-fibers-per-grant in ConfigMap config-lampyr")))),
+			markNotAdmitted(contract.ReasonTooManyFibers, "maxFibers 17 exceeds the per-grant cap 16; lower autoscaling.knative.dev/max-scale or raise max-fibers-per-grant in ConfigMap config-lampyr")))),
 	}, {
 		Name:    "template not pinned by digest",
 		Key:     "default/hello-00001",
 		Objects: []runtime.Object{grant("hello-00001", unpinnedTemplate)},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", unpinnedTemplate, reconciled(
-			markNotAdmitted(v1alpha1.ReasonInvalidSpec, `spec.template: reference "localhost:5002/t:hello-00001" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: localhost:5002/t:hello-00001`)))),
+			markNotAdmitted(contract.ReasonInvalidSpec, `spec.template: reference "localhost:5002/t:hello-00001" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: localhost:5002/t:hello-00001`)))),
 	}, {
 		Name:    "ready Home with a fresh grant: Ready, nothing written to the cluster",
 		Key:     "default/hello-00001",
@@ -216,7 +217,7 @@ func TestReconcile(t *testing.T) {
 		WantDeletes: []clientgotesting.DeleteActionImpl{clientgotesting.NewDeleteAction(corev1.SchemeGroupVersion.WithResource("pods"), homesNS, hn)},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome, issued("old-grant", now),
-			homeFailed(v1alpha1.ReasonHomeFailed, "Home Pod lampyr-homes/"+hn+" is Failed; replacing it. Evicted")))),
+			homeFailed(contract.ReasonHomeFailed, "Home Pod lampyr-homes/"+hn+" is Failed; replacing it. Evicted")))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {
@@ -228,7 +229,7 @@ func TestReconcile(t *testing.T) {
 		}),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome, issued("old-grant", now),
-			homeNotReady(v1alpha1.ReasonHomeNotReady, "Home Pod "+hn+" container fiberd: CrashLoopBackOff back-off 10s")))),
+			homeNotReady(contract.ReasonHomeNotReady, "Home Pod "+hn+" container fiberd: CrashLoopBackOff back-off 10s")))),
 		OtherTestData: requeue(5 * time.Minute),
 	}, {
 		Name: "a foreign Secret with the Home's name is left alone",
@@ -241,7 +242,7 @@ func TestReconcile(t *testing.T) {
 		}(),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome,
-			homeFailed(v1alpha1.ReasonHomeNameTaken, "Secret lampyr-homes/"+hn+" exists and was not made for this CapacityGrant; delete it")))),
+			homeFailed(contract.ReasonHomeNameTaken, "Secret lampyr-homes/"+hn+" exists and was not made for this CapacityGrant; delete it")))),
 	}, {
 		Name: "a leftover Home of an earlier grant of the same name is replaced",
 		Key:  "default/hello-00001",
@@ -253,7 +254,7 @@ func TestReconcile(t *testing.T) {
 		WantDeletes: deleteHome(hn),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome,
-			homeNotReady(v1alpha1.ReasonHomePending, "The Home of an earlier CapacityGrant named hello-00001 is being deleted.")))),
+			homeNotReady(contract.ReasonHomePending, "The Home of an earlier CapacityGrant named hello-00001 is being deleted.")))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(time.Second),
 	}, {
@@ -274,7 +275,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{fresh},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", reconciled(
 			markAdmitted("512Mi"), reserve(512<<20), atHome,
-			homeFailed(v1alpha1.ReasonHomeImageNotPinned, `home-image "kind.local/fiberd:latest" in ConfigMap config-lampyr is not pinned by digest (reference "kind.local/fiberd:latest" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: kind.local/fiberd:latest); use repository@sha256:<digest>`)))),
+			homeFailed(contract.ReasonHomeImageNotPinned, `home-image "kind.local/fiberd:latest" in ConfigMap config-lampyr is not pinned by digest (reference "kind.local/fiberd:latest" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: kind.local/fiberd:latest); use repository@sha256:<digest>`)))),
 		OtherTestData: map[string]any{configKey: func(c *config.Config) { c.HomeImage = "kind.local/fiberd:latest" }},
 	}, {
 		// CI once saw homeEndpoint blanked when the Service create raced

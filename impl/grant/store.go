@@ -3,10 +3,10 @@ package grant
 import (
 	"k8s.io/apimachinery/pkg/labels"
 
-	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // GrantGVR is the CapacityGrant resource.
-var GrantGVR = v1alpha1.SchemeGroupVersion.WithResource("capacitygrants")
+var GrantGVR = contract.CapacityGrants
 
 var everything = labels.Everything()

@@ -11,6 +11,7 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
@@ -63,7 +64,8 @@ func (c *templateBlobs) put(ref string, b []byte) {
 
 // templateRefusal is why a grant's template cannot run, as a condition.
 type templateRefusal struct {
-	reason, message string
+	reason  contract.Reason
+	message string
 	// retry: the cause may go away by itself (the registry answers again).
 	retry bool
 }
@@ -77,7 +79,7 @@ func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant
 		defer cancel()
 		b, err := r.templates.Fetch(fctx, g.Spec.Template, opts...)
 		if err != nil {
-			return signedgrant.Helper{}, &templateRefusal{v1alpha1.ReasonTemplateUnavailable,
+			return signedgrant.Helper{}, &templateRefusal{contract.ReasonTemplateUnavailable,
 				fmt.Sprintf("cannot fetch the sealed template %s: %v", g.Spec.Template, err), true}
 		}
 		r.blobs.put(g.Spec.Template, b)
@@ -85,25 +87,25 @@ func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	opened, err := seal.Open(fleet, trust, blob)
 	if err != nil {
-		reason := v1alpha1.ReasonTemplateUnsealable
+		reason := contract.ReasonTemplateUnsealable
 		switch {
 		case errors.Is(err, seal.ErrUnsigned), errors.Is(err, seal.ErrUnknownSealer), errors.Is(err, seal.ErrBadSignature):
-			reason = v1alpha1.ReasonTemplateUnauthenticated
+			reason = contract.ReasonTemplateUnauthenticated
 		case errors.Is(err, seal.ErrNotAuthorized):
-			reason = v1alpha1.ReasonTemplateNotAuthorized
+			reason = contract.ReasonTemplateNotAuthorized
 		}
 		return signedgrant.Helper{}, &templateRefusal{reason: reason, message: "sealed template " + g.Spec.Template + ": " + err.Error()}
 	}
 	snap, err := artifact.ParseDigestRef(g.Spec.SnapshotArtifact)
 	if err != nil {
-		return signedgrant.Helper{}, &templateRefusal{reason: v1alpha1.ReasonTemplateMismatch, message: "spec.snapshotArtifact: " + err.Error()}
+		return signedgrant.Helper{}, &templateRefusal{reason: contract.ReasonTemplateMismatch, message: "spec.snapshotArtifact: " + err.Error()}
 	}
 	want := seal.ExecutionPolicy{Mode: string(g.Spec.Execution.Mode)}
 	if g.Spec.Execution.Mode == v1alpha1.ExecutionReuse {
 		want.IdleTimeoutSeconds = g.Spec.Execution.IdleTimeoutSeconds
 	}
 	if err := opened.Matches(g.Namespace, g.Spec.RevisionName, snap.DigestStr(), want); err != nil {
-		return signedgrant.Helper{}, &templateRefusal{reason: v1alpha1.ReasonTemplateMismatch, message: err.Error()}
+		return signedgrant.Helper{}, &templateRefusal{reason: contract.ReasonTemplateMismatch, message: err.Error()}
 	}
 	// The Revision's containerPort and port name decide PORT and the
 	// protocol, as on stock Knative (the Revision reconciler copies them

@@ -15,26 +15,24 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/util/retry"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
 // Installation-wide objects in the Lampyr namespace that `ly cluster`'s
-// administrator commands edit. They are defined by the grant controller in
-// impl/grant/keys.go (FleetKeyName, SealersConfigMap, FleetPrivateKeyKey,
-// FleetPublicKeyKey, FleetKeyIDKey, RetiredFleetKeyPrefix); ly repeats them
-// rather than import impl/grant, which would pull the controller's
-// dependencies into the CLI.
+// administrator commands edit (impl/contract, shared with the grant
+// controller).
 const (
 	// FleetKeySecret holds the fleet private keys: FleetPrivateKeyKey (the
 	// current one), FleetPublicKeyKey, FleetKeyIDKey and retired keys
 	// RetiredFleetKeyPrefix+<first 16 hex of their key id>+".pem".
-	FleetKeySecret        = "lampyr-fleet-key"
-	FleetPrivateKeyKey    = "private.pem"
-	FleetKeyIDKey         = "keyID"
-	RetiredFleetKeyPrefix = "retired-"
+	FleetKeySecret        = contract.FleetKeyName
+	FleetPrivateKeyKey    = contract.FleetPrivateKeyKey
+	FleetKeyIDKey         = contract.FleetKeyIDKey
+	RetiredFleetKeyPrefix = contract.RetiredFleetKeyPrefix
 	// SealersConfigMap lists the sealer identities administrators authorized
 	// (seal.ParseSealers): one key per identity name.
-	SealersConfigMap = "lampyr-template-sealers"
+	SealersConfigMap = contract.SealersConfigMap
 )
 
 func partOfLampyr() map[string]string {

@@ -9,27 +9,27 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	servingclient "knative.dev/serving/pkg/client/clientset/versioned"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
 // Where a Lampyr installation publishes what ly needs (docs/contracts.md §6).
 const (
-	DefaultLampyrNamespace = "lampyr-system"
-	FleetKeyConfigMap      = "lampyr-fleet-key"
-	FleetPublicKeyKey      = "public.pem"
-	ConfigLampyr           = "config-lampyr"
+	DefaultLampyrNamespace = contract.SystemNamespace
+	FleetKeyConfigMap      = contract.FleetKeyName
+	FleetPublicKeyKey      = contract.FleetPublicKeyKey
+	ConfigLampyr           = contract.ConfigMapName
 	KeyTemplateRepository  = "template-repository"
 )
 
-// GrantResource is fiberd.io/v1alpha1 CapacityGrants.
-var GrantResource = schema.GroupVersionResource{Group: "fiberd.io", Version: "v1alpha1", Resource: "capacitygrants"}
+// GrantResource is fiberd.io/v1alpha1 CapacityGrants (contract.CapacityGrants).
+var GrantResource = contract.CapacityGrants
 
 // Cluster is a Lampyr installation as ly reaches it.
 type Cluster struct {

@@ -6,15 +6,17 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Annotations and labels ly writes (docs/contracts.md §7).
 const (
-	AnnotationSnapshotArtifact = "lampyr.dev/snapshot-artifact"
-	AnnotationFiberdTemplate   = "lampyr.dev/fiberd-template"
-	AnnotationExecutionMode    = "lampyr.dev/execution-mode"
-	AnnotationIdleTimeout      = "lampyr.dev/idle-timeout"
-	AnnotationIdleAction       = "lampyr.dev/idle-action"
+	AnnotationSnapshotArtifact = contract.SnapshotArtifactAnnotation
+	AnnotationFiberdTemplate   = contract.FiberdTemplateAnnotation
+	AnnotationExecutionMode    = contract.ExecutionModeAnnotation
+	AnnotationIdleTimeout      = contract.IdleTimeoutAnnotation
+	AnnotationIdleAction       = contract.IdleActionAnnotation
 	AnnotationMaxScale         = "autoscaling.knative.dev/max-scale"
 	LabelVisibility            = "networking.knative.dev/visibility"
 	VisibilityClusterLocal     = "cluster-local"

@@ -16,15 +16,17 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 const (
 	// LabelKey marks a ConfigMap as router metadata; fiber-router selects on it.
-	LabelKey = "lampyr.dev/router-metadata"
+	LabelKey = contract.RouterMetadataLabel
 	// RevisionLabelKey names the Revision the metadata belongs to.
 	RevisionLabelKey = "serving.knative.dev/revision"
 	// NamespaceLabelKey names the Revision's namespace.
-	NamespaceLabelKey = "lampyr.dev/revision-namespace"
+	NamespaceLabelKey = contract.RevisionNamespaceLabel
 	// NamePrefix starts every router metadata ConfigMap's name.
 	NamePrefix = "route."
 )

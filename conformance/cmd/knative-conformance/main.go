@@ -54,6 +54,7 @@ import (
 	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -339,7 +340,7 @@ func run(ctx context.Context, args []string) (int, error) {
 			data[k] = v
 		}
 		patch, _ := json.Marshal(map[string]any{"data": data})
-		if _, err := c.Kube.CoreV1().ConfigMaps("lampyr-system").Patch(ctx, "config-lampyr", types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
+		if _, err := c.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Patch(ctx, contract.ConfigMapName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "knative-conformance"}); err != nil {
 			return 1, fmt.Errorf("setting config-lampyr %s: %w", o.lampyrConfig, err)
 		}
 		rep.TestConfig = append(rep.TestConfig, "lampyr-system/config-lampyr "+o.lampyrConfig+" (the suites keep many Revisions alive at once and send 200 concurrent requests to one; the test images need far less than 256Mi per fiber)")

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/proxy"
@@ -54,7 +55,7 @@ type options struct {
 
 // defaultSystemNamespace is Lampyr's namespace when SYSTEM_NAMESPACE (set
 // from the Pod's namespace, as Knative components do) is not.
-const defaultSystemNamespace = "lampyr-system"
+const defaultSystemNamespace = contract.SystemNamespace
 
 func parseFlags(args []string) (options, error) {
 	def := proxy.DefaultConfig()
@@ -69,7 +70,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.adminPort, "admin-port", 9091, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.routerKeyFile, "router-key-file", "/var/run/lampyr/fiber-router-key/private.pem", "PEM file of the router key (Secret lampyr-system/fiber-router-key, key private.pem) with which the router mints each Home's credential; read at start, so a rotated key needs a restart")
 	fs.StringVar(&o.metadataNamespace, "metadata-namespace", systemNamespace, "the only namespace whose router metadata ConfigMaps are read (Lampyr's own, where tenants cannot write); default $SYSTEM_NAMESPACE, else "+defaultSystemNamespace)
-	fs.StringVar(&o.homesNamespace, "homes-namespace", "lampyr-homes", "namespace of the Home Services; router metadata naming a Home endpoint that is neither an IP address nor a Service there is refused")
+	fs.StringVar(&o.homesNamespace, "homes-namespace", contract.HomesNamespace, "namespace of the Home Services; router metadata naming a Home endpoint that is neither an IP address nor a Service there is refused")
 	fs.IntVar(&o.maxRevisions, "max-revisions", 10000, "most Revisions the router holds; metadata of further Revisions is refused (logged, counted in lampyr_router_metadata_refused_total{reason=\"full\"}) until some are deleted")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")
 	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "informer resync period for router metadata ConfigMaps")

@@ -17,6 +17,7 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -200,7 +201,7 @@ func TestPrintGrants(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "demo"},
 	}
 	g.Status.InitializeConditions()
-	g.Status.MarkNotAdmitted(v1alpha1.ReasonInsufficientMemory, "needs 1Gi")
+	g.Status.MarkNotAdmitted(contract.ReasonInsufficientMemory, "needs 1Gi")
 	m, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,

@@ -17,6 +17,7 @@ import (
 	"knative.dev/pkg/signals"
 	"knative.dev/pkg/system"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/grant"
 	"lampyr.dev/serving/impl/grant/homes"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -40,7 +41,7 @@ var leaderElection = leaderelection.Config{
 
 func main() {
 	var (
-		systemNS = flag.String("system-namespace", envOr(system.NamespaceEnvKey, "lampyr-system"), "namespace of config-lampyr and the installation's keys")
+		systemNS = flag.String("system-namespace", envOr(system.NamespaceEnvKey, contract.SystemNamespace), "namespace of config-lampyr and the installation's keys")
 		homesNS  = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", resources.DefaultHomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
 		elect    = flag.Bool("leader-elect", true, "reconcile only while holding the grant controller's Lease ("+component+".*) in the system namespace")
 	)

@@ -15,12 +15,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/egress"
 )
 
 // ConfigMap name and keys.
 const (
-	ConfigMapName = "config-lampyr"
+	ConfigMapName = contract.ConfigMapName
 
 	KeyFiberMemoryCapacity = "fiber-memory-capacity"
 	KeyMaxMemoryPerFiber   = "max-memory-per-fiber"

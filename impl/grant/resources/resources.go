@@ -26,15 +26,16 @@ import (
 	"k8s.io/utils/ptr"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 )
 
 // Labels on every object of a Home.
 const (
-	GrantLabel          = "fiberd.io/grant"
-	GrantNamespaceLabel = "fiberd.io/grant-namespace"
-	GrantUIDLabel       = "fiberd.io/grant-uid"
+	GrantLabel          = contract.GrantLabel
+	GrantNamespaceLabel = contract.GrantNamespaceLabel
+	GrantUIDLabel       = contract.GrantUIDLabel
 	RevisionLabel       = "serving.knative.dev/revision"
 	ComponentKey        = "app.kubernetes.io/component"
 	Component           = "lampyr-home"
@@ -42,7 +43,7 @@ const (
 
 // DefaultHomesNamespace is where Homes run unless the grant controller is
 // told otherwise (LAMPYR_HOMES_NAMESPACE).
-const DefaultHomesNamespace = "lampyr-homes"
+const DefaultHomesNamespace = contract.HomesNamespace
 
 // Keys of the Home Secret, mounted at SecretMountPath. Nothing secret to
 // anyone but this Home: its grant and two public keys.

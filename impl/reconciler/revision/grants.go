@@ -23,10 +23,11 @@ import (
 	"knative.dev/pkg/logging"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // grantGVR is the CapacityGrant resource.
-var grantGVR = fiberdv1alpha1.SchemeGroupVersion.WithResource("capacitygrants")
+var grantGVR = contract.CapacityGrants
 
 // grantStore is what the reconciler needs of CapacityGrants: reads from the
 // informer cache, writes through the API.

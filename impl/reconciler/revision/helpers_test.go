@@ -35,6 +35,7 @@ import (
 	servinglisters "knative.dev/serving/pkg/client/listers/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -171,9 +172,9 @@ func withContainerStatus(name, image string) revOption {
 func waitingForGrant() revOption {
 	return func(r *v1.Revision) {
 		withConditions(
-			healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
-			available(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
-			active(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
+			healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
+			available(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
+			active(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
 		)(r)
 		withContainerStatus("user-container", testImage)(r)
 	}
@@ -274,14 +275,14 @@ func grantReady(g *fiberdv1alpha1.CapacityGrant) {
 	g.Status.MarkHomeReady()
 }
 
-func grantHomeNotReady(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantHomeNotReady(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		grantAdmitted(g)
 		g.Status.MarkHomeNotReady(reason, "%s", msg)
 	}
 }
 
-func grantHomeFailed(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantHomeFailed(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		grantAdmitted(g)
 		g.Status.MarkHomeFailed(reason, "%s", msg)
@@ -295,7 +296,7 @@ func grantHandlerFailed(f fiberdv1alpha1.HandlerFailure, msg string) func(*fiber
 	}
 }
 
-func grantRefused(reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
+func grantRefused(reason contract.Reason, msg string) func(*fiberdv1alpha1.CapacityGrant) {
 	return func(g *fiberdv1alpha1.CapacityGrant) {
 		g.Status.InitializeConditions()
 		g.Status.MarkNotAdmitted(reason, "%s", msg)

@@ -17,6 +17,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
@@ -25,10 +26,10 @@ import (
 // controller's sealer key (impl/grant/keys.go; docs/contracts.md §6,
 // docs/security.md §2).
 const (
-	fleetKeyConfigMap = "lampyr-fleet-key"
-	fleetPublicKeyKey = "public.pem"
-	sealerSecret      = "lampyr-controller-sealer"
-	sealerPrivateKey  = "private.pem"
+	fleetKeyConfigMap = contract.FleetKeyName
+	fleetPublicKeyKey = contract.FleetPublicKeyKey
+	sealerSecret      = contract.ControllerSealerName
+	sealerPrivateKey  = contract.PrivateKeyKey
 )
 
 // SealRequest is one image-mapped Revision's template to seal.

@@ -9,23 +9,16 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
 
 // Condition reasons Lampyr adds to the stock ones (v1.ReasonDeploying,
-// v1.ReasonNotOwned, v1.ReasonContainerMissing).
-const (
-	// ReasonWaitingForGrant: the grant controller has not decided yet.
-	ReasonWaitingForGrant = "WaitingForCapacityGrant"
-	// ReasonWaitingForHome: admitted, the Home is not ready yet.
-	ReasonWaitingForHome = "WaitingForHome"
-	// ReasonInvalidGrant: the API server refused the CapacityGrant built
-	// from the Revision (its CRD validation is stricter than ours).
-	ReasonInvalidGrant = "InvalidCapacityGrant"
-	// ReasonGrantRefused is used when a refusal carries no reason of its own.
-	ReasonGrantRefused = "CapacityGrantRefused"
-)
+// v1.ReasonNotOwned, v1.ReasonContainerMissing) are contract.Reason values:
+// contract.ReasonWaitingForGrant, ReasonWaitingForHome,
+// ReasonInvalidCapacityGrant, ReasonGrantRefused, and the grant's own
+// reasons passed through.
 
 // Condition messages; messages that come from elsewhere (grant refusals)
 // are passed through "%s" so a '%' in them survives.
@@ -140,28 +133,28 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 		// The grant controller marks HomeReady False (NotAdmitted) on a
 		// refusal; nothing ran, so health is unknown, and the refusal is
 		// reported once, on ResourcesAvailable.
-		m.MarkUnknown(v1.RevisionConditionContainerHealthy, fiberdv1alpha1.ReasonNotAdmitted, "%s", MessageNotAdmitted)
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, contract.ReasonNotAdmitted.String(), "%s", MessageNotAdmitted)
 	case home.IsFalse() && p.handlerFailure(home) != nil:
 		reason, msg := containerFailed(p.handlerFailure(home), home.Message)
 		m.MarkFalse(v1.RevisionConditionContainerHealthy, reason, "%s", msg)
 	case home.IsFalse():
-		m.MarkFalse(v1.RevisionConditionContainerHealthy, reasonOr(home.Reason, ReasonWaitingForHome), "%s", home.Message)
+		m.MarkFalse(v1.RevisionConditionContainerHealthy, reasonOr(home.Reason, contract.ReasonWaitingForHome), "%s", home.Message)
 	case home.IsTrue():
 		m.MarkTrue(v1.RevisionConditionContainerHealthy)
 	default:
-		m.MarkUnknown(v1.RevisionConditionContainerHealthy, ReasonWaitingForHome, "%s", MessageWaitingForHome)
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, contract.ReasonWaitingForHome.String(), "%s", MessageWaitingForHome)
 	}
 
 	switch {
 	case p.grantInvalid != "":
-		m.MarkFalse(v1.RevisionConditionResourcesAvailable, ReasonInvalidGrant, "%s", p.grantInvalid)
+		m.MarkFalse(v1.RevisionConditionResourcesAvailable, contract.ReasonInvalidCapacityGrant.String(), "%s", p.grantInvalid)
 	case len(p.notOwned) > 0:
 		m.MarkFalse(v1.RevisionConditionResourcesAvailable, v1.ReasonNotOwned, "%s", strings.Join(p.notOwned, " "))
 	case admitted.IsFalse():
 		// The grant controller's refusal, verbatim (docs/contracts.md §1).
-		m.MarkFalse(v1.RevisionConditionResourcesAvailable, reasonOr(admitted.Reason, ReasonGrantRefused), "%s", admitted.Message)
+		m.MarkFalse(v1.RevisionConditionResourcesAvailable, reasonOr(admitted.Reason, contract.ReasonGrantRefused), "%s", admitted.Message)
 	case !admitted.IsTrue():
-		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, ReasonWaitingForGrant, "%s", MessageWaitingForGrant)
+		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, contract.ReasonWaitingForGrant.String(), "%s", MessageWaitingForGrant)
 	case !p.backendReady():
 		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, v1.ReasonDeploying, "%s", MessageWaitingForBackend)
 	case !p.published || !p.routerReady:
@@ -175,7 +168,7 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	case ready.IsTrue():
 		m.MarkTrue(v1.RevisionConditionActive)
 	case ready != nil:
-		m.MarkUnknown(v1.RevisionConditionActive, reasonOr(ready.Reason, v1.ReasonDeploying), "%s", ready.Message)
+		m.MarkUnknown(v1.RevisionConditionActive, reasonOr(ready.Reason, contract.Reason(v1.ReasonDeploying)), "%s", ready.Message)
 	}
 }
 
@@ -183,7 +176,7 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 // fiber starts, when that is what HomeReady says.
 func (p *progress) handlerFailure(home *apis.Condition) *fiberdv1alpha1.HandlerFailure {
 	f := p.grant.Status.HandlerFailure
-	if f == nil || home == nil || f.Reason != home.Reason {
+	if f == nil || home == nil || f.Reason.String() != home.Reason {
 		return nil
 	}
 	return f
@@ -198,7 +191,7 @@ func (p *progress) handlerFailure(home *apis.Condition) *fiberdv1alpha1.HandlerF
 // port, within which timeout; then its output), which names nothing of the
 // Home.
 func containerFailed(f *fiberdv1alpha1.HandlerFailure, homeMessage string) (reason, message string) {
-	if f.Reason == fiberdv1alpha1.ReasonHandlerExited {
+	if f.Reason == contract.ReasonHandlerExited {
 		out := f.Output
 		switch {
 		case out != "":
@@ -211,7 +204,7 @@ func containerFailed(f *fiberdv1alpha1.HandlerFailure, homeMessage string) (reas
 		}
 		return v1.ExitCodeReason(f.ExitCode), v1.RevisionContainerExitingMessage(out)
 	}
-	return f.Reason, v1.RevisionContainerExitingMessage(homeMessage)
+	return f.Reason.String(), v1.RevisionContainerExitingMessage(homeMessage)
 }
 
 // markRejected reports a template outside the subset: ResourcesAvailable
@@ -232,9 +225,10 @@ func recordContainerStatus(st *v1.RevisionStatus, t *resources.Template) {
 	st.ContainerStatuses = []v1.ContainerStatus{{Name: t.ContainerName, ImageDigest: t.Image}}
 }
 
-func reasonOr(reason, fallback string) string {
+// reasonOr is reason, a condition's, or fallback when it has none.
+func reasonOr(reason string, fallback contract.Reason) string {
 	if reason == "" {
-		return fallback
+		return fallback.String()
 	}
 	return reason
 }

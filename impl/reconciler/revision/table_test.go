@@ -21,6 +21,7 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -75,14 +76,14 @@ func TestReconcile(t *testing.T) {
 		Name: "grant admitted, Home starting",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHomeNotReady(fiberdv1alpha1.ReasonHomePending, "the Home Pod is being scheduled")),
+			grant(tmpl, grantHomeNotReady(contract.ReasonHomePending, "the Home Pod is being scheduled")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
+				healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
 				active(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
 			), withContainerStatus("user-container", testImage))),
@@ -127,14 +128,14 @@ func TestReconcile(t *testing.T) {
 		Name: "grant refused: ResourcesAvailable False with the grant's reason and message",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantRefused(fiberdv1alpha1.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
+			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, fiberdv1alpha1.ReasonNotAdmitted, MessageNotAdmitted),
+				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
 				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
 				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
 			), withContainerStatus("user-container", testImage))),
@@ -143,16 +144,16 @@ func TestReconcile(t *testing.T) {
 		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
+			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
+				healthy(corev1.ConditionFalse, contract.ReasonHomeFailed.String(), "fiberd: the template is not sealed to this cluster's fleet key"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key"),
+				active(corev1.ConditionUnknown, contract.ReasonHomeFailed.String(), "fiberd: the template is not sealed to this cluster's fleet key"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -160,7 +161,7 @@ func TestReconcile(t *testing.T) {
 		Name: "handler exits at start-up: ContainerHealthy False ExitCode5 with its last output",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
 				"the handler exited with code 5 before it listened on $PORT (8080)")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
@@ -177,7 +178,7 @@ func TestReconcile(t *testing.T) {
 		Name: "handler killed by a signal without output: ExitCode137 saying so",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
 				"the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
@@ -194,7 +195,7 @@ func TestReconcile(t *testing.T) {
 		Name: "handler never listens: ContainerHealthy False HandlerNotListening",
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
-			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: fiberdv1alpha1.ReasonHandlerNotListening, Output: "listening nowhere"},
+			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerNotListening, Output: "listening nowhere"},
 				"the handler did not listen on $PORT (8080) within the start-up timeout of 10s")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
@@ -202,9 +203,9 @@ func TestReconcile(t *testing.T) {
 		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+				healthy(corev1.ConditionFalse, contract.ReasonHandlerNotListening.String(), notListening),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHandlerNotListening, notListening),
+				active(corev1.ConditionUnknown, contract.ReasonHandlerNotListening.String(), notListening),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -227,7 +228,7 @@ func TestReconcile(t *testing.T) {
 		Name: "Ready Revision whose Home went away is withdrawn from fiber-router",
 		Objects: []runtime.Object{
 			rev(ready()),
-			grant(tmpl, grantHomeFailed(fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted")),
+			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "the Home Pod was evicted")),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
@@ -237,9 +238,9 @@ func TestReconcile(t *testing.T) {
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
+				healthy(corev1.ConditionFalse, contract.ReasonHomeFailed.String(), "the Home Pod was evicted"),
 				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, fiberdv1alpha1.ReasonHomeFailed, "the Home Pod was evicted"),
+				active(corev1.ConditionUnknown, contract.ReasonHomeFailed.String(), "the Home Pod was evicted"),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -520,9 +521,9 @@ func TestReconcile(t *testing.T) {
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, ReasonWaitingForHome, MessageWaitingForHome),
-				available(corev1.ConditionFalse, ReasonInvalidGrant, invalidGrantErr.Error()),
-				active(corev1.ConditionUnknown, ReasonInvalidGrant, invalidGrantErr.Error()),
+				healthy(corev1.ConditionUnknown, contract.ReasonWaitingForHome.String(), MessageWaitingForHome),
+				available(corev1.ConditionFalse, contract.ReasonInvalidCapacityGrant.String(), invalidGrantErr.Error()),
+				active(corev1.ConditionUnknown, contract.ReasonInvalidCapacityGrant.String(), invalidGrantErr.Error()),
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
@@ -736,7 +737,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			statusUpdate(rev(append(plain, withConditions(
 				healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, missing),
 				// No grant exists: nothing could be sealed for it.
-				available(corev1.ConditionUnknown, ReasonWaitingForGrant, MessageWaitingForGrant),
+				available(corev1.ConditionUnknown, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant),
 				active(corev1.ConditionUnknown, v1.ReasonContainerMissing, missing),
 			), withContainerStatus("user-container", testImage))...)),
 		},

@@ -19,6 +19,7 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 	"lampyr.dev/serving/impl/routermeta"
@@ -28,16 +29,16 @@ import (
 // Service YAML runs on both.
 const (
 	// SnapshotArtifactAnnotation: digest-pinned Lampyr snapshot artifact.
-	SnapshotArtifactAnnotation = "lampyr.dev/snapshot-artifact"
+	SnapshotArtifactAnnotation = contract.SnapshotArtifactAnnotation
 	// FiberdTemplateAnnotation: digest-pinned sealed fiberd template.
-	FiberdTemplateAnnotation = "lampyr.dev/fiberd-template"
+	FiberdTemplateAnnotation = contract.FiberdTemplateAnnotation
 	// ExecutionModeAnnotation: lampyr.yaml execution.mode, fresh (default) or reuse.
-	ExecutionModeAnnotation = "lampyr.dev/execution-mode"
+	ExecutionModeAnnotation = contract.ExecutionModeAnnotation
 	// IdleTimeoutAnnotation: lampyr.yaml execution.idleTimeout (a Go
 	// duration such as 30s), required with reuse.
-	IdleTimeoutAnnotation = "lampyr.dev/idle-timeout"
+	IdleTimeoutAnnotation = contract.IdleTimeoutAnnotation
 	// IdleActionAnnotation: lampyr.yaml execution.idleAction; only release.
-	IdleActionAnnotation = "lampyr.dev/idle-action"
+	IdleActionAnnotation = contract.IdleActionAnnotation
 )
 
 // Bounds of the CapacityGrant CRD (impl/config/crds/capacitygrant.yaml):

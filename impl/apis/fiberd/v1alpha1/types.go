@@ -5,6 +5,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"knative.dev/pkg/apis"
 	duckv1 "knative.dev/pkg/apis/duck/v1"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // CapacityGrant asks fiberd for the right to run one Revision's fibers. The
@@ -110,9 +112,9 @@ type CapacityGrantStatus struct {
 // HandlerFailure is why the Revision's handler did not start in a fiber,
 // as fiberd reported it (docs/contracts.md §4).
 type HandlerFailure struct {
-	// Reason is ReasonHandlerExited, ReasonHandlerNotListening or
+	// Reason is contract.ReasonHandlerExited, ReasonHandlerNotListening or
 	// ReasonHandlerNotReady (also HomeReady's reason).
-	Reason string `json:"reason"`
+	Reason contract.Reason `json:"reason"`
 	// ExitCode is the handler's exit status, 128+N when signal N killed it
 	// (as kubelet reports a container's); meaningful for HandlerExited.
 	ExitCode int32 `json:"exitCode"`

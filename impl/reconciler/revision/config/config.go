@@ -19,11 +19,13 @@ import (
 	"knative.dev/pkg/configmap"
 	apisconfig "knative.dev/serving/pkg/apis/config"
 	"sigs.k8s.io/yaml"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 const (
 	// LampyrConfigName is the ConfigMap in the Lampyr namespace.
-	LampyrConfigName = "config-lampyr"
+	LampyrConfigName = contract.ConfigMapName
 
 	// BackendStrategyKey selects how a Revision's backend Service reaches
 	// fiber-router (docs/contracts.md §3).
@@ -55,11 +57,11 @@ const (
 	DefaultTemplateRepository = "localhost:5002/lampyr/templates"
 
 	// NamespaceEnvKey overrides the Lampyr namespace.
-	NamespaceEnvKey = "LAMPYR_NAMESPACE"
+	NamespaceEnvKey = contract.SystemNamespaceEnv
 	// DefaultNamespace is where config-lampyr and fiber-router live.
-	DefaultNamespace = "lampyr-system"
+	DefaultNamespace = contract.SystemNamespace
 	// RouterServiceName is fiber-router's Service in the Lampyr namespace.
-	RouterServiceName = "fiber-router"
+	RouterServiceName = contract.RouterServiceName
 )
 
 // BackendStrategy is the value of backend-strategy.

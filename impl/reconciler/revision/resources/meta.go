@@ -5,13 +5,15 @@ import (
 	"knative.dev/pkg/kmeta"
 	"knative.dev/serving/pkg/apis/serving"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // ManagedByLabelKey marks every object this reconciler creates, so a person
 // (or `kubectl get -l`) can find them.
 const (
-	ManagedByLabelKey   = "app.kubernetes.io/managed-by"
-	ManagedByLabelValue = "lampyr-controller"
+	ManagedByLabelKey   = contract.ManagedByLabel
+	ManagedByLabelValue = contract.ControllerName
 )
 
 // Labels are put on every owned object. They deliberately never include
