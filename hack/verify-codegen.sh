@@ -10,12 +10,19 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TMP="$(mktemp -d)"
 trap 'rm -rf "${TMP}"' EXIT
 
-# The generators read the API types and write impl/client; nothing else of
-# the module is needed to generate.
-mkdir -p "${TMP}/impl"
-cp "${REPO_ROOT}/go.mod" "${REPO_ROOT}/go.sum" "${TMP}/"
-cp -R "${REPO_ROOT}/hack" "${TMP}/hack"
-cp -R "${REPO_ROOT}/impl/apis" "${TMP}/impl/apis"
+# The generators read the API types (and the module's packages they
+# import) and write impl/client; nothing else of the module is needed.
+cd "${REPO_ROOT}"
+MODULE="$(go list -m)"
+cp go.mod go.sum "${TMP}/"
+cp -R hack "${TMP}/hack"
+for pkg in $(go list -deps ./impl/apis/... | grep "^${MODULE}/"); do
+  dir="${pkg#"${MODULE}"/}"
+  mkdir -p "${TMP}/${dir}"
+  find "${dir}" -maxdepth 1 -type f -name '*.go' -exec cp {} "${TMP}/${dir}/" \;
+done
+mkdir -p "${TMP}/impl/apis"
+cp -R impl/apis/. "${TMP}/impl/apis/"
 [[ -d "${REPO_ROOT}/impl/client" ]] && cp -R "${REPO_ROOT}/impl/client" "${TMP}/impl/client"
 
 "${TMP}/hack/update-codegen.sh" >/dev/null
