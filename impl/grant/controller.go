@@ -2,100 +2,93 @@ package grant
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	kubeclient "knative.dev/pkg/client/injection/kube/client"
+	"knative.dev/pkg/configmap"
 	"knative.dev/pkg/controller"
+	nsconfigmapinformer "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/configmap"
+	nssecretinformer "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/secret"
 	"knative.dev/pkg/kmeta"
 	"knative.dev/pkg/logging"
+	pkgreconciler "knative.dev/pkg/reconciler"
+	"knative.dev/pkg/system"
 
+	grantinformer "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant"
+	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
 	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/grant/homes"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
-// Options wires the controller to a cluster.
+// Options are what the grant controller takes besides its informers; the
+// zero value is production's.
 type Options struct {
-	Kube    kubernetes.Interface
-	Dynamic dynamic.Interface
-	// SystemNamespace holds config-lampyr and the installation's keys.
-	SystemNamespace string
-	// HomesNamespace holds every Home (default resources.DefaultHomesNamespace).
-	HomesNamespace string
-	Keys           *Keys
-	// Templates fetches sealed templates (default: from their registry).
+	// Keys are the installation's keys (nil: EnsureKeys in the system
+	// namespace, creating them at first start).
+	Keys *Keys
+	// Templates fetches sealed templates (nil: from their registry).
 	Templates TemplateFetcher
-	Resync    time.Duration
 }
 
-// Controller is a wired grant controller.
-type Controller struct {
-	Impl      *controller.Impl
-	informers []cache.SharedIndexInformer
-	starters  []func(stop <-chan struct{})
+// NewController is the grant controller's injection.ControllerConstructor
+// (impl/cmd/grant-controller runs it with sharedmain). It reads
+// CapacityGrants through the generated informer, the Home objects through
+// the Homes-namespace informers (package homes), and config-lampyr,
+// lampyr-template-sealers and the fleet key Secret through the system
+// namespace's informers.
+func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl {
+	return newController(ctx, cmw, Options{})
 }
 
-// NewController builds the grant controller: a CapacityGrant informer
-// (dynamic, no generated clientset), informers for the Home objects (in the
-// Homes namespace only, by label), the fleet key Secret and the two
-// ConfigMaps it reads in the system namespace (by name).
-func NewController(ctx context.Context, o Options) *Controller {
+func newController(ctx context.Context, _ configmap.Watcher, o Options) *controller.Impl {
 	logger := logging.FromContext(ctx)
-	if o.Resync == 0 {
-		o.Resync = 10 * time.Hour
-	}
-	if o.HomesNamespace == "" {
-		o.HomesNamespace = resources.DefaultHomesNamespace
+	kube := kubeclient.Get(ctx)
+	systemNS, homesNS := system.Namespace(), homes.Namespace(ctx)
+	if o.Keys == nil {
+		keys, err := EnsureKeys(ctx, kube, systemNS)
+		if err != nil {
+			logger.Fatalw("Loading the installation's keys", "namespace", systemNS, "error", err)
+		}
+		o.Keys = keys
 	}
 	if o.Templates == nil {
 		o.Templates = RegistryTemplates{}
 	}
-	dynFactory := dynamicinformer.NewDynamicSharedInformerFactory(o.Dynamic, o.Resync)
-	grantInformer := dynFactory.ForResource(GrantGVR)
-	homes := informers.NewSharedInformerFactoryWithOptions(o.Kube, o.Resync, informers.WithNamespace(o.HomesNamespace),
-		informers.WithTweakListOptions(func(lo *metav1.ListOptions) {
-			lo.LabelSelector = resources.ComponentKey + "=" + resources.Component
-		}))
-	byName := func(name string) informers.SharedInformerFactory {
-		return informers.NewSharedInformerFactoryWithOptions(o.Kube, o.Resync, informers.WithNamespace(o.SystemNamespace),
-			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.FieldSelector = "metadata.name=" + name }))
-	}
-	cfgFactory, sealersFactory, fleetFactory := byName(config.ConfigMapName), byName(SealersConfigMap), byName(FleetKeyName)
-	cmInformer := cfgFactory.Core().V1().ConfigMaps()
-	sealersInformer := sealersFactory.Core().V1().ConfigMaps()
-	fleetInformer := fleetFactory.Core().V1().Secrets()
+
+	grantInformer := grantinformer.Get(ctx)
+	podInformer, serviceInformer, secretInformer := homes.Pods(ctx), homes.Services(ctx), homes.Secrets(ctx)
+	cmInformer, systemSecretInformer := nsconfigmapinformer.Get(ctx), nssecretinformer.Get(ctx)
 
 	r := &Reconciler{
-		kube:            o.Kube,
-		grants:          &dynamicGrants{client: o.Dynamic, lister: grantInformer.Lister()},
-		homesNamespace:  o.HomesNamespace,
-		pods:            homes.Core().V1().Pods().Lister(),
-		services:        homes.Core().V1().Services().Lister(),
-		secrets:         homes.Core().V1().Secrets().Lister(),
-		systemNamespace: o.SystemNamespace,
+		kube:            kube,
+		grants:          grantInformer.Lister(),
+		homesNamespace:  homesNS,
+		pods:            podInformer.Lister(),
+		services:        serviceInformer.Lister(),
+		secrets:         secretInformer.Lister(),
+		systemNamespace: systemNS,
 		fleetSecret: func() (*corev1.Secret, error) {
-			return fleetInformer.Lister().Secrets(o.SystemNamespace).Get(FleetKeyName)
+			return systemSecretInformer.Lister().Secrets(systemNS).Get(FleetKeyName)
 		},
 		sealersConfig: func() (*corev1.ConfigMap, error) {
-			return sealersInformer.Lister().ConfigMaps(o.SystemNamespace).Get(SealersConfigMap)
+			return cmInformer.Lister().ConfigMaps(systemNS).Get(SealersConfigMap)
 		},
 		keys:      o.Keys,
 		templates: o.Templates,
 		diagnoser: HTTPHomeDiagnoser{},
 		now:       time.Now,
+		grantID:   newGrantID,
 		pending:   map[string]int64{},
 	}
-	ranges := &clusterRanges{kube: o.Kube}
+	ranges := &clusterRanges{kube: kube}
 	r.config = func() (*config.Config, error) {
-		cm, err := cmInformer.Lister().ConfigMaps(o.SystemNamespace).Get(config.ConfigMapName)
+		cm, err := cmInformer.Lister().ConfigMaps(systemNS).Get(config.ConfigMapName)
 		if apierrs.IsNotFound(err) {
 			cm, err = nil, nil
 		}
@@ -109,16 +102,26 @@ func NewController(ctx context.Context, o Options) *Controller {
 		ranges.withEgressDefaults(ctx, cfg, logger.Warnf)
 		return cfg, nil
 	}
+
+	var impl *controller.Impl
+	impl = grantreconciler.NewImpl(ctx, r, func(*controller.Impl) controller.Options {
+		return controller.Options{
+			// On promotion (the generated reconciler then enqueues every
+			// grant), also look at every Home: one whose grant went while
+			// no replica led is deleted by its grant's key.
+			PromoteFunc: func(pkgreconciler.Bucket) { enqueueHomes(impl, r) },
+		}
+	})
 	// One worker: admission is a decision over all grants, best made one at
 	// a time; the work per grant is small.
-	impl := controller.NewContext(ctx, r, controller.ControllerOptions{WorkQueueName: "CapacityGrants", Logger: logger, Concurrency: 1})
+	impl.Concurrency = 1
 
 	grantInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    impl.Enqueue,
 		UpdateFunc: controller.PassNew(impl.Enqueue),
 		DeleteFunc: func(obj any) {
-			// Its Home goes (the reconcile finds the grant gone), and the
-			// capacity it held may admit refused grants.
+			// Its Home goes (ObserveDeletion), and the capacity it held
+			// may admit refused grants.
 			impl.EnqueueKey(deletedKey(obj))
 			impl.GlobalResync(grantInformer.Informer())
 		},
@@ -135,24 +138,49 @@ func NewController(ctx context.Context, o Options) *Controller {
 			impl.EnqueueKey(types.NamespacedName{Namespace: ns, Name: name})
 		}
 	})
-	homes.Core().V1().Pods().Informer().AddEventHandler(toGrant)
-	homes.Core().V1().Services().Informer().AddEventHandler(toGrant)
-	homes.Core().V1().Secrets().Informer().AddEventHandler(toGrant)
+	podInformer.Informer().AddEventHandler(toGrant)
+	serviceInformer.Informer().AddEventHandler(toGrant)
+	secretInformer.Informer().AddEventHandler(toGrant)
 	// A configuration, trust or fleet key change may admit grants refused
 	// for capacity, or change which templates open.
 	resyncAll := controller.HandleAll(func(any) { impl.GlobalResync(grantInformer.Informer()) })
-	cmInformer.Informer().AddEventHandler(resyncAll)
-	sealersInformer.Informer().AddEventHandler(resyncAll)
-	fleetInformer.Informer().AddEventHandler(resyncAll)
+	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: controller.FilterWithName(config.ConfigMapName), Handler: resyncAll})
+	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: controller.FilterWithName(SealersConfigMap), Handler: resyncAll})
+	systemSecretInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: controller.FilterWithName(FleetKeyName), Handler: resyncAll})
 
-	return &Controller{
-		Impl: impl,
-		informers: []cache.SharedIndexInformer{
-			grantInformer.Informer().(cache.SharedIndexInformer),
-			homes.Core().V1().Pods().Informer(), homes.Core().V1().Services().Informer(), homes.Core().V1().Secrets().Informer(),
-			cmInformer.Informer(), sealersInformer.Informer(), fleetInformer.Informer(),
-		},
-		starters: []func(<-chan struct{}){dynFactory.Start, homes.Start, cfgFactory.Start, sealersFactory.Start, fleetFactory.Start},
+	logger.Infow("Grant controller set up", "systemNamespace", systemNS, "homesNamespace", homesNS)
+	return impl
+}
+
+// enqueueHomes enqueues the grant of every Home object in the caches.
+func enqueueHomes(impl *controller.Impl, r *Reconciler) {
+	seen := map[types.NamespacedName]bool{}
+	add := func(o metav1.Object) {
+		if ns, name, ok := resources.GrantKeyOf(o); ok {
+			k := types.NamespacedName{Namespace: ns, Name: name}
+			if !seen[k] {
+				seen[k] = true
+				impl.EnqueueKey(k)
+			}
+		}
+	}
+	if pods, err := r.pods.Pods(r.homesNamespace).List(everything); err == nil {
+		for _, o := range pods {
+			add(o)
+		}
+	}
+	if svcs, err := r.services.Services(r.homesNamespace).List(everything); err == nil {
+		for _, o := range svcs {
+			add(o)
+		}
+	}
+	if secrets, err := r.secrets.Secrets(r.homesNamespace).List(everything); err == nil {
+		for _, o := range secrets {
+			add(o)
+		}
 	}
 }
 
@@ -163,20 +191,4 @@ func deletedKey(obj any) types.NamespacedName {
 		return types.NamespacedName{}
 	}
 	return types.NamespacedName{Namespace: acc.GetNamespace(), Name: acc.GetName()}
-}
-
-// Run starts the informers, waits for their caches and runs the controller
-// until ctx ends.
-func (c *Controller) Run(ctx context.Context) error {
-	for _, s := range c.starters {
-		s(ctx.Done())
-	}
-	syncs := make([]cache.InformerSynced, 0, len(c.informers))
-	for _, i := range c.informers {
-		syncs = append(syncs, i.HasSynced)
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), syncs...) {
-		return fmt.Errorf("grant controller: informer caches did not sync (are the CapacityGrant CRD and RBAC installed?)")
-	}
-	return c.Impl.RunContext(ctx, 1)
 }

@@ -8,53 +8,75 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	dynamicfake "k8s.io/client-go/dynamic/fake"
-	kubefake "k8s.io/client-go/kubernetes/fake"
-	"knative.dev/pkg/logging"
+	fakekubeclient "knative.dev/pkg/client/injection/kube/client/fake"
+	"knative.dev/pkg/configmap"
+	"knative.dev/pkg/controller"
+	_ "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/configmap/fake"
+	_ "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/secret/fake"
+	rtesting "knative.dev/pkg/reconciler/testing"
+	"knative.dev/pkg/system"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	fakefiberdclient "lampyr.dev/serving/impl/client/injection/client/fake"
+	_ "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant/fake"
 	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/grant/homes"
+	_ "lampyr.dev/serving/impl/grant/homes/fake"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
-// TestControllerWiring runs the real controller (informers, handlers, work
-// queue) against fake clients: a new grant gets a Home and a status, and a
-// Home Pod turning Ready makes the grant Ready through the Pod informer.
+// TestControllerWiring runs the real controller (injection informers,
+// handlers, work queue, the generated reconciler) against fake clients: a
+// new grant gets a Home and a status, a Home left by a grant that is gone is
+// deleted, and a Home Pod turning Ready makes the grant Ready through the
+// Pod informer.
 func TestControllerWiring(t *testing.T) {
-	ctx, cancel := context.WithCancel(logging.WithLogger(context.Background(), logging.FromContext(context.Background())))
+	ctx, cancel, informers := rtesting.SetupFakeContextWithCancel(t, func(ctx context.Context) context.Context {
+		return homes.WithNamespace(ctx, homesNS)
+	})
 	defer cancel()
+	kube, fiberd := fakekubeclient.Get(ctx), fakefiberdclient.Get(ctx)
+	ns := system.Namespace()
 	fleetPEM, _ := testFleet.MarshalPEM()
 	g := grant("wired-00001")
 	// A leftover Home whose grant is gone: deleted once the caches sync.
 	orphan := grant("orphan-00001", admitted)
-	kube := kubefake.NewSimpleClientset(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: config.ConfigMapName, Namespace: systemNS},
+	mustCreate := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: config.ConfigMapName, Namespace: ns},
 		Data:       map[string]string{config.KeyHomeImage: "kind.local/fiberd@" + digest},
-	}, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: systemNS},
+	}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: ns},
 		Data:       map[string][]byte{FleetPrivateKeyKey: fleetPEM},
-	}, homeSecret(orphan, now), homeService(orphan))
-	m, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
-	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{GrantGVR: "CapacityGrantList"}, &unstructured.Unstructured{Object: m})
+	}, metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = kube.CoreV1().Secrets(homesNS).Create(ctx, homeSecret(orphan, now), metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = kube.CoreV1().Services(homesNS).Create(ctx, homeService(orphan), metav1.CreateOptions{})
+	mustCreate(err)
+	_, err = fiberd.FiberdV1alpha1().CapacityGrants("default").Create(ctx, g, metav1.CreateOptions{})
+	mustCreate(err)
 
 	templates := &fakeTemplates{m: map[string][]byte{templateRef("wired-00001"): sealFor(t, testSealer, "default", "wired-00001")}}
-	c := NewController(ctx, Options{Kube: kube, Dynamic: dyn, SystemNamespace: systemNS, HomesNamespace: homesNS, Keys: testKeys, Templates: templates})
-	go c.Run(ctx)
+	impl := newController(ctx, configmap.NewStaticWatcher(), Options{Keys: testKeys, Templates: templates})
+	if err := controller.StartInformers(ctx.Done(), informers...); err != nil {
+		t.Fatal(err)
+	}
+	go impl.RunContext(ctx, 1)
 
 	get := func() *v1alpha1.CapacityGrant {
-		u, err := dyn.Resource(GrantGVR).Namespace("default").Get(ctx, "wired-00001", metav1.GetOptions{})
+		got, err := fiberd.FiberdV1alpha1().CapacityGrants("default").Get(ctx, "wired-00001", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		g, err := fromUnstructured(u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return g
+		return got
 	}
 	waitUntil := func(what string, cond func() bool) {
 		t.Helper()
@@ -81,6 +103,9 @@ func TestControllerWiring(t *testing.T) {
 	})
 	if got := get().Status.HomeEndpoint; got != resources.HomeEndpoint(g, homesNS) {
 		t.Fatalf("homeEndpoint before the Home is Ready: %q, want the Service's", got)
+	}
+	if got := get().Status.ObservedGeneration; got != g.Generation {
+		t.Errorf("status.observedGeneration %d, want %d", got, g.Generation)
 	}
 	p.Status.Phase = corev1.PodRunning
 	p.Status.PodIP = "10.244.0.7"

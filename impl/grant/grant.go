@@ -27,14 +27,17 @@ import (
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
-	"k8s.io/client-go/tools/cache"
 	"knative.dev/pkg/controller"
 	"knative.dev/pkg/logging"
+	pkgreconciler "knative.dev/pkg/reconciler"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
+	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -58,7 +61,7 @@ const leftoverRetry = time.Second
 // Reconciler reconciles CapacityGrants.
 type Reconciler struct {
 	kube   kubernetes.Interface
-	grants grantStore
+	grants fiberdlisters.CapacityGrantLister
 	// homesNamespace holds every Home; the listers below see only it.
 	homesNamespace string
 	pods           corev1listers.PodLister
@@ -76,6 +79,8 @@ type Reconciler struct {
 	diagnoser HomeDiagnoser
 	config    func() (*config.Config, error)
 	now       func() time.Time
+	// grantID names a newly signed grant (newGrantID: random).
+	grantID func(*v1alpha1.CapacityGrant) string
 
 	// admission is serialised, and grants admitted here but not yet visible
 	// in the informer cache are remembered, so two grants reconciled back to
@@ -84,47 +89,18 @@ type Reconciler struct {
 	pending map[string]int64
 }
 
-var _ controller.Reconciler = (*Reconciler)(nil)
+var (
+	_ grantreconciler.Interface         = (*Reconciler)(nil)
+	_ pkgreconciler.OnDeletionInterface = (*Reconciler)(nil)
+)
 
-// Reconcile implements controller.Reconciler.
-func (r *Reconciler) Reconcile(ctx context.Context, key string) error {
-	logger := logging.FromContext(ctx)
-	ns, name, err := cache.SplitMetaNamespaceKey(key)
-	if err != nil {
-		logger.Errorw("invalid resource key", "key", key)
-		return nil
-	}
-	orig, err := r.grants.Get(ns, name)
-	if apierrs.IsNotFound(err) {
-		// No owner reference can reach across namespaces: the Home goes
-		// because its grant is gone, also when that happened while this
-		// controller was down (every Home object is enqueued at start).
-		r.forget(key)
-		return r.deleteHome(ctx, ns, name, "")
-	}
-	if err != nil {
-		return err
-	}
-	if orig.DeletionTimestamp != nil {
-		r.forget(key)
-		return r.deleteHome(ctx, ns, name, "")
-	}
-	g := orig.DeepCopy()
-	g.Status.InitializeConditions()
-	g.Status.ObservedGeneration = g.Generation
-	requeue, rerr := r.reconcileGrant(ctx, g)
-	if !equality.Semantic.DeepEqual(orig.Status, g.Status) {
-		if err := r.grants.UpdateStatus(ctx, g); err != nil {
-			return fmt.Errorf("updating status of CapacityGrant %s: %w", key, err)
-		}
-	}
-	if rerr != nil {
-		return rerr
-	}
-	if requeue > 0 {
-		return controller.NewRequeueAfter(requeue)
-	}
-	return nil
+// ObserveDeletion implements pkgreconciler.OnDeletionInterface: no owner
+// reference can reach across namespaces, so the Home goes because its grant
+// is gone, also when that happened while this controller was down (every
+// Home object's grant is enqueued at start and on promotion).
+func (r *Reconciler) ObserveDeletion(ctx context.Context, key types.NamespacedName) error {
+	r.forget(key.String())
+	return r.deleteHome(ctx, key.Namespace, key.Name, "")
 }
 
 func (r *Reconciler) forget(key string) {
@@ -133,62 +109,94 @@ func (r *Reconciler) forget(key string) {
 	r.admitMu.Unlock()
 }
 
-// reconcileGrant is the list of steps; it returns when to look again.
-func (r *Reconciler) reconcileGrant(ctx context.Context, g *v1alpha1.CapacityGrant) (time.Duration, error) {
+// ReconcileKind implements grantreconciler.Interface; it is the list of
+// steps. The generated reconciler initializes the conditions before and
+// writes the status (with status.observedGeneration) after, also when a
+// step fails.
+func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGrant) pkgreconciler.Event {
 	cfg, err := r.config()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	if msg := validate(g, cfg); msg != "" {
-		g.Status.MarkNotAdmitted(contract.ReasonInvalidSpec, "%s", msg)
-		return 0, nil
-	}
-	if !r.admit(g, cfg) {
+	if !r.reconcileAdmission(g, cfg) {
 		// A grant that lost its admission is not renewed: its Home stops
 		// serving at its grant's expiry (and the Revision stops being
 		// routed to at once, since it is no longer Ready).
-		return 0, nil
+		return nil
 	}
-	// An admitted grant always names its Home and where it is reached (its
-	// Service until the Pod is Ready), even when a later step fails in this
-	// reconcile: the status written on that error must not blank them.
+	r.nameHome(g)
+	if !reconcileImages(g, cfg) {
+		return nil
+	}
+	helper, run, again, err := r.reconcileTemplate(ctx, g, cfg)
+	if err != nil || !run {
+		return lookAgain(again, err)
+	}
+	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)
+	switch {
+	case errors.Is(err, errHomeNameTaken):
+		return nil
+	case errors.Is(err, errLeftover):
+		return lookAgain(leftoverRetry, nil)
+	case err != nil:
+		return err
+	}
+	if err := r.reconcileService(ctx, g); err != nil {
+		return ignoreTaken(err)
+	}
+	home, err := r.reconcilePod(ctx, g, cfg)
+	if err != nil {
+		return err
+	}
+	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, r.homesNamespace, home)
+	if again := r.diagnoseHome(ctx, g, home); again > 0 && (renewIn == 0 || again < renewIn) {
+		return lookAgain(again, nil)
+	}
+	return lookAgain(renewIn, nil)
+}
+
+// lookAgain is the reconcile's result: err, or a requeue after d (none for
+// 0: when something changes).
+func lookAgain(d time.Duration, err error) pkgreconciler.Event {
+	if err != nil {
+		return err
+	}
+	if d > 0 {
+		return controller.NewRequeueAfter(d)
+	}
+	return nil
+}
+
+// reconcileAdmission checks what the CRD schema cannot and admits the grant
+// against the installation's capacity; false: refused (the condition says
+// why).
+func (r *Reconciler) reconcileAdmission(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
+	if msg := validate(g, cfg); msg != "" {
+		g.Status.MarkNotAdmitted(contract.ReasonInvalidSpec, "%s", msg)
+		return false
+	}
+	return r.admit(g, cfg)
+}
+
+// nameHome: an admitted grant always names its Home and where it is
+// reached (its Service until the Pod is Ready), even when a later step
+// fails in this reconcile: the status written on that error must not blank
+// them.
+func (r *Reconciler) nameHome(g *v1alpha1.CapacityGrant) {
 	g.Status.Home = resources.HomeName(g)
 	if g.Status.HomeEndpoint == "" {
 		g.Status.HomeEndpoint = resources.HomeEndpoint(g, r.homesNamespace)
 	}
+}
+
+// reconcileImages marks the Home failed when its images cannot be used;
+// false: they cannot.
+func reconcileImages(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 	if reason, msg := checkImages(cfg); reason != "" {
 		g.Status.MarkHomeFailed(reason, "%s", msg)
-		return 0, nil
+		return false
 	}
-	helper, run, again, err := r.reconcileTemplate(ctx, g, cfg)
-	if err != nil || !run {
-		return again, err
-	}
-	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)
-	if errors.Is(err, errHomeNameTaken) {
-		return 0, nil
-	}
-	if errors.Is(err, errLeftover) {
-		return leftoverRetry, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	if err := r.reconcileService(ctx, g); err != nil {
-		if errors.Is(err, errHomeNameTaken) {
-			return 0, nil
-		}
-		return 0, err
-	}
-	home, err := r.reconcilePod(ctx, g, cfg)
-	if err != nil {
-		return 0, err
-	}
-	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, r.homesNamespace, home)
-	if again := r.diagnoseHome(ctx, g, home); again > 0 && (renewIn == 0 || again < renewIn) {
-		return again, nil
-	}
-	return renewIn, nil
+	return true
 }
 
 // checkImages refuses Home images that are not pinned by digest: whoever
@@ -398,9 +406,9 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 		return false
 	}
 	used := int64(0)
-	all, err := r.grants.List()
+	all, err := r.grants.List(everything)
 	if err != nil {
-		g.Status.MarkNotAdmitted("CapacityUnknown", "cannot list CapacityGrants: %v", err)
+		g.Status.MarkNotAdmitted(ReasonCapacityUnknown, "cannot list CapacityGrants: %v", err)
 		return false
 	}
 	seen := map[string]bool{}
@@ -468,7 +476,7 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 		renewAt = current.ExpiresAt.Add(-cfg.RenewBefore())
 	}
 	if current == nil || !sameTerms(*current, want) || !now.Before(renewAt) {
-		want.GrantID = newGrantID(g)
+		want.GrantID = r.grantID(g)
 		signed, err := signedgrant.Sign(r.keys.Signing, want)
 		if err != nil {
 			return 0, fmt.Errorf("signing grant for %s/%s: %w", g.Namespace, g.Name, err)

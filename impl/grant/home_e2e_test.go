@@ -13,6 +13,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"knative.dev/pkg/controller"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
@@ -51,11 +52,11 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 		g.Spec.MemoryPerFiber, g.Spec.MaxFibers = resource.MustParse("64Mi"), 2
 		g.Spec.Env = map[string]string{"K_SERVICE": "e2e", "K_CONFIGURATION": "e2e", "K_REVISION": "e2e-00001"}
 	})
-	h := newHarness(t, g)
+	h := newHarness(t, []runtime.Object{g})
 	h.templates.m[g.Spec.Template] = sealed
 	h.r.keys = keys
 	h.r.now = time.Now
-	if err := h.r.Reconcile(context.Background(), "default/e2e-00001"); err != nil {
+	if err := h.reconcile("default/e2e-00001"); err != nil {
 		if ok, _ := controller.IsRequeueKey(err); !ok {
 			t.Fatal(err)
 		}

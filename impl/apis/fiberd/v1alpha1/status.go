@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"knative.dev/pkg/apis"
+	duckv1 "knative.dev/pkg/apis/duck/v1"
 
 	"lampyr.dev/serving/impl/contract"
 )
@@ -21,6 +22,11 @@ const MaxHandlerOutput = 2048
 
 // GetConditionSet implements apis.ConditionsAccessor's companion interface.
 func (*CapacityGrant) GetConditionSet() apis.ConditionSet { return grantConditions }
+
+// GetStatus returns the grant's duck status: with GetConditionSet it makes a
+// CapacityGrant duckv1.KRShaped, so the generated reconciler initializes its
+// conditions and sets status.observedGeneration around ReconcileKind.
+func (g *CapacityGrant) GetStatus() *duckv1.Status { return &g.Status.Status }
 
 // GetGroupVersionKind returns the GVK of a CapacityGrant.
 func (*CapacityGrant) GetGroupVersionKind() schema.GroupVersionKind {

@@ -14,6 +14,7 @@ import (
 // and owned by it; the grant controller admits or refuses it and runs its Home.
 //
 // +genclient
+// +genreconciler
 // +k8s:deepcopy-gen:interfaces=k8s.io/apimachinery/pkg/runtime.Object
 type CapacityGrant struct {
 	metav1.TypeMeta   `json:",inline"`
