@@ -1,4 +1,4 @@
-// Command ly is the Lampyr CLI (seed 002; README.md, "ly"):
+// Command ly is the Lampyr CLI (seed 002; README.md, "Deploy with ly"):
 //
 //	ly build [dir]                                  build the snapshot artifact into dir/.lampyr/artifact
 //	ly push --image REGISTRY/REPO:TAG [dir]         publish it unless the registry has it
