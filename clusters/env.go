@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
@@ -199,7 +198,7 @@ func NetworkPolicyEnforcer(image string) netpol.Options {
 func (e *Env) installEnforcer(ctx context.Context, info kindcluster.Info, image string) error {
 	o := NetworkPolicyEnforcer(image)
 	return e.Log.Step(fmt.Sprintf("Installing the %s on %s, waiting until it enforces", o.Describe(), info.Name), func() error {
-		c, err := e2eutil.NewClients(info.Kubeconfig)
+		c, err := install.NewClients(info.Kubeconfig)
 		if err != nil {
 			return err
 		}
@@ -241,7 +240,7 @@ func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provi
 		})
 	case ProfileLampyr:
 		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			comps, err := install.LampyrComponents(ctx, e2eutil.RepoRoot(), e.Publisher(), e.LampyrSources)
+			comps, err := install.LampyrComponents(ctx, RepoRoot(), e.Publisher(), e.LampyrSources)
 			if err != nil {
 				return err
 			}
@@ -302,7 +301,11 @@ func BackendStrategyFor(provider string) string {
 // suites and the portability proof deploy with it (docs/security.md "Keys
 // and their rotation").
 func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) error {
-	s, err := e2eutil.Sealer()
+	path, err := ly.SealerKeyPath("")
+	if err != nil {
+		return err
+	}
+	s, err := ly.LoadSealer(path, true)
 	if err != nil {
 		return err
 	}

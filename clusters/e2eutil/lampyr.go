@@ -12,9 +12,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/grant/resources"
 	"lampyr.dev/serving/impl/ly"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Lampyr's namespaces (impl/config/controller/100-namespace.yaml).

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 
 	"lampyr.dev/serving/clusters"
-	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/install"
 )
@@ -114,5 +113,5 @@ func ArtifactsDir() string {
 	if d := os.Getenv(Artifacts); d != "" {
 		return d
 	}
-	return filepath.Join(e2eutil.RepoRoot(), "_artifacts")
+	return filepath.Join(clusters.RepoRoot(), "_artifacts")
 }

@@ -22,8 +22,6 @@ const (
 	DebianSuite = "bookworm"
 	// DistributionVersion is the CNCF Distribution registry.
 	DistributionVersion = "v3.1.2"
-	// KnativeServingVersion is Knative Serving 1.23.
-	KnativeServingVersion = "v0.50.0"
 	// TraefikKnativeVersion is the Traefik of the traefik-knative
 	// networking provider (its experimental Knative provider), the version
 	// its limits were measured on (docs/networking.md).
@@ -38,9 +36,9 @@ const (
 	TraefikGatewayVersion = "v3.7.9"
 	// NetGatewayAPIVersion is knative.dev/net-gateway-api, Knative's
 	// KIngress over Gateway API. The proxy refuses v0.50.x; v0.49.1 builds
-	// with the knative.dev/networking and knative.dev/pkg versions
-	// KnativeServingVersion pins (v0.49.1 -> v0.50.0 only adds
-	// proxy-protocol support).
+	// with the knative.dev/networking and knative.dev/pkg versions Knative
+	// Serving (knative.ServingVersion, clusters/knative) pins (v0.49.1 ->
+	// v0.50.0 only adds proxy-protocol support).
 	NetGatewayAPIVersion = "v0.49.1"
 	// GatewayAPIVersion is sigs.k8s.io/gateway-api, whose standard-channel
 	// CRDs (config/crd/standard) the gateway-api provider installs: Traefik

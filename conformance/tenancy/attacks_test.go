@@ -25,10 +25,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // platforms an attack applies to.

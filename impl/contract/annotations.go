@@ -27,7 +27,7 @@ const (
 	GrantUIDLabel       = "fiberd.io/grant-uid"
 )
 
-// Labels on router metadata ConfigMaps (impl/routermeta).
+// Labels on router metadata ConfigMaps (impl/contract/routermeta).
 const (
 	// RouterMetadataLabel marks a ConfigMap as router metadata; fiber-router
 	// selects on it.

@@ -20,6 +20,7 @@ import (
 	"lampyr.dev/serving/clusters/manifest"
 	"lampyr.dev/serving/clusters/publish"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // Lampyr's installation inputs may come from outside instead of this
@@ -201,7 +202,7 @@ func setHomeImages(in *LampyrInputs) error {
 // SetBackendStrategy sets config-lampyr's backend-strategy (the feasibility
 // gate's result for the networking provider).
 func SetBackendStrategy(objs []*unstructured.Unstructured, strategy string) error {
-	return SetConfig(objs, "backend-strategy", strategy)
+	return SetConfig(objs, lampyrconfig.KeyBackendStrategy, strategy)
 }
 
 // SetConfig sets one key of config-lampyr.

@@ -16,6 +16,7 @@ import (
 	servingclient "knative.dev/serving/pkg/client/clientset/versioned"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
@@ -25,7 +26,7 @@ const (
 	FleetKeyConfigMap      = contract.FleetKeyName
 	FleetPublicKeyKey      = contract.FleetPublicKeyKey
 	ConfigLampyr           = contract.ConfigMapName
-	KeyTemplateRepository  = "template-repository"
+	KeyTemplateRepository  = lampyrconfig.KeyTemplateRepository
 )
 
 // GrantResource is fiberd.io/v1alpha1 CapacityGrants (contract.CapacityGrants).
@@ -111,7 +112,7 @@ func (c *Cluster) Describe(ctx context.Context) (*Installation, error) {
 	if err != nil {
 		return nil, fmt.Errorf("context %s: %w", c.Context, err)
 	}
-	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[KeyTemplateRepository]), BackendStrategy: cfg.Data["backend-strategy"]}
+	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[KeyTemplateRepository]), BackendStrategy: cfg.Data[lampyrconfig.KeyBackendStrategy]}
 	if in.TemplateRepository == "" {
 		return nil, fmt.Errorf("template repository missing: set %s in ConfigMap %s/%s (e.g. localhost:5002/lampyr/templates)", KeyTemplateRepository, ns, ConfigLampyr)
 	}

@@ -25,12 +25,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/impl/artifact"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // KeyImageSnapshots is config-lampyr's image -> snapshot map (read by the
-// controller: impl/reconciler/revision/config).
-const KeyImageSnapshots = "image-snapshots"
+// controller; impl/contract/lampyrconfig).
+const KeyImageSnapshots = lampyrconfig.KeyImageSnapshots
 
 // ImageSnapshotOptions tune SnapshotImage.
 type ImageSnapshotOptions struct {
@@ -355,10 +355,10 @@ func (r *ImageSnapshotsReport) Notes() []string {
 }
 
 // imageKey is the key image-snapshots maps an image under: its normalized
-// repository@sha256:... (config.ImageKey, which the controller looks
+// repository@sha256:... (lampyrconfig.ImageKey, which the controller looks
 // Revisions' images up with; never a bare digest).
 func imageKey(image string) (string, error) {
-	k, ok := config.ImageKey(image)
+	k, ok := lampyrconfig.ImageKey(image)
 	if !ok {
 		return "", fmt.Errorf("image %q: want a digest-pinned image reference, repository@sha256:<64 hex>", image)
 	}
@@ -442,7 +442,7 @@ func EditImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot,
 					rep.Removed = append(rep.Removed, RemovedImageSnapshot{Digest: k, Snapshot: v})
 				}
 			default:
-				nk, ok := config.ImageKey(k)
+				nk, ok := lampyrconfig.ImageKey(k)
 				switch {
 				case !ok:
 					rep.Unparsable = append(rep.Unparsable, k)

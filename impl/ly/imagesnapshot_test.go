@@ -25,7 +25,7 @@ import (
 	fakekube "k8s.io/client-go/kubernetes/fake"
 
 	"lampyr.dev/serving/impl/artifact"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 func tarLayer(t *testing.T, entries ...tar.Header) v1.Layer {
@@ -208,7 +208,7 @@ func TestEditImageSnapshots(t *testing.T) {
 			}
 			// What ly writes, the controller reads (unless a key is no image).
 			if len(tc.report.Unparsable) == 0 {
-				if _, err := config.ParseImageSnapshots(cm.Data[KeyImageSnapshots]); err != nil {
+				if _, err := lampyrconfig.ParseImageSnapshots(cm.Data[KeyImageSnapshots]); err != nil {
 					t.Errorf("the controller refuses what ly wrote: %v", err)
 				}
 			}

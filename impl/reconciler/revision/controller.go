@@ -26,9 +26,9 @@ import (
 	revisioninformer "knative.dev/serving/pkg/client/injection/informers/serving/v1/revision"
 	revisionreconciler "knative.dev/serving/pkg/client/injection/reconciler/serving/v1/revision"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Label selectors of the filtered informers this controller uses, so it

@@ -494,3 +494,27 @@ func makeFactory() rtesting.Factory {
 }
 
 func key() string { return testNS + "/" + testRevName }
+
+// Events the reconciler emits on the Revision (events.go).
+
+func grantCreatedEvent() string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "CapacityGrantCreated", "Created CapacityGrant %s", testRevName)
+}
+
+func grantUpdatedEvent() string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "CapacityGrantUpdated", "Updated the spec of CapacityGrant %s to the Revision's", testRevName)
+}
+
+func serviceCreatedEvent(t corev1.ServiceType) string {
+	return rtesting.Eventf(corev1.EventTypeNormal, "BackendServiceCreated", "Created backend Service %s (%s)", testRevName, t)
+}
+
+func notOwnedEvent(kind, name string) string {
+	return rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonNotOwned, "%s", v1.ResourceNotOwnedMessage(kind, name))
+}
+
+// refusalEvent is the Warning for condition t of want, which is False.
+func refusalEvent(want *v1.Revision, t apis.ConditionType) string {
+	c := want.Status.GetCondition(t)
+	return rtesting.Eventf(corev1.EventTypeWarning, c.Reason, "%s: %s", t, c.Message)
+}

@@ -11,12 +11,15 @@ import (
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"knative.dev/pkg/logging"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
+	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // verifyArtifact checks the snapshot artifact exists in its registry when
@@ -81,11 +84,44 @@ func (r *Reconciler) sealTemplate(ctx context.Context, rev *v1.Revision, p *prog
 	}
 	r.sealed.put(key, ref)
 	logWrite(ctx, "Sealed", "fiberd template", ref)
+	recordEvent(ctx, rev, corev1.EventTypeNormal, "TemplateSealed", "Sealed the fiberd template of image %s: %s", p.tmpl.Image, ref)
 	p.tmpl.FiberdTemplate = ref
 	return nil
 }
 
 func notOwnedMessage(kind, name string) string { return v1.ResourceNotOwnedMessage(kind, name) }
+
+// notOwnedBy records that an object we did not make holds the name we
+// need: the Revision cannot become ready, and a person must act.
+func (p *progress) notOwnedBy(ctx context.Context, rev *v1.Revision, kind, name string) {
+	msg := notOwnedMessage(kind, name)
+	p.notOwned = append(p.notOwned, msg)
+	recordEvent(ctx, rev, corev1.EventTypeWarning, v1.ReasonNotOwned, "%s", msg)
+}
+
+// grantKind reads CapacityGrants from the cache and writes them through
+// the grant store.
+func (r *Reconciler) grantKind() ownedKind[*fiberdv1alpha1.CapacityGrant] {
+	return ownedKind[*fiberdv1alpha1.CapacityGrant]{
+		kind: contract.CapacityGrantKind,
+		get:  r.grants.Get,
+		create: func(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) (*fiberdv1alpha1.CapacityGrant, error) {
+			return g, r.grants.Create(ctx, g)
+		},
+		update: func(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) (*fiberdv1alpha1.CapacityGrant, error) {
+			return g, r.grants.Update(ctx, g)
+		},
+		matches: func(got, want *fiberdv1alpha1.CapacityGrant) bool {
+			return equality.Semantic.DeepEqual(got.Spec, want.Spec) && labelsContain(got.Labels, want.Labels)
+		},
+		merge: func(got, want *fiberdv1alpha1.CapacityGrant) *fiberdv1alpha1.CapacityGrant {
+			u := got.DeepCopy()
+			u.Spec = want.Spec
+			u.Labels = mergeLabels(got.Labels, want.Labels)
+			return u
+		},
+	}
+}
 
 // reconcileGrant creates the Revision's CapacityGrant or brings its spec
 // back to what the Revision says; the grant controller owns its status.
@@ -96,44 +132,62 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *pr
 		return nil
 	}
 	want := resources.MakeCapacityGrant(rev, p.tmpl, p.cfg)
-	got, err := r.grants.Get(rev.Namespace, rev.Name)
+	got, did, err := ensure(ctx, rev, r.grantKind(), want)
+	var invalid *apierrs.StatusError
 	switch {
-	case apierrs.IsNotFound(err):
-		if err := r.grants.Create(ctx, want); err != nil {
-			if apierrs.IsAlreadyExists(err) {
-				p.notOwned = append(p.notOwned, notOwnedMessage("CapacityGrant", want.Name))
-				return nil
-			}
-			if apierrs.IsInvalid(err) {
-				// The CRD refused what validation let through: retrying
-				// cannot help, so report it on the Revision.
-				p.grantInvalid = err.Error()
-				return nil
-			}
-			return fmt.Errorf("creating CapacityGrant %s: %w", want.Name, err)
-		}
-		logWrite(ctx, "Created", "CapacityGrant", want.Name)
-		p.grant, p.grantSpecWritten = want, true
+	case errors.As(err, &invalid) && apierrs.IsInvalid(invalid):
+		// The CRD refused what validation let through: retrying cannot
+		// help, so report it on the Revision.
+		p.grantInvalid = invalid.Error()
 		return nil
 	case err != nil:
-		return fmt.Errorf("reading CapacityGrant %s: %w", want.Name, err)
-	case !metav1.IsControlledBy(got, rev):
-		p.notOwned = append(p.notOwned, notOwnedMessage("CapacityGrant", want.Name))
+		return err
+	case did == foreign:
+		p.notOwnedBy(ctx, rev, contract.CapacityGrantKind, want.Name)
 		return nil
+	case did == created:
+		recordEvent(ctx, rev, corev1.EventTypeNormal, "CapacityGrantCreated", "Created CapacityGrant %s", want.Name)
+	case did == updated:
+		recordEvent(ctx, rev, corev1.EventTypeNormal, "CapacityGrantUpdated", "Updated the spec of CapacityGrant %s to the Revision's", want.Name)
 	}
-	if equality.Semantic.DeepEqual(got.Spec, want.Spec) && labelsContain(got.Labels, want.Labels) {
-		p.grant = got
-		return nil
-	}
-	updated := got.DeepCopy()
-	updated.Spec = want.Spec
-	updated.Labels = mergeLabels(got.Labels, want.Labels)
-	if err := r.grants.Update(ctx, updated); err != nil {
-		return fmt.Errorf("updating CapacityGrant %s: %w", want.Name, err)
-	}
-	logWrite(ctx, "Updated", "CapacityGrant", want.Name)
-	p.grant, p.grantSpecWritten = updated, true
+	p.grant, p.grantSpecWritten = got, did != unchanged
 	return nil
+}
+
+// serviceKind reads Services from the cache and writes them with the
+// Kubernetes client.
+func (r *Reconciler) serviceKind() ownedKind[*corev1.Service] {
+	return ownedKind[*corev1.Service]{
+		kind: "Service",
+		get: func(ns, name string) (*corev1.Service, error) {
+			return r.serviceLister.Services(ns).Get(name)
+		},
+		create: func(ctx context.Context, s *corev1.Service) (*corev1.Service, error) {
+			return r.kubeclient.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, s *corev1.Service) (*corev1.Service, error) {
+			return r.kubeclient.CoreV1().Services(s.Namespace).Update(ctx, s, metav1.UpdateOptions{})
+		},
+		matches: serviceMatches,
+		merge: func(got, want *corev1.Service) *corev1.Service {
+			u := got.DeepCopy()
+			u.Labels = mergeLabels(got.Labels, want.Labels)
+			if u.Spec.Type != want.Spec.Type {
+				// Switching strategy: the API server rejects cluster IP
+				// fields on an ExternalName Service and allocates them
+				// afresh for ClusterIP.
+				u.Spec.ClusterIP, u.Spec.ClusterIPs = "", nil
+				u.Spec.IPFamilies, u.Spec.IPFamilyPolicy = nil, nil
+				u.Spec.InternalTrafficPolicy = nil
+				u.Spec.SessionAffinity = ""
+			}
+			u.Spec.Type = want.Spec.Type
+			u.Spec.ExternalName = want.Spec.ExternalName
+			u.Spec.Ports = want.Spec.Ports
+			u.Spec.Selector = nil
+			return u
+		},
+	}
 }
 
 // reconcileBackendService creates or repairs the Service the Route reconciler
@@ -141,53 +195,18 @@ func (r *Reconciler) reconcileGrant(ctx context.Context, rev *v1.Revision, p *pr
 // server fills in (clusterIP, ipFamilies, sessionAffinity) cause no updates.
 func (r *Reconciler) reconcileBackendService(ctx context.Context, rev *v1.Revision, p *progress) error {
 	want := resources.MakeService(rev, p.tmpl, p.cfg)
-	got, err := r.serviceLister.Services(rev.Namespace).Get(want.Name)
+	got, did, err := ensure(ctx, rev, r.serviceKind(), want)
 	switch {
-	case apierrs.IsNotFound(err):
-		created, err := r.kubeclient.CoreV1().Services(rev.Namespace).Create(ctx, want, metav1.CreateOptions{})
-		if err != nil {
-			if apierrs.IsAlreadyExists(err) {
-				p.notOwned = append(p.notOwned, notOwnedMessage("Service", want.Name))
-				return nil
-			}
-			return fmt.Errorf("creating Service %s: %w", want.Name, err)
-		}
-		logWrite(ctx, "Created", "Service", want.Name)
-		p.serviceReady = true
-		p.recordBackend(created)
-		return nil
 	case err != nil:
-		return fmt.Errorf("reading Service %s: %w", want.Name, err)
-	case !metav1.IsControlledBy(got, rev):
-		p.notOwned = append(p.notOwned, notOwnedMessage("Service", want.Name))
+		return err
+	case did == foreign:
+		p.notOwnedBy(ctx, rev, "Service", want.Name)
 		return nil
+	case did == created:
+		recordEvent(ctx, rev, corev1.EventTypeNormal, "BackendServiceCreated", "Created backend Service %s (%s)", want.Name, want.Spec.Type)
 	}
-	if serviceMatches(got, want) {
-		p.serviceReady = true
-		p.recordBackend(got)
-		return nil
-	}
-	updated := got.DeepCopy()
-	updated.Labels = mergeLabels(got.Labels, want.Labels)
-	if updated.Spec.Type != want.Spec.Type {
-		// Switching strategy: the API server rejects cluster IP fields on an
-		// ExternalName Service and allocates them afresh for ClusterIP.
-		updated.Spec.ClusterIP, updated.Spec.ClusterIPs = "", nil
-		updated.Spec.IPFamilies, updated.Spec.IPFamilyPolicy = nil, nil
-		updated.Spec.InternalTrafficPolicy = nil
-		updated.Spec.SessionAffinity = ""
-	}
-	updated.Spec.Type = want.Spec.Type
-	updated.Spec.ExternalName = want.Spec.ExternalName
-	updated.Spec.Ports = want.Spec.Ports
-	updated.Spec.Selector = nil
-	saved, err := r.kubeclient.CoreV1().Services(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{})
-	if err != nil {
-		return fmt.Errorf("updating Service %s: %w", want.Name, err)
-	}
-	logWrite(ctx, "Updated", "Service", want.Name)
 	p.serviceReady = true
-	p.recordBackend(saved)
+	p.recordBackend(got)
 	return nil
 }
 
@@ -215,6 +234,43 @@ func serviceMatches(got, want *corev1.Service) bool {
 	return true
 }
 
+// sliceKind reads the mirrored EndpointSlices from the cache and writes
+// them with the Kubernetes client.
+func (r *Reconciler) sliceKind() ownedKind[*discoveryv1.EndpointSlice] {
+	slices := func(ns string) discoveryclient.EndpointSliceInterface {
+		return r.kubeclient.DiscoveryV1().EndpointSlices(ns)
+	}
+	return ownedKind[*discoveryv1.EndpointSlice]{
+		kind: "EndpointSlice",
+		get: func(ns, name string) (*discoveryv1.EndpointSlice, error) {
+			return r.mirrorSliceLister.EndpointSlices(ns).Get(name)
+		},
+		create: func(ctx context.Context, s *discoveryv1.EndpointSlice) (*discoveryv1.EndpointSlice, error) {
+			return slices(s.Namespace).Create(ctx, s, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, s *discoveryv1.EndpointSlice) (*discoveryv1.EndpointSlice, error) {
+			return slices(s.Namespace).Update(ctx, s, metav1.UpdateOptions{})
+		},
+		matches: func(got, want *discoveryv1.EndpointSlice) bool {
+			return got.AddressType == want.AddressType && labelsContain(got.Labels, want.Labels) &&
+				// Semantic equality also treats nil and empty endpoint lists alike.
+				equality.Semantic.DeepEqual(got.Endpoints, want.Endpoints) && equality.Semantic.DeepEqual(got.Ports, want.Ports)
+		},
+		merge: func(got, want *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+			u := got.DeepCopy()
+			u.Labels = mergeLabels(got.Labels, want.Labels)
+			u.Endpoints = want.Endpoints
+			u.Ports = want.Ports
+			return u
+		},
+		// addressType is immutable: replace the slice.
+		replace: func(got, want *discoveryv1.EndpointSlice) bool { return got.AddressType != want.AddressType },
+		del: func(ctx context.Context, s *discoveryv1.EndpointSlice) error {
+			return slices(s.Namespace).Delete(ctx, s.Name, metav1.DeleteOptions{})
+		},
+	}
+}
+
 // reconcileEndpointSlice keeps the mirror of fiber-router's ready endpoints
 // in the endpointslice strategy, and removes it in the externalname one
 // (after a strategy switch).
@@ -229,52 +285,45 @@ func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revisio
 		return fmt.Errorf("listing %s/%s EndpointSlices: %w", p.cfg.RouterNamespace, p.cfg.RouterService, err)
 	}
 	want := resources.MakeEndpointSlice(rev, p.tmpl, routerSlices)
-	got, err := r.mirrorSliceLister.EndpointSlices(rev.Namespace).Get(want.Name)
+	_, did, err := ensure(ctx, rev, r.sliceKind(), want)
 	switch {
-	case apierrs.IsNotFound(err):
-		if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			if apierrs.IsAlreadyExists(err) {
-				p.notOwned = append(p.notOwned, notOwnedMessage("EndpointSlice", want.Name))
-				return nil
-			}
-			return fmt.Errorf("creating EndpointSlice %s: %w", want.Name, err)
-		}
-		logWrite(ctx, "Created", "EndpointSlice", want.Name)
-		p.sliceReady = true
-		return nil
 	case err != nil:
-		return fmt.Errorf("reading EndpointSlice %s: %w", want.Name, err)
-	case !metav1.IsControlledBy(got, rev):
-		p.notOwned = append(p.notOwned, notOwnedMessage("EndpointSlice", want.Name))
+		return err
+	case did == foreign:
+		p.notOwnedBy(ctx, rev, "EndpointSlice", want.Name)
 		return nil
 	}
-	if got.AddressType == want.AddressType && labelsContain(got.Labels, want.Labels) &&
-		// Semantic equality also treats nil and empty endpoint lists alike.
-		equality.Semantic.DeepEqual(got.Endpoints, want.Endpoints) && equality.Semantic.DeepEqual(got.Ports, want.Ports) {
-		p.sliceReady = true
-		return nil
-	}
-	if got.AddressType != want.AddressType {
-		// addressType is immutable: replace the slice.
-		if err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Delete(ctx, got.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
-			return fmt.Errorf("replacing EndpointSlice %s: %w", got.Name, err)
-		}
-		if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return fmt.Errorf("creating EndpointSlice %s: %w", want.Name, err)
-		}
-		p.sliceReady = true
-		return nil
-	}
-	updated := got.DeepCopy()
-	updated.Labels = mergeLabels(got.Labels, want.Labels)
-	updated.Endpoints = want.Endpoints
-	updated.Ports = want.Ports
-	if _, err := r.kubeclient.DiscoveryV1().EndpointSlices(rev.Namespace).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("updating EndpointSlice %s: %w", want.Name, err)
-	}
-	logWrite(ctx, "Updated", "EndpointSlice", want.Name)
 	p.sliceReady = true
 	return nil
+}
+
+// metadataKind reads router metadata from the cache (which sees only
+// ConfigMaps labelled as router metadata) and writes it with the
+// Kubernetes client.
+func (r *Reconciler) metadataKind(rev *v1.Revision) ownedKind[*corev1.ConfigMap] {
+	return ownedKind[*corev1.ConfigMap]{
+		kind: "ConfigMap",
+		get: func(ns, name string) (*corev1.ConfigMap, error) {
+			return r.routerMetadataLister.ConfigMaps(ns).Get(name)
+		},
+		create: func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+			return r.kubeclient.CoreV1().ConfigMaps(cm.Namespace).Create(ctx, cm, metav1.CreateOptions{})
+		},
+		update: func(ctx context.Context, cm *corev1.ConfigMap) (*corev1.ConfigMap, error) {
+			return r.kubeclient.CoreV1().ConfigMaps(cm.Namespace).Update(ctx, cm, metav1.UpdateOptions{})
+		},
+		// It lives in the Lampyr namespace, where rev cannot own it.
+		ours: func(got *corev1.ConfigMap) bool { return resources.IsRouterMetadataOf(got, rev) },
+		matches: func(got, want *corev1.ConfigMap) bool {
+			return equality.Semantic.DeepEqual(got.Data, want.Data) && labelsContain(got.Labels, want.Labels)
+		},
+		merge: func(got, want *corev1.ConfigMap) *corev1.ConfigMap {
+			u := got.DeepCopy()
+			u.Labels = mergeLabels(got.Labels, want.Labels)
+			u.Data = want.Data
+			return u
+		},
+	}
 }
 
 // publishRouterMetadata writes route.<namespace>.<revision> in the Lampyr
@@ -284,39 +333,15 @@ func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision
 	p.routerReady = p.readyForRouting()
 	ns := p.cfg.RouterNamespace
 	want := resources.MakeRouterMetadata(rev, p.tmpl, ns, p.home(), p.homeEndpoint(), p.routerReady)
-	got, err := r.routerMetadataLister.ConfigMaps(ns).Get(want.Name)
+	_, did, err := ensure(ctx, rev, r.metadataKind(rev), want)
 	switch {
-	case apierrs.IsNotFound(err):
-		if _, err := r.kubeclient.CoreV1().ConfigMaps(ns).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			if apierrs.IsAlreadyExists(err) {
-				// Exists without our label, so our filtered lister cannot see it.
-				p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", ns+"/"+want.Name))
-				p.routerReady = false
-				return nil
-			}
-			return fmt.Errorf("creating ConfigMap %s/%s: %w", ns, want.Name, err)
-		}
-		logWrite(ctx, "Created", "router metadata ConfigMap", ns+"/"+want.Name)
-		p.published = true
-		return nil
 	case err != nil:
-		return fmt.Errorf("reading ConfigMap %s/%s: %w", ns, want.Name, err)
-	case !resources.IsRouterMetadataOf(got, rev):
-		p.notOwned = append(p.notOwned, notOwnedMessage("ConfigMap", ns+"/"+want.Name))
+		return err
+	case did == foreign:
+		p.notOwnedBy(ctx, rev, "ConfigMap", ns+"/"+want.Name)
 		p.routerReady = false
 		return nil
 	}
-	if equality.Semantic.DeepEqual(got.Data, want.Data) && labelsContain(got.Labels, want.Labels) {
-		p.published = true
-		return nil
-	}
-	updated := got.DeepCopy()
-	updated.Labels = mergeLabels(got.Labels, want.Labels)
-	updated.Data = want.Data
-	if _, err := r.kubeclient.CoreV1().ConfigMaps(ns).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("updating ConfigMap %s/%s: %w", ns, want.Name, err)
-	}
-	logWrite(ctx, "Updated", "router metadata ConfigMap", ns+"/"+want.Name+" (ready="+want.Data["ready"]+")")
 	p.published = true
 	return nil
 }

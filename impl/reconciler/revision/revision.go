@@ -59,10 +59,12 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 	ctx, cancel := context.WithTimeout(ctx, pkgreconciler.DefaultTimeout)
 	defer cancel()
 	cfg := config.FromContext(ctx)
+	before := conditionsBefore(&rev.Status)
 
 	tmpl, rejection := Validate(rev, cfg)
 	if rejection != nil {
 		markRejected(&rev.Status, rejection)
+		recordRefusals(ctx, rev, before)
 		return r.withdrawRouterMetadata(ctx, rev, cfg.Lampyr.RouterNamespace)
 	}
 	recordContainerStatus(&rev.Status, tmpl)
@@ -82,6 +84,7 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, rev *v1.Revision) pkgrec
 		}
 	}
 	p.markConditions(&rev.Status)
+	recordRefusals(ctx, rev, before)
 	if p.requeueAfter > 0 {
 		return controller.NewRequeueAfter(p.requeueAfter)
 	}

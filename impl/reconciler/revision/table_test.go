@@ -35,6 +35,7 @@ var (
 func TestReconcile(t *testing.T) {
 	tmpl := accepted()
 	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
+	const tooMany = "maxFibers 500 is above max-fibers-per-grant 100"
 	const notListening = "Container failed with: the handler did not listen on $PORT (8080) within the start-up timeout of 10s; last output:\nlistening nowhere"
 	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
 
@@ -51,7 +52,7 @@ func TestReconcile(t *testing.T) {
 		WantPatches: []clientgotesting.PatchActionImpl{
 			patchFinalizers(finalizerName),
 		},
-		WantEvents: []string{finalizerEvent()},
+		WantEvents: []string{finalizerEvent(), grantCreatedEvent(), serviceCreatedEvent(corev1.ServiceTypeExternalName)},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendExternalName),
@@ -64,6 +65,10 @@ func TestReconcile(t *testing.T) {
 		Name:    "accepted revision: grant, ExternalName Service and unready metadata created",
 		Objects: []runtime.Object{rev()},
 		Key:     key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendExternalName),
@@ -133,12 +138,35 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "InsufficientMemory", "ResourcesAvailable: %s", refusal),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
-				available(corev1.ConditionFalse, "InsufficientMemory", refusal),
-				active(corev1.ConditionUnknown, "InsufficientMemory", refusal),
-			), withContainerStatus("user-container", testImage))),
+			statusUpdate(refusedRev("InsufficientMemory", refusal)),
+		},
+	}, {
+		Name: "grant still refused for the same reason: no second Event, no writes",
+		Objects: []runtime.Object{
+			refusedRev("InsufficientMemory", refusal),
+			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, refusal)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+	}, {
+		Name: "grant refused for another reason: a new Event",
+		Objects: []runtime.Object{
+			refusedRev("InsufficientMemory", refusal),
+			grant(tmpl, grantRefused(contract.ReasonTooManyFibers, tooMany)),
+			service(tmpl, config.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "TooManyFibers", "ResourcesAvailable: %s", tooMany),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(refusedRev("TooManyFibers", tooMany)),
 		},
 	}, {
 		Name: "Home failed: ContainerHealthy False with the grant's HomeReady reason",
@@ -149,6 +177,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HomeFailed", "ContainerHealthy: %s", "fiberd: the template is not sealed to this cluster's fleet key"),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, contract.ReasonHomeFailed.String(), "fiberd: the template is not sealed to this cluster's fleet key"),
@@ -167,6 +198,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "ExitCode5", "ContainerHealthy: %s", "Container failed with: Started...\nCrashed..."),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, "ExitCode5", "Container failed with: Started...\nCrashed..."),
@@ -184,6 +218,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "ExitCode137", "ContainerHealthy: %s", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, "ExitCode137", "Container failed with: container was killed by signal SIGKILL and wrote no output"),
@@ -201,6 +238,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HandlerNotListening", "ContainerHealthy: %s", notListening),
+		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(withConditions(
 				healthy(corev1.ConditionFalse, contract.ReasonHandlerNotListening.String(), notListening),
@@ -233,6 +273,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, "HomeFailed", "ContainerHealthy: %s", "the Home Pod was evicted"),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, "", false)),
 		},
@@ -252,6 +295,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
+		WantEvents: []string{
+			grantUpdatedEvent(),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(unstructuredGrant(t, grant(tmpl, grantReady))),
 			update(metadata(tmpl, "", false)),
@@ -274,6 +320,10 @@ func TestReconcile(t *testing.T) {
 			c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}}
 		}))},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted(h2c))),
 			service(accepted(h2c), config.BackendExternalName),
@@ -298,6 +348,10 @@ func TestReconcile(t *testing.T) {
 			}),
 		)},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted(), func(g *fiberdv1alpha1.CapacityGrant) {
 				g.Spec.MaxFibers = 7
@@ -337,6 +391,10 @@ func TestReconcile(t *testing.T) {
 			),
 		},
 		Key: key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeClusterIP),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
 			service(tmpl, config.BackendEndpointSlice),
@@ -429,6 +487,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			notOwnedEvent("Service", testRevName),
+		},
 		// The Home is ready, so its endpoint is published, but not ready.
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
@@ -466,6 +527,9 @@ func TestReconcile(t *testing.T) {
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
+		},
 		// The Home is ready, so its endpoint is published, but not ready.
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
@@ -510,9 +574,13 @@ func TestReconcile(t *testing.T) {
 			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "creating Service %s: inducing failure for create services", testRevName),
 		},
 	}, {
-		Name:         "the API server refuses the grant: ResourcesAvailable False, no endless retry",
-		Objects:      []runtime.Object{rev()},
-		Key:          key(),
+		Name:    "the API server refuses the grant: ResourcesAvailable False, no endless retry",
+		Objects: []runtime.Object{rev()},
+		Key:     key(),
+		WantEvents: []string{
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+			rtesting.Eventf(corev1.EventTypeWarning, contract.ReasonInvalidCapacityGrant.String(), "ResourcesAvailable: %s", invalidGrantErr.Error()),
+		},
 		WithReactors: []clientgotesting.ReactionFunc{refuseGrantCreate},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(tmpl)),
@@ -530,6 +598,10 @@ func TestReconcile(t *testing.T) {
 		Name:    "rejected template after a Lampyr upgrade: published metadata is withdrawn",
 		Objects: []runtime.Object{rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} })), metadata(tmpl, testHome, true)},
 		Key:     key(),
+		WantEvents: []string{
+			refusalEvent(rev(container(func(c *corev1.Container) { c.Command = []string{"/bin/sh"} }),
+				rejected("UnsupportedCommand", "spec.containers[0].command", detailFor("command"))), v1.RevisionConditionResourcesAvailable),
+		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
 		},
@@ -601,16 +673,27 @@ func TestReconcile(t *testing.T) {
 func rejectionRows() rtesting.TableTest {
 	var rows rtesting.TableTest
 	for _, c := range rejectionCases() {
+		want := rev(append(c.opts, rejected(c.reason, c.field, c.detail))...)
 		rows = append(rows, rtesting.TableRow{
 			Name:    "rejects " + c.name,
 			Objects: []runtime.Object{rev(c.opts...)},
 			Key:     key(),
 			WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-				statusUpdate(rev(append(c.opts, rejected(c.reason, c.field, c.detail))...)),
+				statusUpdate(want),
 			},
+			WantEvents: []string{refusalEvent(want, v1.RevisionConditionResourcesAvailable)},
 		})
 	}
 	return rows
+}
+
+// refusedRev is the Revision whose grant was refused for reason.
+func refusedRev(reason, msg string) *v1.Revision {
+	return rev(withConditions(
+		healthy(corev1.ConditionUnknown, contract.ReasonNotAdmitted.String(), MessageNotAdmitted),
+		available(corev1.ConditionFalse, reason, msg),
+		active(corev1.ConditionUnknown, reason, msg),
+	), withContainerStatus("user-container", testImage))
 }
 
 func mirror(t *resources.Template, ips ...string) *discoveryv1.EndpointSlice {
@@ -698,6 +781,11 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{want: req, ref: testSealed}},
 		Objects:       []runtime.Object{rev(plain...)},
 		Key:           key(),
+		WantEvents: []string{
+			rtesting.Eventf(corev1.EventTypeNormal, "TemplateSealed", "Sealed the fiberd template of image %s: %s", testImage, testSealed),
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(mapped)),
 			service(mapped, config.BackendExternalName),
@@ -729,6 +817,10 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			sealerKey: &fakeSealer{want: req, err: &ArtifactMissingError{Ref: testArtifact, Detail: "not found in the registry"}}},
 		Objects: []runtime.Object{rev(plain...)},
 		Key:     key(),
+		WantEvents: []string{
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", missing),
+		},
 		WantCreates: []runtime.Object{
 			service(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), config.BackendExternalName),
 			metadata(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), "", false),
@@ -756,6 +848,10 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		OtherTestData: map[string]interface{}{lampyrConfigKey: mapping(), sealerKey: &fakeSealer{err: errors.New("must not seal")}},
 		Objects:       []runtime.Object{rev()},
 		Key:           key(),
+		WantEvents: []string{
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
+		},
 		WantCreates: []runtime.Object{
 			unstructuredGrant(t, grant(accepted())),
 			service(accepted(), config.BackendExternalName),

@@ -20,9 +20,9 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Revision annotations Lampyr reads. Stock Knative ignores all of them, so one

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/fiberd/routercred"
@@ -23,7 +24,6 @@ import (
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
 	"lampyr.dev/serving/impl/router/server"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 const handlerPackage = "lampyr.dev/serving/impl/router/internal/testhandler"

@@ -13,8 +13,8 @@ import (
 
 	"knative.dev/networking/pkg/http/header"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/proxy"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func TestHTTPFreshRequestRunsInItsOwnFiber(t *testing.T) {

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/router/proxy"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // TestNoFiberLeaks runs fresh-mode requests that succeed, are cancelled by

@@ -13,8 +13,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/proxy"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func TestWebSocketEchoBothWays(t *testing.T) {

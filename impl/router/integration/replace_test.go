@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // gatedSource delivers its metadata only when opened, like an informer whose

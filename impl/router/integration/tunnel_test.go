@@ -12,8 +12,8 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Reuse mode goes through one tunnel per fiber (fiberd's tunnel call and

@@ -13,13 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // BenchmarkRouterOverhead isolates fiber-router's own cost from fiberd's

@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // TestNoFiberLeaks10k drives 10,000 fresh-mode requests (70% succeed, 20%

@@ -4,9 +4,9 @@ import (
 	"context"
 	"time"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/pool"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func (r *Router) retire(rt *route) {

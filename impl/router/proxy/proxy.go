@@ -27,11 +27,11 @@ import (
 
 	"knative.dev/networking/pkg/http/header"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/pool"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Config holds the router-wide settings (flags).

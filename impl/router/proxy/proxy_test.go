@@ -13,6 +13,7 @@ import (
 	"knative.dev/networking/pkg/http/header"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
@@ -20,7 +21,6 @@ import (
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 type fixture struct {

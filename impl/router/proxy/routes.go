@@ -4,11 +4,11 @@ import (
 	"strconv"
 	"sync"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/pool"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // route is a Revision as the request path needs it.

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	"lampyr.dev/serving/impl/routermeta"
+	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
 // ConfigMapSource watches the router metadata ConfigMaps the Lampyr

@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"lampyr.dev/serving/impl/routermeta"
+	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
 const (

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"lampyr.dev/serving/impl/routermeta"
+	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
 // Key names a Revision.

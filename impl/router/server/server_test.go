@@ -8,9 +8,9 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func refusedTotal(t *testing.T, s *Server, reason string) float64 {

@@ -4,10 +4,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // GroupName is the API group of every fiberd object.
-const GroupName = "fiberd.io"
+const GroupName = contract.FiberdGroup
 
 // SchemeGroupVersion is the group/version of this package.
 var SchemeGroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}

@@ -47,6 +47,7 @@ func TestNewLampyrFromMap(t *testing.T) {
 			l.ImageSnapshots = map[string]string{"localhost:5002/hello@sha256:" + hex64("a"): "localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b")}
 			l.TemplateRepository = "lampyr-registry:5000/tpl"
 			l.RegistryMirrors = []string{"localhost:5002=lampyr-registry:5000"}
+			l.HomeRegistryMirrors = l.RegistryMirrors // the key's own field (lampyrconfig)
 			return l
 		}(),
 	}, {
@@ -55,6 +56,7 @@ func TestNewLampyrFromMap(t *testing.T) {
 		want: func() *Lampyr {
 			l := DefaultLampyr()
 			l.RegistryMirrors = []string{"a:1=b:2"}
+			l.HomeRegistryMirrors = []string{"localhost:5002=lampyr-registry:5000"}
 			return l
 		}(),
 	}, {

@@ -15,8 +15,8 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 func testRev() *v1.Revision {

@@ -4,7 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
-	"lampyr.dev/serving/impl/routermeta"
+	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
 // MakeRouterMetadata renders the Revision's router metadata through the

@@ -7,8 +7,8 @@ import (
 	netapi "knative.dev/networking/pkg/apis/networking"
 	"knative.dev/pkg/ptr"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
+	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
-	"lampyr.dev/serving/impl/routermeta"
 )
 
 // Router ports (docs/contracts.md §3): fiber-router listens on 80 for

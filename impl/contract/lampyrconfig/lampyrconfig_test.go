@@ -1,0 +1,81 @@
+package lampyrconfig
+
+import (
+	"strings"
+	"testing"
+)
+
+// Each component parses only its keys: a mistake in a grant key does not
+// stop the Revision controller, and the reverse.
+func TestParseReadsOnlyTheGivenKeys(t *testing.T) {
+	data := map[string]string{KeyFiberEgress: "sometimes", KeyBackendStrategy: "nodeport"}
+	_, err := Parse(data, RevisionKeys)
+	if err == nil || !strings.Contains(err.Error(), KeyBackendStrategy) || strings.Contains(err.Error(), KeyFiberEgress) {
+		t.Errorf("revision keys: %v, want only %s named", err, KeyBackendStrategy)
+	}
+	_, err = Parse(data, GrantKeys)
+	if err == nil || !strings.Contains(err.Error(), KeyFiberEgress) || strings.Contains(err.Error(), KeyBackendStrategy) {
+		t.Errorf("grant keys: %v, want only %s named", err, KeyFiberEgress)
+	}
+}
+
+// Every error names the ConfigMap, the key and what is accepted; all bad
+// keys are reported at once.
+func TestParseErrorsNameKeyAndFix(t *testing.T) {
+	data := map[string]string{
+		KeyFiberMemoryCapacity:   "lots",
+		KeyGrantTTL:              "5s",
+		KeyDefaultMemoryPerFiber: "0",
+		KeyVerifyArtifacts:       "maybe",
+		KeyRegistryMirrors:       "localhost:5002",
+		KeyTemplateRepository:    "UPPER/case",
+	}
+	_, err := Parse(data, append(append([]string(nil), GrantKeys...), RevisionKeys...))
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for key, fix := range map[string]string{
+		KeyFiberMemoryCapacity:   "positive quantity",
+		KeyGrantTTL:              "at least 30s",
+		KeyDefaultMemoryPerFiber: "positive quantity",
+		KeyVerifyArtifacts:       "true or false",
+		KeyRegistryMirrors:       "from=to",
+		KeyTemplateRepository:    "want a repository",
+	} {
+		if !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), fix) {
+			t.Errorf("error %q: want %s with %q", err, key, fix)
+		}
+	}
+	if !strings.HasPrefix(err.Error(), "ConfigMap "+ConfigMapName+": ") {
+		t.Errorf("error %q does not name the ConfigMap", err)
+	}
+}
+
+func TestRulesBetweenKeys(t *testing.T) {
+	for _, tc := range []struct {
+		data map[string]string
+		want string
+	}{
+		{map[string]string{KeyDefaultMaxFibers: "20", KeyMaxFibersPerGrant: "10"}, KeyDefaultMaxFibers + " 20 exceeds " + KeyMaxFibersPerGrant},
+		{map[string]string{KeyHomeCPULimit: "500m"}, KeyFiberCPULimit + " 1 exceeds " + KeyHomeCPULimit},
+		{map[string]string{KeyHomeStorageLimit: "100Mi"}, "want at least 256Mi"},
+	} {
+		if _, err := Parse(tc.data, GrantKeys); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want %q", tc.data, err, tc.want)
+		}
+		if _, err := Parse(tc.data, RevisionKeys); err != nil {
+			t.Errorf("%v: the Revision controller does not read these keys, got %v", tc.data, err)
+		}
+	}
+}
+
+func TestMirrors(t *testing.T) {
+	c, err := Parse(map[string]string{KeyHomeRegistryMirrors: "localhost:5002=kind-registry:5000, "}, RevisionKeys)
+	if err != nil || len(c.RegistryMirrors) != 1 || c.RegistryMirrors[0] != "localhost:5002=kind-registry:5000" {
+		t.Errorf("home mirrors as the controller's: %+v %v", c, err)
+	}
+	c, err = Parse(map[string]string{KeyHomeRegistryMirrors: "a=b", KeyRegistryMirrors: "c=d"}, RevisionKeys)
+	if err != nil || len(c.RegistryMirrors) != 1 || c.RegistryMirrors[0] != "c=d" || c.HomeRegistryMirrors[0] != "a=b" {
+		t.Errorf("registry-mirrors wins for the controller: %+v %v", c, err)
+	}
+}
