@@ -3,7 +3,6 @@ package knative
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -83,21 +82,7 @@ func EventingSources(ctx context.Context) ([]Source, error) {
 	}
 	var out []Source
 	for _, tree := range EventingTrees {
-		var files []Source
-		root := filepath.Join(ev.Dir, filepath.FromSlash(tree))
-		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
-				return err
-			}
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(ev.Dir, p)
-			rel = filepath.ToSlash(rel)
-			files = append(files, Source{Path: rel, Origin: EventingModule + "@" + EventingVersion + "/" + rel, Data: b})
-			return nil
-		})
+		files, err := yamlTree(ev.Dir, EventingModule+"@"+EventingVersion, tree)
 		if err != nil {
 			return nil, fmt.Errorf("%s@%s %s: %w", EventingModule, EventingVersion, tree, err)
 		}

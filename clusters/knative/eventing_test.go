@@ -8,18 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 )
 
-func renderEventing(t *testing.T) []Object {
-	t.Helper()
-	src, err := EventingSources(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := Parse(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return objs
-}
+func renderEventing(t *testing.T) []Object { return renderFrom(t, EventingSources) }
 
 func TestEventingPinsServingPkg(t *testing.T) {
 	if err := EventingPinsServingPkg(context.Background()); err != nil {

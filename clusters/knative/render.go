@@ -57,20 +57,7 @@ func Sources(ctx context.Context) ([]Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []Source
-	root := filepath.Join(serving.Dir, "config", "core")
-	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
-			return err
-		}
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(serving.Dir, p)
-		out = append(out, Source{Path: rel, Origin: ServingModule + "@" + ServingVersion + "/" + rel, Data: b})
-		return nil
-	})
+	out, err := yamlTree(serving.Dir, ServingModule+"@"+ServingVersion, "config/core")
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +101,30 @@ func PinnedVersions(ctx context.Context) (map[string]string, error) {
 		return nil, err
 	}
 	return requiredVersions(gomod)
+}
+
+// yamlTree reads every .yaml file under tree (slash-separated, relative to
+// the module's directory dir), each named by its path in the module and its
+// origin module@version/path, in walk order.
+func yamlTree(dir, moduleAtVersion, tree string) ([]Source, error) {
+	var out []Source
+	err := filepath.WalkDir(filepath.Join(dir, filepath.FromSlash(tree)), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".yaml") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		out = append(out, Source{Path: rel, Origin: moduleAtVersion + "/" + rel, Data: b})
+		return nil
+	})
+	return out, err
 }
 
 func requiredVersions(gomod []byte) (map[string]string, error) {

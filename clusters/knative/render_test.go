@@ -6,9 +6,12 @@ import (
 	"testing"
 )
 
-func render(t *testing.T) []Object {
+func render(t *testing.T) []Object { return renderFrom(t, Sources) }
+
+// renderFrom parses what sources lists (Serving's or Eventing's trees).
+func renderFrom(t *testing.T, sources func(context.Context) ([]Source, error)) []Object {
 	t.Helper()
-	src, err := Sources(context.Background())
+	src, err := sources(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
