@@ -19,13 +19,14 @@ import (
 	"knative.dev/pkg/configmap"
 	cminformer "knative.dev/pkg/configmap/informer"
 	"knative.dev/pkg/controller"
-	"knative.dev/pkg/injection/clients/dynamicclient"
 	"knative.dev/pkg/kmeta"
 	"knative.dev/pkg/logging"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 	revisioninformer "knative.dev/serving/pkg/client/injection/informers/serving/v1/revision"
 	revisionreconciler "knative.dev/serving/pkg/client/injection/reconciler/serving/v1/revision"
 
+	fiberdclient "lampyr.dev/serving/impl/client/injection/client"
+	capacitygrantinformer "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
@@ -62,11 +63,11 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 	metadataInformer := routerMetadataInformer(ctx, config.Namespace())
 	mirrorSliceInformer := filteredsliceinformer.Get(ctx, mirrorSliceSelector)
 	routerSliceInformer := filteredsliceinformer.Get(ctx, routerSliceSelector)
-	grants := grantInformer(ctx)
+	grantInformer := capacitygrantinformer.Get(ctx)
 
 	r := &Reconciler{
 		kubeclient:           kubeclient.Get(ctx),
-		grants:               &dynamicGrants{client: dynamicclient.Get(ctx), lister: grants.Lister()},
+		grants:               &typedGrants{client: fiberdclient.Get(ctx).FiberdV1alpha1(), lister: grantInformer.Lister()},
 		serviceLister:        serviceInformer.Lister(),
 		routerMetadataLister: metadataInformer.Lister(),
 		mirrorSliceLister:    mirrorSliceInformer.Lister(),
@@ -114,7 +115,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 	}))
 	go sweepRouterMetadata(ctx, kubeclient.Get(ctx), config.Namespace(), metadataInformer, revisionInformer.Informer())
 	mirrorSliceInformer.Informer().AddEventHandler(owned)
-	grants.Informer().AddEventHandler(owned)
+	grantInformer.Informer().AddEventHandler(owned)
 
 	// fiber-router's endpoints changed (rollout, restart, scale): every
 	// mirrored EndpointSlice must follow, so re-enqueue every Revision.

@@ -19,9 +19,11 @@ import (
 	_ "knative.dev/pkg/client/injection/kube/informers/core/v1/service/fake"
 	_ "knative.dev/pkg/client/injection/kube/informers/discovery/v1/endpointslice/filtered/fake"
 	_ "knative.dev/pkg/client/injection/kube/informers/factory/filtered/fake"
-	_ "knative.dev/pkg/injection/clients/dynamicclient/fake"
 	_ "knative.dev/serving/pkg/client/injection/client/fake"
 	_ "knative.dev/serving/pkg/client/injection/informers/serving/v1/revision/fake"
+
+	_ "lampyr.dev/serving/impl/client/injection/client/fake"
+	_ "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant/fake"
 )
 
 // TestNewController wires the controller the way sharedmain does (minus

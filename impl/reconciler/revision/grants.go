@@ -1,33 +1,21 @@
 package revision
 
-// This file is the only place that knows CapacityGrants are reached through
-// the dynamic client: docs/contracts.md names no typed client yet
-// (impl/client/ does not exist). When the fiberd engineer generates one,
-// replace dynamicGrants and grantInformer with it; the reconciler only sees
-// grantStore.
+// This file is the only place that knows how CapacityGrants are reached:
+// the generated typed clientset and lister (impl/client). The reconciler
+// only sees grantStore. The generated informer
+// (impl/client/injection/informers/fiberd/v1alpha1/capacitygrant) registers
+// itself with injection when imported, so sharedmain starts it and waits
+// for its sync with every other informer.
 
 import (
 	"context"
-	"fmt"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/dynamic/dynamicinformer"
-	"k8s.io/client-go/informers"
-	"k8s.io/client-go/tools/cache"
-	"knative.dev/pkg/controller"
-	"knative.dev/pkg/injection"
-	"knative.dev/pkg/injection/clients/dynamicclient"
-	"knative.dev/pkg/logging"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
-	"lampyr.dev/serving/impl/contract"
+	fiberdclientv1alpha1 "lampyr.dev/serving/impl/client/clientset/versioned/typed/fiberd/v1alpha1"
+	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 )
-
-// grantGVR is the CapacityGrant resource.
-var grantGVR = contract.CapacityGrants
 
 // grantStore is what the reconciler needs of CapacityGrants: reads from the
 // informer cache, writes through the API.
@@ -38,82 +26,35 @@ type grantStore interface {
 	Delete(ctx context.Context, namespace, name string) error
 }
 
-// dynamicGrants implements grantStore with the dynamic client and a dynamic
-// informer's lister, converting with the default unstructured converter.
-type dynamicGrants struct {
-	client dynamic.Interface
-	lister cache.GenericLister
+// typedGrants implements grantStore with the generated clientset and the
+// generated informer's lister.
+type typedGrants struct {
+	client fiberdclientv1alpha1.CapacityGrantsGetter
+	lister fiberdlisters.CapacityGrantLister
 }
 
-func (d *dynamicGrants) Get(namespace, name string) (*fiberdv1alpha1.CapacityGrant, error) {
-	obj, err := d.lister.ByNamespace(namespace).Get(name)
+var _ grantStore = (*typedGrants)(nil)
+
+// Get returns a copy of the cached grant: the reconciler merges its spec
+// into what it reads, and the informer's object must never be mutated.
+func (t *typedGrants) Get(namespace, name string) (*fiberdv1alpha1.CapacityGrant, error) {
+	g, err := t.lister.CapacityGrants(namespace).Get(name)
 	if err != nil {
 		return nil, err
 	}
-	u, ok := obj.(*unstructured.Unstructured)
-	if !ok {
-		return nil, fmt.Errorf("capacitygrant %s/%s: unexpected cache object %T", namespace, name, obj)
-	}
-	g := &fiberdv1alpha1.CapacityGrant{}
-	// FromUnstructured copies, so the informer's object is never mutated.
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.UnstructuredContent(), g); err != nil {
-		return nil, fmt.Errorf("capacitygrant %s/%s: %w", namespace, name, err)
-	}
-	return g, nil
+	return g.DeepCopy(), nil
 }
 
-func toUnstructured(g *fiberdv1alpha1.CapacityGrant) (*unstructured.Unstructured, error) {
-	g = g.DeepCopy()
-	g.APIVersion = fiberdv1alpha1.SchemeGroupVersion.String()
-	g.Kind = "CapacityGrant"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
-	if err != nil {
-		return nil, err
-	}
-	return &unstructured.Unstructured{Object: m}, nil
-}
-
-func (d *dynamicGrants) Create(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) error {
-	u, err := toUnstructured(g)
-	if err != nil {
-		return err
-	}
-	_, err = d.client.Resource(grantGVR).Namespace(g.Namespace).Create(ctx, u, metav1.CreateOptions{})
+func (t *typedGrants) Create(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) error {
+	_, err := t.client.CapacityGrants(g.Namespace).Create(ctx, g, metav1.CreateOptions{})
 	return err
 }
 
-func (d *dynamicGrants) Update(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) error {
-	u, err := toUnstructured(g)
-	if err != nil {
-		return err
-	}
-	_, err = d.client.Resource(grantGVR).Namespace(g.Namespace).Update(ctx, u, metav1.UpdateOptions{})
+func (t *typedGrants) Update(ctx context.Context, g *fiberdv1alpha1.CapacityGrant) error {
+	_, err := t.client.CapacityGrants(g.Namespace).Update(ctx, g, metav1.UpdateOptions{})
 	return err
 }
 
-func (d *dynamicGrants) Delete(ctx context.Context, namespace, name string) error {
-	return d.client.Resource(grantGVR).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
-}
-
-// The CapacityGrant informer is registered with injection so that
-// sharedmain starts it and waits for its sync with every other informer.
-func init() {
-	injection.Default.RegisterInformer(withGrantInformer)
-	injection.Fake.RegisterInformer(withGrantInformer)
-}
-
-type grantInformerKey struct{}
-
-func withGrantInformer(ctx context.Context) (context.Context, controller.Informer) {
-	f := dynamicinformer.NewDynamicSharedInformerFactory(dynamicclient.Get(ctx), controller.GetResyncPeriod(ctx))
-	inf := f.ForResource(grantGVR)
-	return context.WithValue(ctx, grantInformerKey{}, inf), inf.Informer()
-}
-
-func grantInformer(ctx context.Context) informers.GenericInformer {
-	inf, ok := ctx.Value(grantInformerKey{}).(informers.GenericInformer)
-	if !ok {
-		logging.FromContext(ctx).Panic("Unable to fetch the CapacityGrant informer from context.")
-	}
-	return inf
+func (t *typedGrants) Delete(ctx context.Context, namespace, name string) error {
+	return t.client.CapacityGrants(namespace).Delete(ctx, name, metav1.DeleteOptions{})
 }

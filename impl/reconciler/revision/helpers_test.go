@@ -20,7 +20,6 @@ import (
 	"knative.dev/pkg/apis"
 	fakekubeclient "knative.dev/pkg/client/injection/kube/client/fake"
 	"knative.dev/pkg/controller"
-	fakedynamicclient "knative.dev/pkg/injection/clients/dynamicclient/fake"
 	"knative.dev/pkg/logging"
 	logtesting "knative.dev/pkg/logging/testing"
 	"knative.dev/pkg/ptr"
@@ -35,6 +34,8 @@ import (
 	servinglisters "knative.dev/serving/pkg/client/listers/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	fakefiberdclient "lampyr.dev/serving/impl/client/injection/client/fake"
+	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
@@ -354,14 +355,6 @@ func notOwned[T metav1.Object](obj T) T {
 
 // Action helpers.
 
-func unstructuredGrant(t *testing.T, g *fiberdv1alpha1.CapacityGrant) runtime.Object {
-	u, err := toUnstructured(g)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return u
-}
-
 func patchFinalizers(finalizers ...string) clientgotesting.PatchActionImpl {
 	fs, _ := json.Marshal(finalizers)
 	if finalizers == nil {
@@ -423,7 +416,7 @@ func makeFactory() rtesting.Factory {
 		ctx = logging.WithLogger(ctx, logger)
 
 		revisions, services, configMaps, slices, grants := newIndexer(), newIndexer(), newIndexer(), newIndexer(), newIndexer()
-		var kubeObjs, servingObjs, dynamicObjs []runtime.Object
+		var kubeObjs, servingObjs, fiberdObjs []runtime.Object
 		for _, o := range row.Objects {
 			switch o := o.(type) {
 			case *v1.Revision:
@@ -439,9 +432,8 @@ func makeFactory() rtesting.Factory {
 				kubeObjs = append(kubeObjs, o)
 				slices.Add(o)
 			case *fiberdv1alpha1.CapacityGrant:
-				u := unstructuredGrant(t, o)
-				dynamicObjs = append(dynamicObjs, u)
-				grants.Add(u)
+				fiberdObjs = append(fiberdObjs, o)
+				grants.Add(o)
 			default:
 				t.Fatalf("unexpected test object %T", o)
 			}
@@ -449,11 +441,7 @@ func makeFactory() rtesting.Factory {
 
 		ctx, kubeClient := fakekubeclient.With(ctx, kubeObjs...)
 		ctx, servingClient := fakeservingclient.With(ctx, servingObjs...)
-		scheme := runtime.NewScheme()
-		if err := fiberdv1alpha1.AddToScheme(scheme); err != nil {
-			t.Fatal(err)
-		}
-		ctx, dynamicClient := fakedynamicclient.With(ctx, scheme, dynamicObjs...)
+		ctx, fiberdClient := fakefiberdclient.With(ctx, fiberdObjs...)
 		recorder := record.NewFakeRecorder(20)
 		ctx = controller.WithEventRecorder(ctx, recorder)
 
@@ -467,7 +455,7 @@ func makeFactory() rtesting.Factory {
 
 		r := &Reconciler{
 			kubeclient:           kubeClient,
-			grants:               &dynamicGrants{client: dynamicClient, lister: cache.NewGenericLister(grants, grantGVR.GroupResource())},
+			grants:               &typedGrants{client: fiberdClient.FiberdV1alpha1(), lister: fiberdlisters.NewCapacityGrantLister(grants)},
 			serviceLister:        corev1listers.NewServiceLister(services),
 			routerMetadataLister: corev1listers.NewConfigMapLister(configMaps),
 			mirrorSliceLister:    discoverylisters.NewEndpointSliceLister(slices),
@@ -487,9 +475,9 @@ func makeFactory() rtesting.Factory {
 		for _, reactor := range row.WithReactors {
 			kubeClient.PrependReactor("*", "*", reactor)
 			servingClient.PrependReactor("*", "*", reactor)
-			dynamicClient.PrependReactor("*", "*", reactor)
+			fiberdClient.PrependReactor("*", "*", reactor)
 		}
-		return c, rtesting.ActionRecorderList{dynamicClient, servingClient, kubeClient}, rtesting.EventList{Recorder: recorder}
+		return c, rtesting.ActionRecorderList{fiberdClient, servingClient, kubeClient}, rtesting.EventList{Recorder: recorder}
 	}
 }
 

@@ -30,6 +30,7 @@ var (
 	servicesGVR       = corev1.SchemeGroupVersion.WithResource("services")
 	configMapsGVR     = corev1.SchemeGroupVersion.WithResource("configmaps")
 	endpointSlicesGVR = discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
+	grantsGVR         = contract.CapacityGrants
 )
 
 func TestReconcile(t *testing.T) {
@@ -54,7 +55,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WantEvents: []string{finalizerEvent(), grantCreatedEvent(), serviceCreatedEvent(corev1.ServiceTypeExternalName)},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(tmpl)),
+			grant(tmpl),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
@@ -70,7 +71,7 @@ func TestReconcile(t *testing.T) {
 			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(tmpl)),
+			grant(tmpl),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
@@ -299,7 +300,7 @@ func TestReconcile(t *testing.T) {
 			grantUpdatedEvent(),
 		},
 		WantUpdates: []clientgotesting.UpdateActionImpl{
-			update(unstructuredGrant(t, grant(tmpl, grantReady))),
+			update(grant(tmpl, grantReady)),
 			update(metadata(tmpl, "", false)),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -325,7 +326,7 @@ func TestReconcile(t *testing.T) {
 			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(accepted(h2c))),
+			grant(accepted(h2c)),
 			service(accepted(h2c), config.BackendExternalName),
 			metadata(accepted(h2c), "", false),
 		},
@@ -353,12 +354,12 @@ func TestReconcile(t *testing.T) {
 			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(accepted(), func(g *fiberdv1alpha1.CapacityGrant) {
+			grant(accepted(), func(g *fiberdv1alpha1.CapacityGrant) {
 				g.Spec.MaxFibers = 7
 				g.Spec.MaxRequestSeconds = 900
 				g.Spec.MemoryPerFiber = resource.MustParse("512Mi")
 				g.Spec.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
-			})),
+			}),
 			service(tmpl, config.BackendExternalName),
 			resources.MakeRouterMetadata(rev(), accepted(func(t *resources.Template) {
 				t.MaxFibers = 7
@@ -396,7 +397,7 @@ func TestReconcile(t *testing.T) {
 			serviceCreatedEvent(corev1.ServiceTypeClusterIP),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(tmpl)),
+			grant(tmpl),
 			service(tmpl, config.BackendEndpointSlice),
 			mirror(tmpl, "10.244.0.11", "10.244.0.12"),
 			metadata(tmpl, "", false),
@@ -583,7 +584,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WithReactors: []clientgotesting.ReactionFunc{refuseGrantCreate},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(tmpl)),
+			grant(tmpl),
 			service(tmpl, config.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
@@ -623,7 +624,7 @@ func TestReconcile(t *testing.T) {
 			deleteActionIn("lampyr-system", configMapsGVR, "route."+testNS+"."+testRevName),
 			deleteAction(endpointSlicesGVR, testRevName),
 			deleteAction(servicesGVR, testRevName),
-			deleteAction(grantGVR, testRevName),
+			deleteAction(grantsGVR, testRevName),
 		},
 		WantPatches: []clientgotesting.PatchActionImpl{patchFinalizers()},
 		WantEvents:  []string{finalizerEvent()},
@@ -787,7 +788,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(mapped)),
+			grant(mapped),
 			service(mapped, config.BackendExternalName),
 			metadata(mapped, "", false),
 		},
@@ -853,7 +854,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
 		WantCreates: []runtime.Object{
-			unstructuredGrant(t, grant(accepted())),
+			grant(accepted()),
 			service(accepted(), config.BackendExternalName),
 			metadata(accepted(), "", false),
 		},
