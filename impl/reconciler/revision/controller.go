@@ -26,6 +26,7 @@ import (
 	revisioninformer "knative.dev/serving/pkg/client/injection/informers/serving/v1/revision"
 	revisionreconciler "knative.dev/serving/pkg/client/injection/reconciler/serving/v1/revision"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
@@ -36,9 +37,9 @@ import (
 // every EndpointSlice in the cluster. Router metadata has its own informer,
 // on the Lampyr namespace only (routerMetadataInformer).
 var (
-	routerMetadataSelector = labels.Set{routermeta.LabelKey: "true"}.String()
+	routerMetadataSelector = labels.Set{contract.RouterMetadataLabel: "true"}.String()
 	mirrorSliceSelector    = labels.Set{discoveryv1.LabelManagedBy: resources.EndpointSliceManagedBy}.String()
-	routerSliceSelector    = labels.Set{discoveryv1.LabelServiceName: config.RouterServiceName}.String()
+	routerSliceSelector    = labels.Set{discoveryv1.LabelServiceName: contract.RouterServiceName}.String()
 )
 
 // FilteredInformerSelectors must be passed to
@@ -108,7 +109,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 			return
 		}
 		l := acc.GetLabels()
-		if ns, rev := l[routermeta.NamespaceLabelKey], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
+		if ns, rev := l[contract.RevisionNamespaceLabel], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
 			impl.EnqueueKey(types.NamespacedName{Namespace: ns, Name: rev})
 		}
 	}))
@@ -160,7 +161,7 @@ func sweepRouterMetadata(ctx context.Context, kube kubernetes.Interface, ns stri
 		cms, _ := metadata.Lister().ConfigMaps(ns).List(labels.Everything())
 		for _, cm := range cms {
 			l := cm.Labels
-			key := l[routermeta.NamespaceLabelKey] + "/" + l[routermeta.RevisionLabelKey]
+			key := l[contract.RevisionNamespaceLabel] + "/" + l[routermeta.RevisionLabelKey]
 			if _, exists, err := revisions.GetStore().GetByKey(key); err != nil || exists {
 				continue
 			}

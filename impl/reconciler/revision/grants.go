@@ -26,9 +26,6 @@ import (
 	"lampyr.dev/serving/impl/contract"
 )
 
-// grantGVR is the CapacityGrant resource.
-var grantGVR = contract.CapacityGrants
-
 // grantStore is what the reconciler needs of CapacityGrants: reads from the
 // informer cache, writes through the API.
 type grantStore interface {
@@ -78,7 +75,7 @@ func (d *dynamicGrants) Create(ctx context.Context, g *fiberdv1alpha1.CapacityGr
 	if err != nil {
 		return err
 	}
-	_, err = d.client.Resource(grantGVR).Namespace(g.Namespace).Create(ctx, u, metav1.CreateOptions{})
+	_, err = d.client.Resource(contract.CapacityGrants).Namespace(g.Namespace).Create(ctx, u, metav1.CreateOptions{})
 	return err
 }
 
@@ -87,12 +84,12 @@ func (d *dynamicGrants) Update(ctx context.Context, g *fiberdv1alpha1.CapacityGr
 	if err != nil {
 		return err
 	}
-	_, err = d.client.Resource(grantGVR).Namespace(g.Namespace).Update(ctx, u, metav1.UpdateOptions{})
+	_, err = d.client.Resource(contract.CapacityGrants).Namespace(g.Namespace).Update(ctx, u, metav1.UpdateOptions{})
 	return err
 }
 
 func (d *dynamicGrants) Delete(ctx context.Context, namespace, name string) error {
-	return d.client.Resource(grantGVR).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	return d.client.Resource(contract.CapacityGrants).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{})
 }
 
 // The CapacityGrant informer is registered with injection so that
@@ -106,7 +103,7 @@ type grantInformerKey struct{}
 
 func withGrantInformer(ctx context.Context) (context.Context, controller.Informer) {
 	f := dynamicinformer.NewDynamicSharedInformerFactory(dynamicclient.Get(ctx), controller.GetResyncPeriod(ctx))
-	inf := f.ForResource(grantGVR)
+	inf := f.ForResource(contract.CapacityGrants)
 	return context.WithValue(ctx, grantInformerKey{}, inf), inf.Informer()
 }
 

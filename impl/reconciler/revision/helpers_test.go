@@ -36,6 +36,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -78,8 +79,8 @@ func rev(opts ...revOption) *v1.Revision {
 				serving.ServiceLabelKey:       "hello",
 			},
 			Annotations: map[string]string{
-				SnapshotArtifactAnnotation: testArtifact,
-				FiberdTemplateAnnotation:   testTemplate,
+				contract.SnapshotArtifactAnnotation: testArtifact,
+				contract.FiberdTemplateAnnotation:   testTemplate,
 			},
 			Finalizers: []string{finalizerName},
 		},
@@ -224,7 +225,7 @@ func accepted(opts ...func(*resources.Template)) *resources.Template {
 
 func h2c(t *resources.Template) { t.Protocol = "h2c"; t.Port = 50051 }
 
-func testLampyr(strategy config.BackendStrategy) *config.Lampyr {
+func testLampyr(strategy lampyrconfig.BackendStrategy) *lampyrconfig.Config {
 	l := config.DefaultLampyr()
 	l.BackendStrategy = strategy
 	l.RouterNamespace = "lampyr-system"
@@ -252,7 +253,7 @@ func testServingConfig(t testing.TB) *apisconfig.Config {
 // own tests; here they state what the reconciler is expected to write).
 
 func grant(t *resources.Template, opts ...func(*fiberdv1alpha1.CapacityGrant)) *fiberdv1alpha1.CapacityGrant {
-	g := resources.MakeCapacityGrant(rev(), t, testLampyr(config.BackendExternalName))
+	g := resources.MakeCapacityGrant(rev(), t, testLampyr(lampyrconfig.BackendExternalName))
 	for _, o := range opts {
 		o(g)
 	}
@@ -303,7 +304,7 @@ func grantRefused(reason contract.Reason, msg string) func(*fiberdv1alpha1.Capac
 	}
 }
 
-func service(t *resources.Template, strategy config.BackendStrategy) *corev1.Service {
+func service(t *resources.Template, strategy lampyrconfig.BackendStrategy) *corev1.Service {
 	return resources.MakeService(rev(), t, testLampyr(strategy))
 }
 
@@ -457,9 +458,9 @@ func makeFactory() rtesting.Factory {
 		recorder := record.NewFakeRecorder(20)
 		ctx = controller.WithEventRecorder(ctx, recorder)
 
-		lampyr, _ := row.OtherTestData[lampyrConfigKey].(*config.Lampyr)
+		lampyr, _ := row.OtherTestData[lampyrConfigKey].(*lampyrconfig.Config)
 		if lampyr == nil {
-			lampyr = testLampyr(config.BackendExternalName)
+			lampyr = testLampyr(lampyrconfig.BackendExternalName)
 		}
 		verifier, _ := row.OtherTestData[verifierKey].(ArtifactVerifier)
 		sealer, _ := row.OtherTestData[sealerKey].(TemplateSealer)
@@ -467,7 +468,7 @@ func makeFactory() rtesting.Factory {
 
 		r := &Reconciler{
 			kubeclient:           kubeClient,
-			grants:               &dynamicGrants{client: dynamicClient, lister: cache.NewGenericLister(grants, grantGVR.GroupResource())},
+			grants:               &dynamicGrants{client: dynamicClient, lister: cache.NewGenericLister(grants, contract.CapacityGrants.GroupResource())},
 			serviceLister:        corev1listers.NewServiceLister(services),
 			routerMetadataLister: corev1listers.NewConfigMapLister(configMaps),
 			mirrorSliceLister:    discoverylisters.NewEndpointSliceLister(slices),
