@@ -28,6 +28,7 @@ import (
 	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -322,9 +323,9 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 		defer func() { the().record("each side ran its own way", start, &problem) }()
 		pods, err := the().Stock.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service=" + svcName})
 		Expect(err).NotTo(HaveOccurred())
-		grants, err := the().Lampyr.Clients.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		grants, err := the().Lampyr.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
 		Expect(err).NotTo(HaveOccurred())
-		_, err = the().Stock.Clients.Dynamic.Resource(ly.GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+		_, err = the().Stock.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
 		names := []string{}
 		for _, g := range grants.Items {
 			names = append(names, g.GetName())

@@ -17,17 +17,11 @@ import (
 	"lampyr.dev/serving/impl/ly"
 )
 
-// Lampyr's namespaces (impl/config/controller/100-namespace.yaml).
-const (
-	LampyrSystemNamespace = contract.SystemNamespace
-	LampyrHomesNamespace  = resources.DefaultHomesNamespace
-)
-
 // HomeSelector selects the Home objects (Pod, Service, Secret, all in
 // LampyrHomesNamespace) of Revision ns/rev, or of every Revision of ns when
 // rev is empty.
 func HomeSelector(ns, rev string) string {
-	set := labels.Set{resources.ComponentKey: resources.Component, resources.GrantNamespaceLabel: ns}
+	set := labels.Set{resources.ComponentKey: resources.Component, contract.GrantNamespaceLabel: ns}
 	if rev != "" {
 		set[resources.RevisionLabel] = rev
 	}
@@ -37,15 +31,12 @@ func HomeSelector(ns, rev string) string {
 // HomePods lists the Home Pods of Revision ns/rev (every Revision of ns if
 // rev is empty).
 func HomePods(ctx context.Context, c *Clients, ns, rev string) (*corev1.PodList, error) {
-	return c.Kube.CoreV1().Pods(LampyrHomesNamespace).List(ctx, metav1.ListOptions{LabelSelector: HomeSelector(ns, rev)})
+	return c.Kube.CoreV1().Pods(contract.HomesNamespace).List(ctx, metav1.ListOptions{LabelSelector: HomeSelector(ns, rev)})
 }
 
 // RouterMetadataName is the router metadata ConfigMap of Revision ns/rev,
-// in LampyrSystemNamespace.
+// in contract.SystemNamespace.
 func RouterMetadataName(ns, rev string) string { return routermeta.Name(ns, rev) }
-
-// CapacityGrants is fiberd.io/v1alpha1 capacitygrants.
-var CapacityGrants = contract.CapacityGrants
 
 // Leftovers lists, sorted as "Kind/name", what Knative or Lampyr made for a
 // Revision in ns: Revisions, CapacityGrants, Services, EndpointSlices, Pods
@@ -60,7 +51,7 @@ func Leftovers(ctx context.Context, c *Clients, ns string) []string {
 			add("Revision", i.GetName())
 		}
 	}
-	if l, err := c.Dynamic.Resource(CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
+	if l, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{}); err == nil {
 		for _, i := range l.Items {
 			add("CapacityGrant", i.GetName())
 		}
@@ -75,26 +66,26 @@ func Leftovers(ctx context.Context, c *Clients, ns string) []string {
 			add("EndpointSlice", i.Name)
 		}
 	}
-	meta := labels.Set{routermeta.LabelKey: "true", routermeta.NamespaceLabelKey: ns}.String()
-	if l, err := c.Kube.CoreV1().ConfigMaps(LampyrSystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: meta}); err == nil {
+	meta := labels.Set{contract.RouterMetadataLabel: "true", contract.RevisionNamespaceLabel: ns}.String()
+	if l, err := c.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: meta}); err == nil {
 		for _, i := range l.Items {
-			add("ConfigMap", LampyrSystemNamespace+"/"+i.Name)
+			add("ConfigMap", contract.SystemNamespace+"/"+i.Name)
 		}
 	}
 	homes := metav1.ListOptions{LabelSelector: HomeSelector(ns, "")}
-	if l, err := c.Kube.CoreV1().Pods(LampyrHomesNamespace).List(ctx, homes); err == nil {
+	if l, err := c.Kube.CoreV1().Pods(contract.HomesNamespace).List(ctx, homes); err == nil {
 		for _, i := range l.Items {
-			add("Pod", LampyrHomesNamespace+"/"+i.Name)
+			add("Pod", contract.HomesNamespace+"/"+i.Name)
 		}
 	}
-	if l, err := c.Kube.CoreV1().Services(LampyrHomesNamespace).List(ctx, homes); err == nil {
+	if l, err := c.Kube.CoreV1().Services(contract.HomesNamespace).List(ctx, homes); err == nil {
 		for _, i := range l.Items {
-			add("Service", LampyrHomesNamespace+"/"+i.Name)
+			add("Service", contract.HomesNamespace+"/"+i.Name)
 		}
 	}
-	if l, err := c.Kube.CoreV1().Secrets(LampyrHomesNamespace).List(ctx, homes); err == nil {
+	if l, err := c.Kube.CoreV1().Secrets(contract.HomesNamespace).List(ctx, homes); err == nil {
 		for _, i := range l.Items {
-			add("Secret", LampyrHomesNamespace+"/"+i.Name)
+			add("Secret", contract.HomesNamespace+"/"+i.Name)
 		}
 	}
 	if l, err := c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); err == nil {

@@ -20,6 +20,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/contract"
 	grantconfig "lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -107,7 +108,7 @@ func valid() Test {
 			_, err := t.Clients.WaitReady(ctx, e2eutil.KServices, t.Namespace, "valid", 4*time.Minute)
 			Expect(err).NotTo(HaveOccurred())
 			rev := "valid-00001"
-			g, err := t.Clients.Dynamic.Resource(ly.GrantResource).Namespace(t.Namespace).Get(ctx, rev, metav1.GetOptions{})
+			g, err := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(t.Namespace).Get(ctx, rev, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred(), "the Revision's CapacityGrant")
 			for _, typ := range []string{"Admitted", "HomeReady", "Ready"} {
 				s, r, m := e2eutil.Condition(g, typ)
@@ -117,7 +118,7 @@ func valid() Test {
 			Expect(gsnap).To(Equal(t.Snap.String()))
 			pods, err := e2eutil.HomePods(ctx, t.Clients, t.Namespace, rev)
 			Expect(err).NotTo(HaveOccurred())
-			Expect(pods.Items).NotTo(BeEmpty(), "the Revision's Home Pod, in %s", e2eutil.LampyrHomesNamespace)
+			Expect(pods.Items).NotTo(BeEmpty(), "the Revision's Home Pod, in %s", contract.HomesNamespace)
 			for _, p := range pods.Items {
 				Expect(p.Status.Phase).To(Equal(corev1.PodRunning), "Home %s", p.Name)
 			}
@@ -144,8 +145,8 @@ func valid() Test {
 				Expect(err).NotTo(HaveOccurred())
 				Expect(slices.Items).NotTo(BeEmpty(), "mirrored EndpointSlice")
 			}
-			_, err = t.Clients.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Get(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.GetOptions{})
-			Expect(err).NotTo(HaveOccurred(), "router metadata, in %s", e2eutil.LampyrSystemNamespace)
+			_, err = t.Clients.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Get(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred(), "router metadata, in %s", contract.SystemNamespace)
 			Eventually(func() (string, error) {
 				code, body, _, err := t.Get(ctx, "valid", "/")
 				if err == nil && code != 200 {
@@ -216,12 +217,12 @@ func refusals() []Test {
 			a["autoscaling.knative.dev/target"] = "10"
 		}},
 		{"metric", "UnsupportedAutoscalingMetric", "metric", func(_, a map[string]any) { a["autoscaling.knative.dev/metric"] = "rps" }},
-		{"notemplate", "MissingFiberdTemplate", ly.AnnotationFiberdTemplate, func(_, a map[string]any) { delete(a, ly.AnnotationFiberdTemplate) }},
-		{"park", "UnsupportedExecutionMode", ly.AnnotationExecutionMode, func(_, a map[string]any) { a[ly.AnnotationExecutionMode] = "park" }},
+		{"notemplate", "MissingFiberdTemplate", contract.FiberdTemplateAnnotation, func(_, a map[string]any) { delete(a, contract.FiberdTemplateAnnotation) }},
+		{"park", "UnsupportedExecutionMode", contract.ExecutionModeAnnotation, func(_, a map[string]any) { a[contract.ExecutionModeAnnotation] = "park" }},
 		{"idleaction", "UnsupportedIdleAction", "idle-action", func(_, a map[string]any) {
-			a[ly.AnnotationExecutionMode] = "reuse"
-			a[ly.AnnotationIdleTimeout] = "30s"
-			a[ly.AnnotationIdleAction] = "park"
+			a[contract.ExecutionModeAnnotation] = "reuse"
+			a[contract.IdleTimeoutAnnotation] = "30s"
+			a[contract.IdleActionAnnotation] = "park"
 		}},
 	} {
 		svc := "refuse-" + tc.name
@@ -242,7 +243,7 @@ func refusals() []Test {
 				Logf("%s: Ready=False %s: %s", svc, reason, msg)
 				Expect(reason).To(Equal(tc.reason), "message: %s", msg)
 				Expect(msg).To(ContainSubstring(tc.field))
-				_, err := t.Clients.Dynamic.Resource(ly.GrantResource).Namespace(t.Namespace).Get(ctx, svc+"-00001", metav1.GetOptions{})
+				_, err := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(t.Namespace).Get(ctx, svc+"-00001", metav1.GetOptions{})
 				Expect(apierrors.IsNotFound(err)).To(BeTrue(), "a refused Revision gets no CapacityGrant")
 			},
 		})
@@ -267,7 +268,7 @@ func supported() Test {
 		},
 		Assert: func(ctx context.Context, t *T) {
 			t.WaitServing(ctx, "supported", 4*time.Minute)
-			g, err := t.Clients.Dynamic.Resource(ly.GrantResource).Namespace(t.Namespace).Get(ctx, "supported-00001", metav1.GetOptions{})
+			g, err := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(t.Namespace).Get(ctx, "supported-00001", metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			spec := g.Object["spec"].(map[string]any)
 			Expect(spec["memoryPerFiber"]).To(Equal("96Mi"))
@@ -379,8 +380,8 @@ func unbuilt() Test {
 				Expect(ly.UnregisterImageSnapshots(ctx, t.Ly, []string{"sha256:" + strings.Repeat("a", 64)})).To(Succeed())
 			})
 			return []*unstructured.Unstructured{t.Service(ctx, "unbuilt", nil, func(ts, a map[string]any) {
-				delete(a, ly.AnnotationSnapshotArtifact)
-				delete(a, ly.AnnotationFiberdTemplate)
+				delete(a, contract.SnapshotArtifactAnnotation)
+				delete(a, contract.FiberdTemplateAnnotation)
 				container(ts)["image"] = image(t)
 			})}
 		},
@@ -407,14 +408,14 @@ func imageOnly() Test {
 				Expect(ly.UnregisterImageSnapshots(ctx, t.Ly, []string{t.Snap.DigestStr()})).To(Succeed())
 			})
 			return []*unstructured.Unstructured{t.Service(ctx, "imageonly", nil, func(ts, a map[string]any) {
-				delete(a, ly.AnnotationSnapshotArtifact)
-				delete(a, ly.AnnotationFiberdTemplate)
+				delete(a, contract.SnapshotArtifactAnnotation)
+				delete(a, contract.FiberdTemplateAnnotation)
 				container(ts)["image"] = image(t)
 			})}
 		},
 		Assert: func(ctx context.Context, t *T) {
 			t.WaitServing(ctx, "imageonly", 4*time.Minute)
-			g, err := t.Clients.Dynamic.Resource(ly.GrantResource).Namespace(t.Namespace).Get(ctx, "imageonly-00001", metav1.GetOptions{})
+			g, err := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(t.Namespace).Get(ctx, "imageonly-00001", metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			tmpl, _, _ := unstructured.NestedString(g.Object, "spec", "template")
 			Expect(tmpl).To(HavePrefix(t.Inst.TemplateRepository+"@sha256:"), "the template the controller sealed and pushed")
@@ -425,7 +426,7 @@ func imageOnly() Test {
 // maxMemoryPerFiber is the installation's max-memory-per-fiber, read as the
 // grant controller reads config-lampyr.
 func maxMemoryPerFiber(ctx context.Context, t *T) resource.Quantity {
-	cm, err := t.Clients.Kube.CoreV1().ConfigMaps(SystemNamespace).Get(ctx, grantconfig.ConfigMapName, metav1.GetOptions{})
+	cm, err := t.Clients.Kube.CoreV1().ConfigMaps(SystemNamespace).Get(ctx, contract.ConfigMapName, metav1.GetOptions{})
 	Expect(err).NotTo(HaveOccurred())
 	cfg, err := grantconfig.FromConfigMap(cm)
 	Expect(err).NotTo(HaveOccurred())
@@ -500,12 +501,12 @@ func mended() Test {
 			rev := "mended-00001"
 			zero := int64(0)
 			Expect(t.Clients.Kube.CoreV1().Services(t.Namespace).Delete(ctx, rev, metav1.DeleteOptions{GracePeriodSeconds: &zero})).To(Succeed())
-			Expect(t.Clients.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Delete(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.DeleteOptions{})).To(Succeed())
+			Expect(t.Clients.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Delete(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.DeleteOptions{})).To(Succeed())
 			Eventually(func() error {
 				if _, err := t.Clients.Kube.CoreV1().Services(t.Namespace).Get(ctx, rev, metav1.GetOptions{}); err != nil {
 					return err
 				}
-				_, err := t.Clients.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace).Get(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.GetOptions{})
+				_, err := t.Clients.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Get(ctx, e2eutil.RouterMetadataName(t.Namespace, rev), metav1.GetOptions{})
 				return err
 			}).WithTimeout(time.Minute).WithPolling(500 * time.Millisecond).Should(Succeed())
 			t.WaitServing(ctx, "mended", 2*time.Minute)
@@ -809,10 +810,10 @@ func finalization() Test {
 			t.WaitCondition(ctx, "over-limit-00001", "ResourcesAvailable", "False", 2*time.Minute)
 			before := t.Leftovers(ctx)
 			Logf("before deleting: %v", before)
-			for _, want := range []string{"CapacityGrant/served-00001", "CapacityGrant/reused-00001", "Service/served-00001", "ConfigMap/" + e2eutil.LampyrSystemNamespace + "/" + e2eutil.RouterMetadataName(t.Namespace, "served-00001")} {
+			for _, want := range []string{"CapacityGrant/served-00001", "CapacityGrant/reused-00001", "Service/served-00001", "ConfigMap/" + contract.SystemNamespace + "/" + e2eutil.RouterMetadataName(t.Namespace, "served-00001")} {
 				Expect(before).To(ContainElement(want), "what Lampyr makes for a Ready Revision")
 			}
-			Expect(before).To(ContainElement(HavePrefix("Pod/"+e2eutil.LampyrHomesNamespace+"/")), "a Home")
+			Expect(before).To(ContainElement(HavePrefix("Pod/"+contract.HomesNamespace+"/")), "a Home")
 			n := deleteServices(ctx, t)
 			Eventually(func() []string { return t.Leftovers(ctx) }).WithTimeout(3*time.Minute).WithPolling(time.Second).Should(BeEmpty(), "left after deleting %d Services", n)
 		},

@@ -25,10 +25,10 @@ import (
 	"k8s.io/utils/ptr"
 
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/ly"
 )
 
 // platforms an attack applies to.
@@ -375,7 +375,7 @@ func readOwnNamespace(ctx context.Context, s *side) (string, bool) {
 var lampyrSecretNames = []string{"fiber-router-key", "lampyr-fleet-key", "lampyr-grant-signing-key", "lampyr-controller-sealer", "router-token", "fiber-router-token"}
 
 func sweepSecrets(ctx context.Context, s *side) (string, bool) {
-	needles, err := needlesOf(ctx, s.admin, e2eutil.LampyrSystemNamespace)
+	needles, err := needlesOf(ctx, s.admin, contract.SystemNamespace)
 	must(err, "administrator reading lampyr-system's Secrets")
 	if len(needles) == 0 {
 		abortf("lampyr-system holds no Secret value to look for: is the grant controller running?")
@@ -385,7 +385,7 @@ func sweepSecrets(ctx context.Context, s *side) (string, bool) {
 	var found []string
 	checked, nss := 0, map[string]bool{}
 	for _, sec := range all.Items {
-		if sec.Namespace == e2eutil.LampyrSystemNamespace || sec.Namespace == e2eutil.LampyrHomesNamespace {
+		if sec.Namespace == contract.SystemNamespace || sec.Namespace == contract.HomesNamespace {
 			continue
 		}
 		checked++
@@ -409,7 +409,7 @@ func sweepSecrets(ctx context.Context, s *side) (string, bool) {
 
 func readPlatformNamespaces(ctx context.Context, s *side) (string, bool) {
 	core := s.a.c.Kube.CoreV1()
-	sys, homes := e2eutil.LampyrSystemNamespace, e2eutil.LampyrHomesNamespace
+	sys, homes := contract.SystemNamespace, contract.HomesNamespace
 	lo, gets := metav1.ListOptions{}, metav1.GetOptions{}
 	calls := []struct {
 		what string
@@ -452,7 +452,7 @@ func readPlatformNamespaces(ctx context.Context, s *side) (string, bool) {
 	// The two public ConfigMaps are readable on purpose (ly seals with
 	// them); recorded, not judged.
 	var public []string
-	for _, n := range []string{ly.FleetKeyConfigMap, ly.ConfigLampyr} {
+	for _, n := range []string{contract.FleetKeyName, contract.ConfigMapName} {
 		_, err := core.ConfigMaps(sys).Get(ctx, n, gets)
 		public = append(public, n+" "+errText(err))
 	}
@@ -483,7 +483,7 @@ var dryRun = []string{metav1.DryRunAll}
 func forgeGrant(ctx context.Context, s *side) (string, bool) {
 	// A plausible grant: A's own, copied by the administrator (tenants
 	// cannot read grants), renamed, asking for more capacity.
-	g, err := s.admin.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA).Get(ctx, victimRev, metav1.GetOptions{})
+	g, err := s.admin.Dynamic.Resource(contract.CapacityGrants).Namespace(nsA).Get(ctx, victimRev, metav1.GetOptions{})
 	must(err, "reading A's CapacityGrant")
 	spec, _, _ := unstructured.NestedMap(g.Object, "spec")
 	if spec == nil {
@@ -495,7 +495,7 @@ func forgeGrant(ctx context.Context, s *side) (string, bool) {
 		"metadata": map[string]any{"name": "forged-grant", "namespace": nsA},
 		"spec":     spec,
 	}}
-	grants := s.a.c.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA)
+	grants := s.a.c.Dynamic.Resource(contract.CapacityGrants).Namespace(nsA)
 	_, createErr := grants.Create(ctx, forged, metav1.CreateOptions{DryRun: dryRun})
 	patch := []byte(`{"status":{"homeEndpoint":"` + net.JoinHostPort(s.forgedHomeIP, "8080") + `","home":"forged-home"}}`)
 	_, statusErr := grants.Patch(ctx, victimRev, types.MergePatchType, patch, metav1.PatchOptions{DryRun: dryRun}, "status")
@@ -520,8 +520,8 @@ func forgeKIngress(ctx context.Context, s *side) (string, bool) {
 }
 
 func podInHomes(ctx context.Context, s *side) (string, bool) {
-	p := restrictedPod(e2eutil.LampyrHomesNamespace, "forged-home-", "forged-home", corev1.Container{Name: "home", Image: s.attacker, Args: []string{"listen"}})
-	_, err := s.a.c.Kube.CoreV1().Pods(e2eutil.LampyrHomesNamespace).Create(ctx, p, metav1.CreateOptions{DryRun: dryRun})
+	p := restrictedPod(contract.HomesNamespace, "forged-home-", "forged-home", corev1.Container{Name: "home", Image: s.attacker, Args: []string{"listen"}})
+	_, err := s.a.c.Kube.CoreV1().Pods(contract.HomesNamespace).Create(ctx, p, metav1.CreateOptions{DryRun: dryRun})
 	return errText(err), apierrors.IsForbidden(err)
 }
 
@@ -653,7 +653,7 @@ func homeVerdict(code int, msg string) (string, bool) {
 
 // routerKey is fiber-router's private key, as the administrator reads it.
 func routerKey(ctx context.Context, s *side) ed25519.PrivateKey {
-	sec, err := s.admin.Kube.CoreV1().Secrets(e2eutil.LampyrSystemNamespace).Get(ctx, "fiber-router-key", metav1.GetOptions{})
+	sec, err := s.admin.Kube.CoreV1().Secrets(contract.SystemNamespace).Get(ctx, "fiber-router-key", metav1.GetOptions{})
 	must(err, "administrator reading Secret lampyr-system/fiber-router-key")
 	k, err := routercred.ParsePrivateKey(sec.Data["private.pem"])
 	must(err, "parsing fiber-router-key private.pem")
@@ -755,9 +755,9 @@ func replayB(ctx context.Context, s *side) (string, bool) {
 	rev, err := s.admin.Dynamic.Resource(e2eutil.Revisions).Namespace(nsB).Get(ctx, victimRev, metav1.GetOptions{})
 	must(err, "reading B's Revision")
 	ann := rev.GetAnnotations()
-	tmpl, snap := ann[ly.AnnotationFiberdTemplate], ann[ly.AnnotationSnapshotArtifact]
+	tmpl, snap := ann[contract.FiberdTemplateAnnotation], ann[contract.SnapshotArtifactAnnotation]
 	if tmpl == "" || snap == "" {
-		abortf("B's Revision lacks %s or %s", ly.AnnotationFiberdTemplate, ly.AnnotationSnapshotArtifact)
+		abortf("B's Revision lacks %s or %s", contract.FiberdTemplateAnnotation, contract.SnapshotArtifactAnnotation)
 	}
 	return deployRefused(ctx, s, "replayed", snap, tmpl, "namespace", "TemplateMismatch")
 }
@@ -823,7 +823,7 @@ func copyMappedImage(ctx context.Context, s *side) (string, bool) {
 	defer deleteService(s.a.c, nsA, "copied")
 	c, err := readySettled(ctx, s.a.c, nsA, "copied-00001", 3*time.Minute)
 	must(err, "Lampyr's verdict on A's copy")
-	_, gerr := s.admin.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(nsA).Get(ctx, "copied-00001", metav1.GetOptions{})
+	_, gerr := s.admin.Dynamic.Resource(contract.CapacityGrants).Namespace(nsA).Get(ctx, "copied-00001", metav1.GetOptions{})
 	grant := "no grant"
 	if gerr == nil {
 		grant = "a CapacityGrant exists"
@@ -837,8 +837,8 @@ func copyMappedImage(ctx context.Context, s *side) (string, bool) {
 // template.
 func stripLampyrAnnotations(u *unstructured.Unstructured) {
 	ann, _, _ := unstructured.NestedStringMap(u.Object, "spec", "template", "metadata", "annotations")
-	delete(ann, ly.AnnotationSnapshotArtifact)
-	delete(ann, ly.AnnotationFiberdTemplate)
+	delete(ann, contract.SnapshotArtifactAnnotation)
+	delete(ann, contract.FiberdTemplateAnnotation)
 	m := map[string]any{}
 	for k, v := range ann {
 		m[k] = v

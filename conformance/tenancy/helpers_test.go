@@ -28,8 +28,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/clusters/e2eutil"
-	grantconfig "lampyr.dev/serving/impl/grant/config"
-	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // sealersConfigMap is where an administrator authorizes sealer identities
@@ -111,7 +111,7 @@ var (
 // editImageSnapshots edits config-lampyr image-snapshots as a YAML map.
 func editImageSnapshots(ctx context.Context, c *e2eutil.Clients, edit func(map[string]string)) error {
 	var perr error
-	err := editConfigMap(ctx, c, e2eutil.LampyrSystemNamespace, ly.ConfigLampyr, false, func(d map[string]string) {
+	err := editConfigMap(ctx, c, contract.SystemNamespace, contract.ConfigMapName, false, func(d map[string]string) {
 		m := map[string]string{}
 		if v := strings.TrimSpace(d[imageSnapshotsKey]); v != "" {
 			if perr = yaml.Unmarshal([]byte(v), &m); perr != nil {
@@ -457,7 +457,7 @@ func forward(ctx context.Context, c *e2eutil.Clients, ns, pod string, port int) 
 // "Authorization: Bearer cred" unless cred is empty, and returns the status
 // and fiberd's error message (or the body).
 func homeCall(ctx context.Context, s *side, cred string) (int, string) {
-	addr, stop, err := forward(ctx, s.admin, e2eutil.LampyrHomesNamespace, s.homeB.Name, 9090)
+	addr, stop, err := forward(ctx, s.admin, contract.HomesNamespace, s.homeB.Name, 9090)
 	must(err, "administrator port-forwarding to B's Home")
 	defer stop()
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
@@ -717,8 +717,8 @@ var cpuLimitsBefore map[string]*string
 // before any of its Homes exist.
 func setSuiteCPULimits(ctx context.Context, c *e2eutil.Clients) error {
 	before := map[string]*string{}
-	err := editConfigMap(ctx, c, e2eutil.LampyrSystemNamespace, ly.ConfigLampyr, false, func(d map[string]string) {
-		for k, v := range map[string]string{grantconfig.KeyHomeCPULimit: suiteHomeCPULimit, grantconfig.KeyFiberCPULimit: suiteFiberCPULimit} {
+	err := editConfigMap(ctx, c, contract.SystemNamespace, contract.ConfigMapName, false, func(d map[string]string) {
+		for k, v := range map[string]string{lampyrconfig.KeyHomeCPULimit: suiteHomeCPULimit, lampyrconfig.KeyFiberCPULimit: suiteFiberCPULimit} {
 			if old, ok := d[k]; ok {
 				before[k] = &old
 			} else {
@@ -738,7 +738,7 @@ func restoreCPULimits(ctx context.Context, c *e2eutil.Clients) error {
 	if cpuLimitsBefore == nil {
 		return nil
 	}
-	return editConfigMap(ctx, c, e2eutil.LampyrSystemNamespace, ly.ConfigLampyr, false, func(d map[string]string) {
+	return editConfigMap(ctx, c, contract.SystemNamespace, contract.ConfigMapName, false, func(d map[string]string) {
 		for k, v := range cpuLimitsBefore {
 			if v == nil {
 				delete(d, k)

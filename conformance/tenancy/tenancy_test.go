@@ -42,6 +42,8 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -290,7 +292,7 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 		Expect(err).NotTo(HaveOccurred())
 		entries[sealerName(t.ns)] = v
 	}
-	Expect(editConfigMap(ctx, lampyr.admin, e2eutil.LampyrSystemNamespace, sealersConfigMap, true, func(d map[string]string) {
+	Expect(editConfigMap(ctx, lampyr.admin, contract.SystemNamespace, sealersConfigMap, true, func(d map[string]string) {
 		for k, v := range entries {
 			d[k] = v
 		}
@@ -312,7 +314,7 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 
 	By("looking up, as the administrator, what a scanning attacker would find: Home names, B's Home Pod, fiber-router Pods")
 	for _, t := range lampyr.tenants() {
-		g, err := lampyr.admin.Dynamic.Resource(e2eutil.CapacityGrants).Namespace(t.ns).Get(ctx, victimRev, metav1.GetOptions{})
+		g, err := lampyr.admin.Dynamic.Resource(contract.CapacityGrants).Namespace(t.ns).Get(ctx, victimRev, metav1.GetOptions{})
 		Expect(err).NotTo(HaveOccurred())
 		t.home, _, _ = unstructured.NestedString(g.Object, "status", "home")
 		Expect(t.home).NotTo(BeEmpty(), "CapacityGrant %s/%s has no status.home", t.ns, victimRev)
@@ -325,7 +327,7 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 		}
 	}
 	Expect(lampyr.homeB.Name).NotTo(BeEmpty(), "no running Home Pod of %s/%s (selector %s)", nsB, victimRev, e2eutil.HomeSelector(nsB, victimRev))
-	routers, err := lampyr.admin.Kube.CoreV1().Pods(e2eutil.LampyrSystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
+	routers, err := lampyr.admin.Kube.CoreV1().Pods(contract.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 	Expect(err).NotTo(HaveOccurred())
 	for _, p := range routers.Items {
 		if p.Status.PodIP != "" {
@@ -412,7 +414,7 @@ func finishTenancy(ctx context.Context, _ *envconf.Config) (context.Context, err
 		}
 	}
 	if lampyr.admin != nil {
-		err := editConfigMap(ctx, lampyr.admin, e2eutil.LampyrSystemNamespace, sealersConfigMap, false, func(d map[string]string) {
+		err := editConfigMap(ctx, lampyr.admin, contract.SystemNamespace, sealersConfigMap, false, func(d map[string]string) {
 			delete(d, sealerName(nsA))
 			delete(d, sealerName(nsB))
 		})
@@ -459,22 +461,22 @@ type installation struct {
 }
 
 func readInstallation(ctx context.Context, c *e2eutil.Clients) (*installation, error) {
-	cms := c.Kube.CoreV1().ConfigMaps(e2eutil.LampyrSystemNamespace)
-	key, err := cms.Get(ctx, ly.FleetKeyConfigMap, metav1.GetOptions{})
+	cms := c.Kube.CoreV1().ConfigMaps(contract.SystemNamespace)
+	key, err := cms.Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	fleet, err := seal.ParsePublicKeyPEM([]byte(key.Data[ly.FleetPublicKeyKey]))
+	fleet, err := seal.ParsePublicKeyPEM([]byte(key.Data[contract.FleetPublicKeyKey]))
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := cms.Get(ctx, ly.ConfigLampyr, metav1.GetOptions{})
+	cfg, err := cms.Get(ctx, contract.ConfigMapName, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	repo := strings.TrimSpace(cfg.Data[ly.KeyTemplateRepository])
+	repo := strings.TrimSpace(cfg.Data[lampyrconfig.KeyTemplateRepository])
 	if repo == "" {
-		return nil, fmt.Errorf("config-lampyr has no %s", ly.KeyTemplateRepository)
+		return nil, fmt.Errorf("config-lampyr has no %s", lampyrconfig.KeyTemplateRepository)
 	}
 	return &installation{fleet: fleet, templateRepo: repo}, nil
 }

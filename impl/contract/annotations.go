@@ -1,24 +1,32 @@
 package contract
 
 // Revision annotations `ly deploy` writes and the Revision controller reads
-// (docs/contracts.md §1).
+// (docs/contracts.md §1). Stock Knative ignores all of them, so one Service
+// YAML runs on both.
 const (
 	// SnapshotArtifactAnnotation: the digest-pinned snapshot artifact.
 	SnapshotArtifactAnnotation = "lampyr.dev/snapshot-artifact"
 	// FiberdTemplateAnnotation: the digest-pinned sealed fiberd template.
 	FiberdTemplateAnnotation = "lampyr.dev/fiberd-template"
-	// ExecutionModeAnnotation: fresh (default) or reuse.
+	// ExecutionModeAnnotation: lampyr.yaml execution.mode, fresh (default)
+	// or reuse.
 	ExecutionModeAnnotation = "lampyr.dev/execution-mode"
-	// IdleTimeoutAnnotation: how long a reuse fiber may stay idle (e.g. 30s).
+	// IdleTimeoutAnnotation: lampyr.yaml execution.idleTimeout, how long a
+	// reuse fiber may stay idle (a Go duration such as 30s); required with
+	// reuse.
 	IdleTimeoutAnnotation = "lampyr.dev/idle-timeout"
-	// IdleActionAnnotation: what happens to an idle reuse fiber (release).
+	// IdleActionAnnotation: lampyr.yaml execution.idleAction, what happens
+	// to an idle reuse fiber; only release.
 	IdleActionAnnotation = "lampyr.dev/idle-action"
 )
 
 // Labels and annotations on CapacityGrants and Homes.
 const (
 	// ReservedMemoryAnnotation: the memory an admitted grant holds, as the
-	// grant controller recorded it; capacity is counted from it.
+	// grant controller recorded it in status.annotations. Capacity is
+	// counted from it rather than from specs, so a configuration change
+	// (default-max-fibers) or a spec change cannot silently move other
+	// grants' reservations.
 	ReservedMemoryAnnotation = "fiberd.io/reserved-memory-bytes"
 	// GrantLabel, GrantNamespaceLabel and GrantUIDLabel name the grant a
 	// Home object belongs to.
@@ -37,5 +45,5 @@ const (
 )
 
 // ManagedByLabel marks every object the Revision controller creates
-// (value ControllerName).
+// (value ControllerName), so a person (or `kubectl get -l`) can find them.
 const ManagedByLabel = "app.kubernetes.io/managed-by"

@@ -5,13 +5,17 @@ const (
 	// SystemNamespace holds the controllers, fiber-router, config-lampyr,
 	// the installation's keys and the router metadata ConfigMaps.
 	SystemNamespace = "lampyr-system"
-	// HomesNamespace holds the Homes (Pod, Service, Secret per grant).
+	// HomesNamespace holds the Homes (Pod, Service, Secret per grant)
+	// unless the grant controller is told otherwise
+	// (LAMPYR_HOMES_NAMESPACE).
 	HomesNamespace = "lampyr-homes"
 	// SystemNamespaceEnv overrides SystemNamespace in the controllers.
 	SystemNamespaceEnv = "LAMPYR_NAMESPACE"
 )
 
-// Objects in SystemNamespace that more than one component reads or writes.
+// Objects in SystemNamespace that more than one component reads or writes
+// (docs/security.md "Where things live"). None of the key Secrets is ever
+// copied to another namespace.
 const (
 	// ConfigMapName is config-lampyr, read by both controllers and ly.
 	ConfigMapName = "config-lampyr"
@@ -29,14 +33,16 @@ const (
 	FleetKeyName = "lampyr-fleet-key"
 	// GrantSigningKeyName is the Secret with the grant controller's signing key.
 	GrantSigningKeyName = "lampyr-grant-signing-key"
-	// RouterKeyName is the Secret with fiber-router's key (Homes get its
-	// public half).
+	// RouterKeyName is the Secret with fiber-router's key (mounted by the
+	// router; Homes get its public half).
 	RouterKeyName = "fiber-router-key"
 	// ControllerSealerName is the Secret with the Revision controller's
-	// sealer key (templates of image-mapped Revisions).
+	// sealer key (templates of image-mapped Revisions); trusted for every
+	// namespace.
 	ControllerSealerName = "lampyr-controller-sealer"
 	// SealersConfigMap lists the sealer identities administrators
-	// authorized, and for which namespaces.
+	// authorized, and for which namespaces (seal.ParseSealers): one key per
+	// identity name.
 	SealersConfigMap = "lampyr-template-sealers"
 )
 
@@ -45,7 +51,8 @@ const (
 	FleetPrivateKeyKey = "private.pem"
 	FleetPublicKeyKey  = "public.pem"
 	FleetKeyIDKey      = "keyID"
-	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys,
+	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys
+	// (RetiredFleetKeyPrefix + the first 16 hex of their key ID + ".pem"),
 	// kept so templates sealed to them still open after a rotation.
 	RetiredFleetKeyPrefix = "retired-"
 	// PrivateKeyKey and PublicKeyKey hold the halves of the signing key,

@@ -153,7 +153,7 @@ func TestTemplateChecks(t *testing.T) {
 	otherFleet, _ := seal.GenerateFleetKey()
 	sealers := func(namespaces ...string) *corev1.ConfigMap {
 		v, _ := seal.FormatSealer(seal.TrustedSealer{Key: alice.Public(), Namespaces: namespaces})
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: SealersConfigMap, Namespace: systemNS}, Data: map[string]string{"alice": v}}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.SealersConfigMap, Namespace: systemNS}, Data: map[string]string{"alice": v}}
 	}
 	fresh := grant("hello-00001")
 	ref := "sealed template " + templateRef("hello-00001")

@@ -21,6 +21,8 @@ import (
 
 	grantinformer "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant"
 	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/homes"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -74,10 +76,10 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 		secrets:         secretInformer.Lister(),
 		systemNamespace: systemNS,
 		fleetSecret: func() (*corev1.Secret, error) {
-			return systemSecretInformer.Lister().Secrets(systemNS).Get(FleetKeyName)
+			return systemSecretInformer.Lister().Secrets(systemNS).Get(contract.FleetKeyName)
 		},
 		sealersConfig: func() (*corev1.ConfigMap, error) {
-			return cmInformer.Lister().ConfigMaps(systemNS).Get(SealersConfigMap)
+			return cmInformer.Lister().ConfigMaps(systemNS).Get(contract.SealersConfigMap)
 		},
 		keys:      o.Keys,
 		templates: o.Templates,
@@ -87,8 +89,8 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 		pending:   map[string]int64{},
 	}
 	ranges := &clusterRanges{kube: kube}
-	r.config = func() (*config.Config, error) {
-		cm, err := cmInformer.Lister().ConfigMaps(systemNS).Get(config.ConfigMapName)
+	r.config = func() (*lampyrconfig.Config, error) {
+		cm, err := cmInformer.Lister().ConfigMaps(systemNS).Get(contract.ConfigMapName)
 		if apierrs.IsNotFound(err) {
 			cm, err = nil, nil
 		}
@@ -145,11 +147,11 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 	// for capacity, or change which templates open.
 	resyncAll := controller.HandleAll(func(any) { impl.GlobalResync(grantInformer.Informer()) })
 	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: controller.FilterWithName(config.ConfigMapName), Handler: resyncAll})
+		FilterFunc: controller.FilterWithName(contract.ConfigMapName), Handler: resyncAll})
 	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: controller.FilterWithName(SealersConfigMap), Handler: resyncAll})
+		FilterFunc: controller.FilterWithName(contract.SealersConfigMap), Handler: resyncAll})
 	systemSecretInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: controller.FilterWithName(FleetKeyName), Handler: resyncAll})
+		FilterFunc: controller.FilterWithName(contract.FleetKeyName), Handler: resyncAll})
 
 	logger.Infow("Grant controller set up", "systemNamespace", systemNS, "homesNamespace", homesNS)
 	return impl

@@ -19,7 +19,8 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	fakefiberdclient "lampyr.dev/serving/impl/client/injection/client/fake"
 	_ "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant/fake"
-	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/homes"
 	_ "lampyr.dev/serving/impl/grant/homes/fake"
 	"lampyr.dev/serving/impl/grant/resources"
@@ -48,13 +49,13 @@ func TestControllerWiring(t *testing.T) {
 		}
 	}
 	_, err := kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: config.ConfigMapName, Namespace: ns},
-		Data:       map[string]string{config.KeyHomeImage: "kind.local/fiberd@" + digest},
+		ObjectMeta: metav1.ObjectMeta{Name: contract.ConfigMapName, Namespace: ns},
+		Data:       map[string]string{lampyrconfig.KeyHomeImage: "kind.local/fiberd@" + digest},
 	}, metav1.CreateOptions{})
 	mustCreate(err)
 	_, err = kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: ns},
-		Data:       map[string][]byte{FleetPrivateKeyKey: fleetPEM},
+		ObjectMeta: metav1.ObjectMeta{Name: contract.FleetKeyName, Namespace: ns},
+		Data:       map[string][]byte{contract.FleetPrivateKeyKey: fleetPEM},
 	}, metav1.CreateOptions{})
 	mustCreate(err)
 	_, err = kube.CoreV1().Secrets(homesNS).Create(ctx, homeSecret(orphan, now), metav1.CreateOptions{})

@@ -10,7 +10,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // clusterRanges finds what fibers' egress defaults to (docs/networking.md,
@@ -45,7 +46,7 @@ func (c *clusterRanges) find(ctx context.Context) (allow, deny []netip.Prefix, e
 	c.allow, c.deny, c.err = nil, nil, nil
 	cidrs, err := c.kube.NetworkingV1().ServiceCIDRs().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		c.err = fmt.Errorf("listing ServiceCIDRs (set %s in %s to name the ranges yourself): %w", config.KeyFiberEgressAllowCIDRs, config.ConfigMapName, err)
+		c.err = fmt.Errorf("listing ServiceCIDRs (set %s in %s to name the ranges yourself): %w", lampyrconfig.KeyFiberEgressAllowCIDRs, contract.ConfigMapName, err)
 		return nil, nil, c.err
 	}
 	for _, sc := range cidrs.Items {
@@ -56,7 +57,7 @@ func (c *clusterRanges) find(ctx context.Context) (allow, deny []netip.Prefix, e
 		}
 	}
 	if len(c.allow) == 0 {
-		c.err = fmt.Errorf("the cluster has no ServiceCIDR objects; set %s in %s", config.KeyFiberEgressAllowCIDRs, config.ConfigMapName)
+		c.err = fmt.Errorf("the cluster has no ServiceCIDR objects; set %s in %s", lampyrconfig.KeyFiberEgressAllowCIDRs, contract.ConfigMapName)
 		return nil, nil, c.err
 	}
 	api, err := c.kube.CoreV1().Services("default").Get(ctx, "kubernetes", metav1.GetOptions{})
@@ -80,8 +81,8 @@ func (c *clusterRanges) find(ctx context.Context) (allow, deny []netip.Prefix, e
 
 // withEgressDefaults fills the fibers' egress ranges the ConfigMap left to
 // the cluster. Without them the Homes run with egress off (logged).
-func (c *clusterRanges) withEgressDefaults(ctx context.Context, cfg *config.Config, logf func(string, ...any)) {
-	if cfg.Egress != config.EgressCluster {
+func (c *clusterRanges) withEgressDefaults(ctx context.Context, cfg *lampyrconfig.Config, logf func(string, ...any)) {
+	if cfg.Egress != lampyrconfig.EgressCluster {
 		return
 	}
 	allow, deny, fresh, err := c.get(ctx)

@@ -12,6 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
 )
@@ -21,7 +23,7 @@ func TestEgressDefaultsFromTheCluster(t *testing.T) {
 		&networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.96.0.0/16"}}},
 		&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: "default"}, Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1"}}},
 	)
-	cfg, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyFiberEgressDenyCIDRs: "10.96.7.7"}})
+	cfg, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyFiberEgressDenyCIDRs: "10.96.7.7"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +39,7 @@ func TestEgressDefaultsFromTheCluster(t *testing.T) {
 		t.Errorf("logged %v", logged)
 	}
 	g := &v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "team-a"}}
-	pod := resources.MakeHomePod(g, cfg, resources.DefaultHomesNamespace)
+	pod := resources.MakeHomePod(g, cfg, contract.HomesNamespace)
 	args := map[string]bool{}
 	for _, a := range pod.Spec.Containers[0].Args {
 		args[a] = true
@@ -62,7 +64,7 @@ func TestEgressOffWithoutServiceCIDRs(t *testing.T) {
 		if len(c.EgressAllow) != 0 {
 			t.Fatalf("allow %v without ServiceCIDRs", c.EgressAllow)
 		}
-		pod := resources.MakeHomePod(&v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}}, &c, resources.DefaultHomesNamespace)
+		pod := resources.MakeHomePod(&v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}}, &c, contract.HomesNamespace)
 		for _, a := range pod.Spec.Containers[0].Args {
 			if a == "--egress=cluster" {
 				t.Fatal("Home runs egress without allowed ranges")
@@ -72,10 +74,10 @@ func TestEgressOffWithoutServiceCIDRs(t *testing.T) {
 	if len(logged) != 1 {
 		t.Errorf("logged %d times, want once a minute: %v", len(logged), logged)
 	}
-	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyFiberEgress: "on"}}); err == nil {
+	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyFiberEgress: "on"}}); err == nil {
 		t.Error("fiber-egress: on accepted")
 	}
-	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyFiberEgressAllowCIDRs: "10.96.0.0/33"}}); err == nil {
+	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyFiberEgressAllowCIDRs: "10.96.0.0/33"}}); err == nil {
 		t.Error("a bad CIDR accepted")
 	}
 }

@@ -39,6 +39,7 @@ import (
 	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
@@ -77,7 +78,7 @@ type Reconciler struct {
 	blobs           templateBlobs
 	// diagnoser asks a running, not-ready Home's fiberd why (nil: not asked).
 	diagnoser HomeDiagnoser
-	config    func() (*config.Config, error)
+	config    func() (*lampyrconfig.Config, error)
 	now       func() time.Time
 	// grantID names a newly signed grant (newGrantID: random).
 	grantID func(*v1alpha1.CapacityGrant) string
@@ -170,7 +171,7 @@ func lookAgain(d time.Duration, err error) pkgreconciler.Event {
 // reconcileAdmission checks what the CRD schema cannot and admits the grant
 // against the installation's capacity; false: refused (the condition says
 // why).
-func (r *Reconciler) reconcileAdmission(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
+func (r *Reconciler) reconcileAdmission(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) bool {
 	if msg := validate(g, cfg); msg != "" {
 		g.Status.MarkNotAdmitted(contract.ReasonInvalidSpec, "%s", msg)
 		return false
@@ -191,7 +192,7 @@ func (r *Reconciler) nameHome(g *v1alpha1.CapacityGrant) {
 
 // reconcileImages marks the Home failed when its images cannot be used;
 // false: they cannot.
-func reconcileImages(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
+func reconcileImages(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) bool {
 	if reason, msg := checkImages(cfg); reason != "" {
 		g.Status.MarkHomeFailed(reason, "%s", msg)
 		return false
@@ -201,16 +202,16 @@ func reconcileImages(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 
 // checkImages refuses Home images that are not pinned by digest: whoever
 // can move a tag would otherwise choose what runs privileged in every Home.
-func checkImages(cfg *config.Config) (reason contract.Reason, message string) {
+func checkImages(cfg *lampyrconfig.Config) (reason contract.Reason, message string) {
 	if cfg.HomeImage == "" {
-		return contract.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", config.KeyHomeImage, config.ConfigMapName, config.EnvGrantImage)
+		return contract.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", lampyrconfig.KeyHomeImage, contract.ConfigMapName, config.EnvGrantImage)
 	}
-	for key, img := range map[string]string{config.KeyHomeImage: cfg.HomeImage, config.KeyHelperImage: cfg.HelperImage} {
+	for key, img := range map[string]string{lampyrconfig.KeyHomeImage: cfg.HomeImage, lampyrconfig.KeyHelperImage: cfg.HelperImage} {
 		if img == "" {
 			continue
 		}
 		if _, err := artifact.ParseDigestRef(img); err != nil {
-			return contract.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, config.ConfigMapName, err)
+			return contract.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, contract.ConfigMapName, err)
 		}
 	}
 	return "", ""
@@ -224,10 +225,10 @@ func checkImages(cfg *config.Config) (reason contract.Reason, message string) {
 //
 // run says whether the Home may run; when it may not, again says when to
 // look again (0: when something changes).
-func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (helper signedgrant.Helper, run bool, again time.Duration, err error) {
+func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (helper signedgrant.Helper, run bool, again time.Duration, err error) {
 	fleetSecret, err := r.fleetSecret()
 	if err != nil {
-		return helper, false, 0, fmt.Errorf("reading the fleet key Secret %s/%s: %w", r.systemNamespace, FleetKeyName, err)
+		return helper, false, 0, fmt.Errorf("reading the fleet key Secret %s/%s: %w", r.systemNamespace, contract.FleetKeyName, err)
 	}
 	fleet, err := r.fleet.keysOf(fleetSecret)
 	if err != nil {
@@ -263,12 +264,12 @@ func (r *Reconciler) trust(ctx context.Context) *seal.Trust {
 		var perr error
 		sealers, perr = seal.ParseSealers(cm.Data)
 		if perr != nil {
-			logging.FromContext(ctx).Errorw("Ignoring unusable entries of ConfigMap "+SealersConfigMap, "error", perr)
+			logging.FromContext(ctx).Errorw("Ignoring unusable entries of ConfigMap "+contract.SealersConfigMap, "error", perr)
 		}
 	} else if err != nil && !apierrs.IsNotFound(err) {
-		logging.FromContext(ctx).Errorw("Reading ConfigMap "+SealersConfigMap, "error", err)
+		logging.FromContext(ctx).Errorw("Reading ConfigMap "+contract.SealersConfigMap, "error", err)
 	}
-	sealers = append(sealers, seal.TrustedSealer{Name: ControllerSealerIdentity, Key: r.keys.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
+	sealers = append(sealers, seal.TrustedSealer{Name: contract.ControllerName, Key: r.keys.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
 	return seal.NewTrust(sealers...)
 }
 
@@ -279,7 +280,7 @@ func (r *Reconciler) deleteHome(ctx context.Context, namespace, name string, kee
 	homeName := resources.HomeNameFor(namespace, name)
 	mine := func(o metav1.Object) bool {
 		ns, n, ok := resources.GrantKeyOf(o)
-		return ok && ns == namespace && n == name && (keepUID == "" || o.GetLabels()[resources.GrantUIDLabel] != keepUID)
+		return ok && ns == namespace && n == name && (keepUID == "" || o.GetLabels()[contract.GrantUIDLabel] != keepUID)
 	}
 	var errs []error
 	if p, err := r.pods.Pods(r.homesNamespace).Get(homeName); err == nil && mine(p) && p.DeletionTimestamp == nil {
@@ -332,7 +333,7 @@ func (r *Reconciler) taken(g *v1alpha1.CapacityGrant, kind string, obj metav1.Ob
 
 // validate checks what the CRD schema cannot: digests that parse, limits
 // from the configuration. The message names the field and the fix.
-func validate(g *v1alpha1.CapacityGrant, cfg *config.Config) string {
+func validate(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) string {
 	if _, err := artifact.ParseDigestRef(g.Spec.Template); err != nil {
 		return "spec.template: " + err.Error()
 	}
@@ -357,14 +358,8 @@ func validate(g *v1alpha1.CapacityGrant, cfg *config.Config) string {
 	return ""
 }
 
-// ReservedMemoryAnnotation records, in status.annotations, the memory an
-// admitted grant holds. Capacity is counted from it rather than from specs,
-// so a configuration change (default-max-fibers) or a spec change cannot
-// silently move other grants' reservations.
-const ReservedMemoryAnnotation = contract.ReservedMemoryAnnotation
-
-func reservedOf(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
-	if v, ok := g.Status.Annotations[ReservedMemoryAnnotation]; ok {
+func reservedOf(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) int64 {
+	if v, ok := g.Status.Annotations[contract.ReservedMemoryAnnotation]; ok {
 		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 			return n
 		}
@@ -376,13 +371,13 @@ func setReserved(g *v1alpha1.CapacityGrant, n int64) {
 	if g.Status.Annotations == nil {
 		g.Status.Annotations = map[string]string{}
 	}
-	g.Status.Annotations[ReservedMemoryAnnotation] = strconv.FormatInt(n, 10)
+	g.Status.Annotations[contract.ReservedMemoryAnnotation] = strconv.FormatInt(n, 10)
 }
 
 // admit decides admission. An admitted grant keeps its reservation even if
 // the configuration later shrinks; only a grant that asks for more than it
 // holds is checked again, like a new one.
-func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
+func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) bool {
 	key := g.Namespace + "/" + g.Name
 	r.admitMu.Lock()
 	defer r.admitMu.Unlock()
@@ -396,13 +391,13 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 	if g.Spec.MemoryPerFiber.Cmp(cfg.MaxMemoryPerFiber) > 0 {
 		g.Status.MarkNotAdmitted(contract.ReasonMemoryPerFiberTooLarge,
 			"memoryPerFiber %s exceeds the per-fiber cap %s; lower the Revision's memory request or raise %s in ConfigMap %s",
-			g.Spec.MemoryPerFiber.String(), cfg.MaxMemoryPerFiber.String(), config.KeyMaxMemoryPerFiber, config.ConfigMapName)
+			g.Spec.MemoryPerFiber.String(), cfg.MaxMemoryPerFiber.String(), lampyrconfig.KeyMaxMemoryPerFiber, contract.ConfigMapName)
 		return false
 	}
 	if max := resources.EffectiveMaxFibers(g, cfg); max > cfg.MaxFibersPerGrant {
 		g.Status.MarkNotAdmitted(contract.ReasonTooManyFibers,
 			"maxFibers %d exceeds the per-grant cap %d; lower autoscaling.knative.dev/max-scale or raise %s in ConfigMap %s",
-			max, cfg.MaxFibersPerGrant, config.KeyMaxFibersPerGrant, config.ConfigMapName)
+			max, cfg.MaxFibersPerGrant, lampyrconfig.KeyMaxFibersPerGrant, contract.ConfigMapName)
 		return false
 	}
 	used := int64(0)
@@ -432,7 +427,7 @@ func (r *Reconciler) admit(g *v1alpha1.CapacityGrant, cfg *config.Config) bool {
 		// expiry rather than run more than was admitted.
 		g.Status.MarkNotAdmitted(contract.ReasonInsufficientMemory,
 			"needs %s (memoryPerFiber %s × maxFibers %d) but only %s of the installation's %s fiber memory is free; lower max-scale or the memory request, delete unused Revisions, or raise %s in ConfigMap %s",
-			bytesQ(want), g.Spec.MemoryPerFiber.String(), resources.EffectiveMaxFibers(g, cfg), bytesQ(max(capacity-used, 0)), cfg.FiberMemoryCapacity.String(), config.KeyFiberMemoryCapacity, config.ConfigMapName)
+			bytesQ(want), g.Spec.MemoryPerFiber.String(), resources.EffectiveMaxFibers(g, cfg), bytesQ(max(capacity-used, 0)), cfg.FiberMemoryCapacity.String(), lampyrconfig.KeyFiberMemoryCapacity, contract.ConfigMapName)
 		delete(r.pending, key)
 		return false
 	}
@@ -447,7 +442,7 @@ func bytesQ(n int64) string { return resource.NewQuantity(n, resource.BinarySI).
 // reconcileSecret issues the signed grant (renewing it when it is past half
 // its life or no longer matches the spec or the keys) and returns when to
 // renew next.
-func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config, helper signedgrant.Helper) (time.Duration, error) {
+func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper signedgrant.Helper) (time.Duration, error) {
 	now := r.now()
 	existing, err := r.secrets.Secrets(r.homesNamespace).Get(resources.HomeName(g))
 	if err != nil && !apierrs.IsNotFound(err) {
@@ -573,7 +568,7 @@ func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityG
 
 // reconcilePod runs the Home Pod and returns it once it is this grant's
 // and current (nil while it is being created or replaced).
-func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *config.Config) (*corev1.Pod, error) {
+func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
 	want := resources.MakeHomePod(g, cfg, r.homesNamespace)
 	have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
 	if apierrs.IsNotFound(err) {

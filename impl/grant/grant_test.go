@@ -24,6 +24,7 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
@@ -142,14 +143,14 @@ func homeSecret(g *v1alpha1.CapacityGrant, issued time.Time) *corev1.Secret {
 	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM)
 }
 
-func testConfig() *config.Config {
+func testConfig() *lampyrconfig.Config {
 	c, _ := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{
-		config.KeyFiberMemoryCapacity: "1Gi",
-		config.KeyMaxMemoryPerFiber:   "512Mi",
-		config.KeyMaxFibersPerGrant:   "16",
-		config.KeyDefaultMaxFibers:    "2",
-		config.KeyGrantTTL:            "10m",
-		config.KeyHomeImage:           "kind.local/fiberd@" + digest,
+		lampyrconfig.KeyFiberMemoryCapacity: "1Gi",
+		lampyrconfig.KeyMaxMemoryPerFiber:   "512Mi",
+		lampyrconfig.KeyMaxFibersPerGrant:   "16",
+		lampyrconfig.KeyDefaultMaxFibers:    "2",
+		lampyrconfig.KeyGrantTTL:            "10m",
+		lampyrconfig.KeyHomeImage:           "kind.local/fiberd@" + digest,
 	}})
 	return c
 }

@@ -23,7 +23,8 @@ import (
 	fiberdfake "lampyr.dev/serving/impl/client/clientset/versioned/fake"
 	grantreconciler "lampyr.dev/serving/impl/client/injection/reconciler/fiberd/v1alpha1/capacitygrant"
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
-	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // The TableTest rows of this package run the grant Reconciler behind the
@@ -90,7 +91,7 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 		h.templates.m[templateRef(g.Name)] = sealFor(t, testSealer, g.Namespace, g.Name)
 	}
 	fleetPEM, _ := testFleet.MarshalPEM()
-	fleet := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: systemNS, ResourceVersion: "1"}, Data: map[string][]byte{FleetPrivateKeyKey: fleetPEM}}
+	fleet := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: contract.FleetKeyName, Namespace: systemNS, ResourceVersion: "1"}, Data: map[string][]byte{contract.FleetPrivateKeyKey: fleetPEM}}
 	configMaps := corev1listers.NewConfigMapLister(sorter.IndexerForObjectType(&corev1.ConfigMap{}))
 	h.r = &Reconciler{
 		kube:            h.kube,
@@ -102,11 +103,11 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 		systemNamespace: systemNS,
 		fleetSecret:     func() (*corev1.Secret, error) { return fleet, nil },
 		sealersConfig: func() (*corev1.ConfigMap, error) {
-			return configMaps.ConfigMaps(systemNS).Get(SealersConfigMap)
+			return configMaps.ConfigMaps(systemNS).Get(contract.SealersConfigMap)
 		},
 		keys:      testKeys,
 		templates: h.templates,
-		config:    func() (*config.Config, error) { return testConfig(), nil },
+		config:    func() (*lampyrconfig.Config, error) { return testConfig(), nil },
 		now:       func() time.Time { return now },
 		grantID:   func(g *v1alpha1.CapacityGrant) string { return "grant-" + g.Name },
 		pending:   map[string]int64{},
@@ -150,8 +151,8 @@ func (h *harness) actions() []string {
 // factory is the TableTest Factory over newHarness.
 func factory(t *testing.T, row *rtesting.TableRow) (controller.Reconciler, rtesting.ActionRecorderList, rtesting.EventList) {
 	h := newHarness(t, row.Objects, row.WithReactors...)
-	if f, ok := row.OtherTestData[configKey].(func(*config.Config)); ok {
-		h.r.config = func() (*config.Config, error) {
+	if f, ok := row.OtherTestData[configKey].(func(*lampyrconfig.Config)); ok {
+		h.r.config = func() (*lampyrconfig.Config, error) {
 			c := testConfig()
 			f(c)
 			return c, nil

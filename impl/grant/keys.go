@@ -22,46 +22,9 @@ import (
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 )
 
-// Installation-wide objects in the system namespace (docs/security.md
-// "Where things live"). None of them is ever copied to another namespace.
-const (
-	// FleetKeyName is the Secret with the fleet private key (key
-	// "private.pem", retired keys "retired-<keyID>.pem") and the ConfigMap
-	// publishing its public half (key "public.pem") for `ly`.
-	FleetKeyName = contract.FleetKeyName
-	// SigningKeyName is the Secret with the grant controller's signing key.
-	SigningKeyName = contract.GrantSigningKeyName
-	// RouterKeyName is the Secret with fiber-router's key (mounted by the
-	// router; Homes get its public half).
-	RouterKeyName = contract.RouterKeyName
-	// ControllerSealerName is the Secret with the Lampyr controller's sealer
-	// key (templates of image-mapped Revisions); trusted for every namespace.
-	ControllerSealerName = contract.ControllerSealerName
-	// SealersConfigMap lists the sealer identities (ly) administrators
-	// authorized, and for which namespaces (seal.ParseSealers).
-	SealersConfigMap = contract.SealersConfigMap
-	// legacyRouterToken is the shared token older installations copied into
-	// every Home; it is deleted at start.
-	legacyRouterToken = "fiber-router-token"
-
-	FleetPrivateKeyKey = contract.FleetPrivateKeyKey
-	FleetPublicKeyKey  = contract.FleetPublicKeyKey
-	FleetKeyIDKey      = contract.FleetKeyIDKey
-	// RetiredFleetKeyPrefix starts the keys of retired fleet private keys,
-	// kept so templates sealed to them still open after a rotation.
-	RetiredFleetKeyPrefix = contract.RetiredFleetKeyPrefix
-	// PrivateKeyKey and PublicKeyKey hold the halves of the signing key,
-	// the router key and the controller's sealer key.
-	PrivateKeyKey = contract.PrivateKeyKey
-	PublicKeyKey  = contract.PublicKeyKey
-	// SigningPrivateKey and SigningPublicKey name them in the signing
-	// key's Secret.
-	SigningPrivateKey = PrivateKeyKey
-	SigningPublicKey  = PublicKeyKey
-)
-
-// ControllerSealerIdentity names the controller in trust decisions.
-const ControllerSealerIdentity = contract.ControllerName
+// legacyRouterToken is the shared token older installations copied into
+// every Home; it is deleted at start.
+const legacyRouterToken = "fiber-router-token"
 
 // Keys are the keys the grant controller loads once at start. The fleet keys
 // are read anew from their Secret (FleetKeys), since a rotation changes them
@@ -82,7 +45,7 @@ type Keys struct {
 // key must keep opening.
 func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Keys, error) {
 	k := &Keys{}
-	fleet, err := ensureSecret(ctx, kube, ns, FleetKeyName, func() (map[string][]byte, error) {
+	fleet, err := ensureSecret(ctx, kube, ns, contract.FleetKeyName, func() (map[string][]byte, error) {
 		priv, err := seal.GenerateFleetKey()
 		if err != nil {
 			return nil, err
@@ -91,7 +54,7 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		if err != nil {
 			return nil, err
 		}
-		return map[string][]byte{FleetPrivateKeyKey: pem, FleetPublicKeyKey: priv.Public().MarshalPEM(), FleetKeyIDKey: []byte(priv.Public().KeyID())}, nil
+		return map[string][]byte{contract.FleetPrivateKeyKey: pem, contract.FleetPublicKeyKey: priv.Public().MarshalPEM(), contract.FleetKeyIDKey: []byte(priv.Public().KeyID())}, nil
 	})
 	if err != nil {
 		return nil, err
@@ -104,42 +67,42 @@ func EnsureKeys(ctx context.Context, kube kubernetes.Interface, ns string) (*Key
 		return nil, err
 	}
 
-	signing, err := ensureSecret(ctx, kube, ns, SigningKeyName, newEd25519KeyPair)
+	signing, err := ensureSecret(ctx, kube, ns, contract.GrantSigningKeyName, newEd25519KeyPair)
 	if err != nil {
 		return nil, err
 	}
-	if k.Signing, err = signedgrant.ParsePrivateKey(signing[SigningPrivateKey]); err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, SigningKeyName, SigningPrivateKey, err)
+	if k.Signing, err = signedgrant.ParsePrivateKey(signing[contract.PrivateKeyKey]); err != nil {
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, contract.GrantSigningKeyName, contract.PrivateKeyKey, err)
 	}
 	if k.SigningPubPEM, err = signedgrant.MarshalPublicKey(k.Signing.Public().(ed25519.PublicKey)); err != nil {
 		return nil, err
 	}
 
-	router, err := ensureSecret(ctx, kube, ns, RouterKeyName, newEd25519KeyPair)
+	router, err := ensureSecret(ctx, kube, ns, contract.RouterKeyName, newEd25519KeyPair)
 	if err != nil {
 		return nil, err
 	}
-	rk, err := routercred.ParsePrivateKey(router[PrivateKeyKey])
+	rk, err := routercred.ParsePrivateKey(router[contract.PrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w (delete the Secret to have a new key generated, then restart fiber-router)", ns, RouterKeyName, PrivateKeyKey, err)
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w (delete the Secret to have a new key generated, then restart fiber-router)", ns, contract.RouterKeyName, contract.PrivateKeyKey, err)
 	}
 	if k.RouterPubPEM, err = routercred.MarshalPublicKey(rk.Public().(ed25519.PublicKey)); err != nil {
 		return nil, err
 	}
 
-	sealer, err := ensureSecret(ctx, kube, ns, ControllerSealerName, func() (map[string][]byte, error) {
+	sealer, err := ensureSecret(ctx, kube, ns, contract.ControllerSealerName, func() (map[string][]byte, error) {
 		s, err := seal.GenerateSealerKey()
 		if err != nil {
 			return nil, err
 		}
-		return map[string][]byte{PrivateKeyKey: s.MarshalPEM(), PublicKeyKey: seal.MarshalSealerPublicKey(s.Public())}, nil
+		return map[string][]byte{contract.PrivateKeyKey: s.MarshalPEM(), contract.PublicKeyKey: seal.MarshalSealerPublicKey(s.Public())}, nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	sk, err := seal.ParseSealerKeyPEM(sealer[PrivateKeyKey])
+	sk, err := seal.ParseSealerKeyPEM(sealer[contract.PrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, ControllerSealerName, PrivateKeyKey, err)
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, contract.ControllerSealerName, contract.PrivateKeyKey, err)
 	}
 	k.ControllerSealer = sk.Public()
 
@@ -168,21 +131,21 @@ func newEd25519KeyPair() (map[string][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	return map[string][]byte{PrivateKeyKey: privPEM, PublicKeyKey: pubPEM}, nil
+	return map[string][]byte{contract.PrivateKeyKey: privPEM, contract.PublicKeyKey: pubPEM}, nil
 }
 
 // ParseFleetKeys reads the fleet key Secret's data: the current private key
 // first, then the retired ones (sorted by key name). Every error names the
 // Secret and key.
 func ParseFleetKeys(ns string, data map[string][]byte) ([]*seal.PrivateKey, error) {
-	cur, err := seal.ParsePrivateKeyPEM(data[FleetPrivateKeyKey])
+	cur, err := seal.ParsePrivateKeyPEM(data[contract.FleetPrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, FleetKeyName, FleetPrivateKeyKey, err)
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, contract.FleetKeyName, contract.FleetPrivateKeyKey, err)
 	}
 	out := []*seal.PrivateKey{cur}
 	var retired []string
 	for k := range data {
-		if strings.HasPrefix(k, RetiredFleetKeyPrefix) {
+		if strings.HasPrefix(k, contract.RetiredFleetKeyPrefix) {
 			retired = append(retired, k)
 		}
 	}
@@ -190,7 +153,7 @@ func ParseFleetKeys(ns string, data map[string][]byte) ([]*seal.PrivateKey, erro
 	for _, k := range retired {
 		r, err := seal.ParsePrivateKeyPEM(data[k])
 		if err != nil {
-			return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, FleetKeyName, k, err)
+			return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, contract.FleetKeyName, k, err)
 		}
 		out = append(out, r)
 	}
@@ -244,17 +207,17 @@ func ensureSecret(ctx context.Context, kube kubernetes.Interface, ns, name strin
 
 // publishFleetKey keeps the public ConfigMap `ly` reads in step with the Secret.
 func publishFleetKey(ctx context.Context, kube kubernetes.Interface, ns string, pub *seal.PublicKey) error {
-	want := map[string]string{FleetPublicKeyKey: string(pub.MarshalPEM()), FleetKeyIDKey: pub.KeyID()}
+	want := map[string]string{contract.FleetPublicKeyKey: string(pub.MarshalPEM()), contract.FleetKeyIDKey: pub.KeyID()}
 	cms := kube.CoreV1().ConfigMaps(ns)
-	cm, err := cms.Get(ctx, FleetKeyName, metav1.GetOptions{})
+	cm, err := cms.Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if apierrs.IsNotFound(err) {
-		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: FleetKeyName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/part-of": "lampyr"}}, Data: want}, metav1.CreateOptions{})
+		_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.FleetKeyName, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/part-of": "lampyr"}}, Data: want}, metav1.CreateOptions{})
 		return err
 	}
 	if err != nil {
-		return fmt.Errorf("reading ConfigMap %s/%s: %w", ns, FleetKeyName, err)
+		return fmt.Errorf("reading ConfigMap %s/%s: %w", ns, contract.FleetKeyName, err)
 	}
-	if cm.Data[FleetPublicKeyKey] == want[FleetPublicKeyKey] && cm.Data[FleetKeyIDKey] == want[FleetKeyIDKey] {
+	if cm.Data[contract.FleetPublicKeyKey] == want[contract.FleetPublicKeyKey] && cm.Data[contract.FleetKeyIDKey] == want[contract.FleetKeyIDKey] {
 		return nil
 	}
 	cm = cm.DeepCopy()

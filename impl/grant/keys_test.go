@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
@@ -32,8 +33,8 @@ func TestEnsureKeysCreatesOnceAndPublishesTheFleetKey(t *testing.T) {
 		t.Fatal("the legacy shared router token survived")
 	}
 	// The router's Secret holds the private half of what Homes are given.
-	rs, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, RouterKeyName, metav1.GetOptions{})
-	rk, err := routercred.ParsePrivateKey(rs.Data[PrivateKeyKey])
+	rs, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, contract.RouterKeyName, metav1.GetOptions{})
+	rk, err := routercred.ParsePrivateKey(rs.Data[contract.PrivateKeyKey])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,19 +44,19 @@ func TestEnsureKeysCreatesOnceAndPublishesTheFleetKey(t *testing.T) {
 	}
 	// What `ly` reads (the public ConfigMap) seals templates the fleet key
 	// (the Secret, read by the grant controller only) opens.
-	cm, err := kube.CoreV1().ConfigMaps("lampyr-system").Get(ctx, FleetKeyName, metav1.GetOptions{})
+	cm, err := kube.CoreV1().ConfigMaps("lampyr-system").Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := seal.ParsePublicKeyPEM([]byte(cm.Data[FleetPublicKeyKey]))
+	pub, err := seal.ParsePublicKeyPEM([]byte(cm.Data[contract.FleetPublicKeyKey]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cm.Data[FleetKeyIDKey] != pub.KeyID() {
-		t.Fatalf("published keyID %s, key's id %s", cm.Data[FleetKeyIDKey], pub.KeyID())
+	if cm.Data[contract.FleetKeyIDKey] != pub.KeyID() {
+		t.Fatalf("published keyID %s, key's id %s", cm.Data[contract.FleetKeyIDKey], pub.KeyID())
 	}
-	ss, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, ControllerSealerName, metav1.GetOptions{})
-	sealer, err := seal.ParseSealerKeyPEM(ss.Data[PrivateKeyKey])
+	ss, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, contract.ControllerSealerName, metav1.GetOptions{})
+	sealer, err := seal.ParseSealerKeyPEM(ss.Data[contract.PrivateKeyKey])
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,12 +64,12 @@ func TestEnsureKeysCreatesOnceAndPublishesTheFleetKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, FleetKeyName, metav1.GetOptions{})
+	fs, _ := kube.CoreV1().Secrets("lampyr-system").Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	fleet, err := ParseFleetKeys("lampyr-system", fs.Data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	trust := seal.NewTrust(seal.TrustedSealer{Name: ControllerSealerIdentity, Key: k1.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
+	trust := seal.NewTrust(seal.TrustedSealer{Name: contract.ControllerName, Key: k1.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
 	if _, err := seal.Open(fleet, trust, sealed); err != nil {
 		t.Fatalf("the fleet key cannot open a template the controller sealed to the published key: %v", err)
 	}
@@ -79,11 +80,11 @@ func TestParseFleetKeysKeepsRetiredKeys(t *testing.T) {
 	old, _ := seal.GenerateFleetKey()
 	cp, _ := cur.MarshalPEM()
 	op, _ := old.MarshalPEM()
-	keys, err := ParseFleetKeys("lampyr-system", map[string][]byte{FleetPrivateKeyKey: cp, RetiredFleetKeyPrefix + old.Public().KeyID()[:16] + ".pem": op, FleetPublicKeyKey: cur.Public().MarshalPEM()})
+	keys, err := ParseFleetKeys("lampyr-system", map[string][]byte{contract.FleetPrivateKeyKey: cp, contract.RetiredFleetKeyPrefix + old.Public().KeyID()[:16] + ".pem": op, contract.FleetPublicKeyKey: cur.Public().MarshalPEM()})
 	if err != nil || len(keys) != 2 || keys[0].Public().KeyID() != cur.Public().KeyID() || keys[1].Public().KeyID() != old.Public().KeyID() {
 		t.Fatalf("keys %v, %v", keys, err)
 	}
-	if _, err := ParseFleetKeys("lampyr-system", map[string][]byte{FleetPrivateKeyKey: cp, RetiredFleetKeyPrefix + "x.pem": []byte("junk")}); err == nil || !strings.Contains(err.Error(), "retired-x.pem") {
+	if _, err := ParseFleetKeys("lampyr-system", map[string][]byte{contract.FleetPrivateKeyKey: cp, contract.RetiredFleetKeyPrefix + "x.pem": []byte("junk")}); err == nil || !strings.Contains(err.Error(), "retired-x.pem") {
 		t.Fatalf("a bad retired key: %v, want an error naming it", err)
 	}
 }

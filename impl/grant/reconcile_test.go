@@ -17,8 +17,8 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
-	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
@@ -276,7 +276,7 @@ func TestReconcile(t *testing.T) {
 		WantStatusUpdates: statusUpdate(grant("hello-00001", reconciled(
 			markAdmitted("512Mi"), reserve(512<<20), atHome,
 			homeFailed(contract.ReasonHomeImageNotPinned, `home-image "kind.local/fiberd:latest" in ConfigMap config-lampyr is not pinned by digest (reference "kind.local/fiberd:latest" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: kind.local/fiberd:latest); use repository@sha256:<digest>`)))),
-		OtherTestData: map[string]any{configKey: func(c *config.Config) { c.HomeImage = "kind.local/fiberd:latest" }},
+		OtherTestData: map[string]any{configKey: func(c *lampyrconfig.Config) { c.HomeImage = "kind.local/fiberd:latest" }},
 	}, {
 		// CI once saw homeEndpoint blanked when the Service create raced
 		// the informer cache: the status written when a later step fails

@@ -19,22 +19,6 @@ import (
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
-// Installation-wide objects in the Lampyr namespace that `ly cluster`'s
-// administrator commands edit (impl/contract, shared with the grant
-// controller).
-const (
-	// FleetKeySecret holds the fleet private keys: FleetPrivateKeyKey (the
-	// current one), FleetPublicKeyKey, FleetKeyIDKey and retired keys
-	// RetiredFleetKeyPrefix+<first 16 hex of their key id>+".pem".
-	FleetKeySecret        = contract.FleetKeyName
-	FleetPrivateKeyKey    = contract.FleetPrivateKeyKey
-	FleetKeyIDKey         = contract.FleetKeyIDKey
-	RetiredFleetKeyPrefix = contract.RetiredFleetKeyPrefix
-	// SealersConfigMap lists the sealer identities administrators authorized
-	// (seal.ParseSealers): one key per identity name.
-	SealersConfigMap = contract.SealersConfigMap
-)
-
 func partOfLampyr() map[string]string {
 	return map[string]string{"app.kubernetes.io/part-of": "lampyr"}
 }
@@ -110,7 +94,7 @@ type SealerChange struct {
 // are retried against the latest version.
 func AuthorizeSealer(ctx context.Context, c *Cluster, a SealerAuthorization) (*SealerChange, error) {
 	ns := c.LampyrNamespace
-	resource := fmt.Sprintf("ConfigMap %s/%s", ns, SealersConfigMap)
+	resource := fmt.Sprintf("ConfigMap %s/%s", ns, contract.SealersConfigMap)
 	if msgs := validation.IsConfigMapKey(a.Name); len(msgs) > 0 {
 		return nil, fmt.Errorf("sealer NAME %q: %s (e.g. %s)", a.Name, strings.Join(msgs, ", "), DefaultSealerName())
 	}
@@ -127,21 +111,21 @@ func AuthorizeSealer(ctx context.Context, c *Cluster, a SealerAuthorization) (*S
 	cms := c.Kube.CoreV1().ConfigMaps(ns)
 	var ch *SealerChange
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		ch = &SealerChange{Name: a.Name, ConfigMap: ns + "/" + SealersConfigMap}
+		ch = &SealerChange{Name: a.Name, ConfigMap: ns + "/" + contract.SealersConfigMap}
 		if !a.Revoke {
 			ch.KeyID = seal.SealerKeyID(a.Key)
 		}
-		cm, err := cms.Get(ctx, SealersConfigMap, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, contract.SealersConfigMap, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			if a.Revoke {
 				return fmt.Errorf("%s does not exist: no sealer is authorized, so there is nothing to revoke", resource)
 			}
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: SealersConfigMap, Namespace: ns, Labels: partOfLampyr()}, Data: map[string]string{a.Name: value}}
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.SealersConfigMap, Namespace: ns, Labels: partOfLampyr()}, Data: map[string]string{a.Name: value}}
 			ch.Action = "created"
 			_, err = cms.Create(ctx, cm, metav1.CreateOptions{FieldManager: FieldManager})
 			if apierrors.IsAlreadyExists(err) {
 				// Created concurrently: edit the one that won.
-				return apierrors.NewConflict(corev1.Resource("configmaps"), SealersConfigMap, err)
+				return apierrors.NewConflict(corev1.Resource("configmaps"), contract.SealersConfigMap, err)
 			}
 			if err != nil {
 				return adminErr(err, "creating", resource, "authorize-sealer")
@@ -263,17 +247,17 @@ func DescribeSealers(ctx context.Context, c *Cluster, mine *Sealer) (*SealersRep
 	if mine != nil {
 		r.MyKeyID = mine.KeyID()
 	}
-	cm, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, SealersConfigMap, metav1.GetOptions{})
+	cm, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, contract.SealersConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsForbidden(err):
-		r.Note = fmt.Sprintf("ConfigMap %s/%s is readable only by administrators: ask one whether this ly's identity is authorized for your namespaces", ns, SealersConfigMap)
+		r.Note = fmt.Sprintf("ConfigMap %s/%s is readable only by administrators: ask one whether this ly's identity is authorized for your namespaces", ns, contract.SealersConfigMap)
 		return r, nil
 	case apierrors.IsNotFound(err):
 		r.Readable = true
-		r.Note = fmt.Sprintf("no ly identity is authorized yet (ConfigMap %s/%s does not exist): an administrator runs `ly cluster authorize-sealer`", ns, SealersConfigMap)
+		r.Note = fmt.Sprintf("no ly identity is authorized yet (ConfigMap %s/%s does not exist): an administrator runs `ly cluster authorize-sealer`", ns, contract.SealersConfigMap)
 		return r, nil
 	case err != nil:
-		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", ns, SealersConfigMap, err)
+		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", ns, contract.SealersConfigMap, err)
 	}
 	r.Readable = true
 	sealers, perr := seal.ParseSealers(cm.Data)
@@ -317,7 +301,7 @@ func RetiredFleetKeyName(keyID string) string {
 	if len(keyID) > 16 {
 		keyID = keyID[:16]
 	}
-	return RetiredFleetKeyPrefix + keyID + ".pem"
+	return contract.RetiredFleetKeyPrefix + keyID + ".pem"
 }
 
 // RotateFleetKey makes a new fleet key current: the Secret's current private
@@ -328,18 +312,18 @@ func RetiredFleetKeyName(keyID string) string {
 // creates it at its first start) and does not retry a concurrent change.
 func RotateFleetKey(ctx context.Context, c *Cluster) (*FleetKeyRotation, error) {
 	ns := c.LampyrNamespace
-	resource := fmt.Sprintf("Secret %s/%s", ns, FleetKeySecret)
+	resource := fmt.Sprintf("Secret %s/%s", ns, contract.FleetKeyName)
 	secrets := c.Kube.CoreV1().Secrets(ns)
-	sec, err := secrets.Get(ctx, FleetKeySecret, metav1.GetOptions{})
+	sec, err := secrets.Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("%s does not exist: the grant controller creates the fleet key at its first start; is it running? kubectl -n %s get pods (nothing was changed)", resource, ns)
 	}
 	if err != nil {
 		return nil, adminErr(err, "reading", resource, "rotate-fleet-key")
 	}
-	cur, err := seal.ParsePrivateKeyPEM(sec.Data[FleetPrivateKeyKey])
+	cur, err := seal.ParsePrivateKeyPEM(sec.Data[contract.FleetPrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("%s key %s: %w: refusing to rotate a key that does not parse (nothing was changed)", resource, FleetPrivateKeyKey, err)
+		return nil, fmt.Errorf("%s key %s: %w: refusing to rotate a key that does not parse (nothing was changed)", resource, contract.FleetPrivateKeyKey, err)
 	}
 	next, err := seal.GenerateFleetKey()
 	if err != nil {
@@ -352,15 +336,15 @@ func RotateFleetKey(ctx context.Context, c *Cluster) (*FleetKeyRotation, error) 
 	rot := &FleetKeyRotation{OldKeyID: cur.Public().KeyID(), NewKeyID: next.Public().KeyID()}
 	rot.RetiredAs = RetiredFleetKeyName(rot.OldKeyID)
 	sec = sec.DeepCopy()
-	if prev, ok := sec.Data[rot.RetiredAs]; ok && string(prev) != string(sec.Data[FleetPrivateKeyKey]) {
+	if prev, ok := sec.Data[rot.RetiredAs]; ok && string(prev) != string(sec.Data[contract.FleetPrivateKeyKey]) {
 		return nil, fmt.Errorf("%s already has a different key %s: refusing to overwrite a retired key (nothing was changed)", resource, rot.RetiredAs)
 	}
-	sec.Data[rot.RetiredAs] = sec.Data[FleetPrivateKeyKey]
-	sec.Data[FleetPrivateKeyKey] = nextPEM
-	sec.Data[FleetPublicKeyKey] = next.Public().MarshalPEM()
-	sec.Data[FleetKeyIDKey] = []byte(rot.NewKeyID)
+	sec.Data[rot.RetiredAs] = sec.Data[contract.FleetPrivateKeyKey]
+	sec.Data[contract.FleetPrivateKeyKey] = nextPEM
+	sec.Data[contract.FleetPublicKeyKey] = next.Public().MarshalPEM()
+	sec.Data[contract.FleetKeyIDKey] = []byte(rot.NewKeyID)
 	for k := range sec.Data {
-		if strings.HasPrefix(k, RetiredFleetKeyPrefix) {
+		if strings.HasPrefix(k, contract.RetiredFleetKeyPrefix) {
 			rot.Retired = append(rot.Retired, k)
 		}
 	}
@@ -380,13 +364,13 @@ func RotateFleetKey(ctx context.Context, c *Cluster) (*FleetKeyRotation, error) 
 // publishFleetKey writes the public ConfigMap ly seals to.
 func publishFleetKey(ctx context.Context, c *Cluster, pub *seal.PublicKey) error {
 	ns := c.LampyrNamespace
-	resource := fmt.Sprintf("ConfigMap %s/%s", ns, FleetKeyConfigMap)
-	want := map[string]string{FleetPublicKeyKey: string(pub.MarshalPEM()), FleetKeyIDKey: pub.KeyID()}
+	resource := fmt.Sprintf("ConfigMap %s/%s", ns, contract.FleetKeyName)
+	want := map[string]string{contract.FleetPublicKeyKey: string(pub.MarshalPEM()), contract.FleetKeyIDKey: pub.KeyID()}
 	cms := c.Kube.CoreV1().ConfigMaps(ns)
 	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := cms.Get(ctx, FleetKeyConfigMap, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: FleetKeyConfigMap, Namespace: ns, Labels: partOfLampyr()}, Data: want}, metav1.CreateOptions{FieldManager: FieldManager})
+			_, err = cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.FleetKeyName, Namespace: ns, Labels: partOfLampyr()}, Data: want}, metav1.CreateOptions{FieldManager: FieldManager})
 			if err != nil {
 				return adminErr(err, "creating", resource, "rotate-fleet-key")
 			}

@@ -16,6 +16,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
@@ -40,7 +41,7 @@ func sealerEntry(t *testing.T, k ed25519.PublicKey, ns ...string) string {
 }
 
 func sealersCM(data map[string]string) *corev1.ConfigMap {
-	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: SealersConfigMap}, Data: data}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: contract.SealersConfigMap}, Data: data}
 }
 
 // forbid makes every verb on resource fail as RBAC would.
@@ -170,7 +171,7 @@ func TestAuthorizeSealer(t *testing.T) {
 			if tc.forbid == "get" {
 				return
 			}
-			cm, err := kube.CoreV1().ConfigMaps(testLampyrNS).Get(context.Background(), SealersConfigMap, metav1.GetOptions{})
+			cm, err := kube.CoreV1().ConfigMaps(testLampyrNS).Get(context.Background(), contract.SealersConfigMap, metav1.GetOptions{})
 			if apierrors.IsNotFound(err) {
 				if tc.want != nil {
 					t.Fatalf("ConfigMap missing, want %v", tc.want)
@@ -256,8 +257,8 @@ func fleetSecret(t *testing.T, k *seal.PrivateKey) *corev1.Secret {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: FleetKeySecret}, Data: map[string][]byte{
-		FleetPrivateKeyKey: pem, FleetPublicKeyKey: k.Public().MarshalPEM(), FleetKeyIDKey: []byte(k.Public().KeyID()),
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: contract.FleetKeyName}, Data: map[string][]byte{
+		contract.FleetPrivateKeyKey: pem, contract.FleetPublicKeyKey: k.Public().MarshalPEM(), contract.FleetKeyIDKey: []byte(k.Public().KeyID()),
 	}}
 }
 
@@ -272,8 +273,8 @@ func TestRotateFleetKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	kube := fakekube.NewSimpleClientset(fleetSecret(t, first), &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: FleetKeyConfigMap},
-		Data:       map[string]string{FleetPublicKeyKey: string(first.Public().MarshalPEM()), FleetKeyIDKey: first.Public().KeyID()},
+		ObjectMeta: metav1.ObjectMeta{Namespace: testLampyrNS, Name: contract.FleetKeyName},
+		Data:       map[string]string{contract.FleetPublicKeyKey: string(first.Public().MarshalPEM()), contract.FleetKeyIDKey: first.Public().KeyID()},
 	})
 	c := &Cluster{Kube: kube, LampyrNamespace: testLampyrNS}
 	sealer := newSealerKey(t)
@@ -296,20 +297,20 @@ func TestRotateFleetKey(t *testing.T) {
 		if rot.OldKeyID != oldID || rot.NewKeyID == oldID || rot.RetiredAs != "retired-"+oldID[:16]+".pem" || len(rot.Retired) != round {
 			t.Fatalf("round %d: rotation %+v (old %s)", round, rot, oldID)
 		}
-		sec, _ := kube.CoreV1().Secrets(testLampyrNS).Get(ctx, FleetKeySecret, metav1.GetOptions{})
-		cur, err := seal.ParsePrivateKeyPEM(sec.Data[FleetPrivateKeyKey])
-		if err != nil || cur.Public().KeyID() != rot.NewKeyID || string(sec.Data[FleetKeyIDKey]) != rot.NewKeyID || string(sec.Data[FleetPublicKeyKey]) != string(cur.Public().MarshalPEM()) {
+		sec, _ := kube.CoreV1().Secrets(testLampyrNS).Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
+		cur, err := seal.ParsePrivateKeyPEM(sec.Data[contract.FleetPrivateKeyKey])
+		if err != nil || cur.Public().KeyID() != rot.NewKeyID || string(sec.Data[contract.FleetKeyIDKey]) != rot.NewKeyID || string(sec.Data[contract.FleetPublicKeyKey]) != string(cur.Public().MarshalPEM()) {
 			t.Fatalf("round %d: Secret's current key %v %v, want %s", round, cur, err, rot.NewKeyID)
 		}
-		cm, _ := kube.CoreV1().ConfigMaps(testLampyrNS).Get(ctx, FleetKeyConfigMap, metav1.GetOptions{})
-		if cm.Data[FleetKeyIDKey] != rot.NewKeyID || cm.Data[FleetPublicKeyKey] != string(cur.Public().MarshalPEM()) {
+		cm, _ := kube.CoreV1().ConfigMaps(testLampyrNS).Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
+		if cm.Data[contract.FleetKeyIDKey] != rot.NewKeyID || cm.Data[contract.FleetPublicKeyKey] != string(cur.Public().MarshalPEM()) {
 			t.Fatalf("round %d: public ConfigMap %v, want key %s", round, cm.Data, rot.NewKeyID)
 		}
 		// The Secret's keys as the grant controller reads them: current,
 		// then retired ones.
 		keys := []*seal.PrivateKey{cur}
 		for k, v := range sec.Data {
-			if strings.HasPrefix(k, RetiredFleetKeyPrefix) {
+			if strings.HasPrefix(k, contract.RetiredFleetKeyPrefix) {
 				r, err := seal.ParsePrivateKeyPEM(v)
 				if err != nil {
 					t.Fatalf("%s: %v", k, err)
@@ -330,7 +331,7 @@ func TestRotateFleetKey(t *testing.T) {
 func TestRotateFleetKeyRefuses(t *testing.T) {
 	k, _ := seal.GenerateFleetKey()
 	broken := fleetSecret(t, k)
-	broken.Data[FleetPrivateKeyKey] = []byte("garbage")
+	broken.Data[contract.FleetPrivateKeyKey] = []byte("garbage")
 	for _, tc := range []struct {
 		name    string
 		objs    []runtime.Object
@@ -359,7 +360,7 @@ func TestRotateFleetKeyRefuses(t *testing.T) {
 				}
 			}
 			if tc.name == "no Secret" {
-				if _, err := kube.CoreV1().Secrets(testLampyrNS).Get(context.Background(), FleetKeySecret, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				if _, err := kube.CoreV1().Secrets(testLampyrNS).Get(context.Background(), contract.FleetKeyName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 					t.Errorf("a Secret was created: %v", err)
 				}
 			}

@@ -20,18 +20,6 @@ import (
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
-// Where a Lampyr installation publishes what ly needs (docs/contracts.md §6).
-const (
-	DefaultLampyrNamespace = contract.SystemNamespace
-	FleetKeyConfigMap      = contract.FleetKeyName
-	FleetPublicKeyKey      = contract.FleetPublicKeyKey
-	ConfigLampyr           = contract.ConfigMapName
-	KeyTemplateRepository  = lampyrconfig.KeyTemplateRepository
-)
-
-// GrantResource is fiberd.io/v1alpha1 CapacityGrants (contract.CapacityGrants).
-var GrantResource = contract.CapacityGrants
-
 // Cluster is a Lampyr installation as ly reaches it.
 type Cluster struct {
 	Context         string
@@ -69,7 +57,7 @@ func Connect(path, context string) (*Cluster, error) {
 	}
 	// API warnings (the webhook's secure-defaults advice) as plain lines.
 	rc.WarningHandler = rest.NewWarningWriter(os.Stderr, rest.WarningWriterOptions{Deduplicate: true})
-	c := &Cluster{Context: name, LampyrNamespace: DefaultLampyrNamespace}
+	c := &Cluster{Context: name, LampyrNamespace: contract.SystemNamespace}
 	if c.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 		return nil, err
 	}
@@ -105,29 +93,29 @@ type Installation struct {
 // Describe reads the installation's fleet public key and template repository.
 func (c *Cluster) Describe(ctx context.Context) (*Installation, error) {
 	ns := c.LampyrNamespace
-	cfg, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, ConfigLampyr, metav1.GetOptions{})
+	cfg, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, contract.ConfigMapName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("context %s has no Lampyr installation (ConfigMap %s/%s not found): install it with `ly cluster install`", c.Context, ns, ConfigLampyr)
+		return nil, fmt.Errorf("context %s has no Lampyr installation (ConfigMap %s/%s not found): install it with `ly cluster install`", c.Context, ns, contract.ConfigMapName)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("context %s: %w", c.Context, err)
 	}
-	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[KeyTemplateRepository]), BackendStrategy: cfg.Data[lampyrconfig.KeyBackendStrategy]}
+	in := &Installation{Context: c.Context, Namespace: ns, TemplateRepository: strings.TrimSpace(cfg.Data[lampyrconfig.KeyTemplateRepository]), BackendStrategy: cfg.Data[lampyrconfig.KeyBackendStrategy]}
 	if in.TemplateRepository == "" {
-		return nil, fmt.Errorf("template repository missing: set %s in ConfigMap %s/%s (e.g. localhost:5002/lampyr/templates)", KeyTemplateRepository, ns, ConfigLampyr)
+		return nil, fmt.Errorf("template repository missing: set %s in ConfigMap %s/%s (e.g. localhost:5002/lampyr/templates)", lampyrconfig.KeyTemplateRepository, ns, contract.ConfigMapName)
 	}
 	in.Registry, _, _ = strings.Cut(in.TemplateRepository, "/")
-	key, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, FleetKeyConfigMap, metav1.GetOptions{})
+	key, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("the fleet public key is not published yet (ConfigMap %s/%s): is lampyr-grant-controller running? kubectl -n %s get pods", ns, FleetKeyConfigMap, ns)
+		return nil, fmt.Errorf("the fleet public key is not published yet (ConfigMap %s/%s): is lampyr-grant-controller running? kubectl -n %s get pods", ns, contract.FleetKeyName, ns)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if in.fleet, err = seal.ParsePublicKeyPEM([]byte(key.Data[FleetPublicKeyKey])); err != nil {
-		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", ns, FleetKeyConfigMap, FleetPublicKeyKey, err)
+	if in.fleet, err = seal.ParsePublicKeyPEM([]byte(key.Data[contract.FleetPublicKeyKey])); err != nil {
+		return nil, fmt.Errorf("ConfigMap %s/%s key %s: %w", ns, contract.FleetKeyName, contract.FleetPublicKeyKey, err)
 	}
 	in.FleetKeyID = in.fleet.KeyID()
-	in.FleetPublicKeyPEM = key.Data[FleetPublicKeyKey]
+	in.FleetPublicKeyPEM = key.Data[contract.FleetPublicKeyKey]
 	return in, nil
 }

@@ -23,6 +23,7 @@ import (
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
@@ -165,7 +166,7 @@ func Deploy(ctx context.Context, c *Cluster, dir string, p *Project, o DeployOpt
 		if sr, err := DescribeSealers(ctx, c, o.Sealer); err == nil {
 			if ok, known := sr.Authorized(o.Namespace); known && !ok {
 				pr.Warn("this ly's sealer identity (key %s) is not authorized for namespace %s in %s/%s: the cluster will refuse the template; run: %s",
-					shortID(o.Sealer.KeyID()), o.Namespace, c.LampyrNamespace, SealersConfigMap, o.Sealer.AuthorizeCommand(DefaultSealerName(), o.Namespace))
+					shortID(o.Sealer.KeyID()), o.Namespace, c.LampyrNamespace, contract.SealersConfigMap, o.Sealer.AuthorizeCommand(DefaultSealerName(), o.Namespace))
 			}
 		}
 		if tmpl, err = SealTemplate(ctx, inst, o.Sealer.Key, o.Namespace, res.Revision, pushed.Ref, built.Config, p.Policy(), o.Remote...); err != nil {

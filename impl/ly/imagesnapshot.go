@@ -25,12 +25,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
-
-// KeyImageSnapshots is config-lampyr's image -> snapshot map (read by the
-// controller; impl/contract/lampyrconfig).
-const KeyImageSnapshots = lampyrconfig.KeyImageSnapshots
 
 // ImageSnapshotOptions tune SnapshotImage.
 type ImageSnapshotOptions struct {
@@ -349,7 +346,7 @@ func (r *ImageSnapshotsReport) Notes() []string {
 		out = append(out, "normalized the key "+k)
 	}
 	for _, k := range r.Unparsable {
-		out = append(out, fmt.Sprintf("kept the key %q, which is not an image reference (repository@sha256:...): the controller refuses it; fix or remove it in config-lampyr %s", k, KeyImageSnapshots))
+		out = append(out, fmt.Sprintf("kept the key %q, which is not an image reference (repository@sha256:...): the controller refuses it; fix or remove it in config-lampyr %s", k, lampyrconfig.KeyImageSnapshots))
 	}
 	return out
 }
@@ -468,14 +465,14 @@ func EditImageSnapshots(ctx context.Context, c *Cluster, snaps []*ImageSnapshot,
 
 func editImageSnapshots(ctx context.Context, c *Cluster, edit func(map[string]string) error) error {
 	for attempt := 0; ; attempt++ {
-		cm, err := c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Get(ctx, ConfigLampyr, metav1.GetOptions{})
+		cm, err := c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Get(ctx, contract.ConfigMapName, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("reading %s/%s (is Lampyr installed? ly cluster install): %w", c.LampyrNamespace, ConfigLampyr, err)
+			return fmt.Errorf("reading %s/%s (is Lampyr installed? ly cluster install): %w", c.LampyrNamespace, contract.ConfigMapName, err)
 		}
 		m := map[string]string{}
-		if v := cm.Data[KeyImageSnapshots]; strings.TrimSpace(v) != "" {
+		if v := cm.Data[lampyrconfig.KeyImageSnapshots]; strings.TrimSpace(v) != "" {
 			if err := yaml.Unmarshal([]byte(v), &m); err != nil {
-				return fmt.Errorf("%s/%s %s is not a YAML map; fix or remove it: %w", c.LampyrNamespace, ConfigLampyr, KeyImageSnapshots, err)
+				return fmt.Errorf("%s/%s %s is not a YAML map; fix or remove it: %w", c.LampyrNamespace, contract.ConfigMapName, lampyrconfig.KeyImageSnapshots, err)
 			}
 		}
 		if err := edit(m); err != nil {
@@ -492,14 +489,14 @@ func editImageSnapshots(ctx context.Context, c *Cluster, edit func(map[string]st
 		}
 		patch, _ := json.Marshal(map[string]any{
 			"metadata": map[string]any{"resourceVersion": cm.ResourceVersion},
-			"data":     map[string]string{KeyImageSnapshots: b.String()},
+			"data":     map[string]string{lampyrconfig.KeyImageSnapshots: b.String()},
 		})
-		_, err = c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Patch(ctx, ConfigLampyr, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "ly"})
+		_, err = c.Kube.CoreV1().ConfigMaps(c.LampyrNamespace).Patch(ctx, contract.ConfigMapName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "ly"})
 		if apierrs.IsConflict(err) && attempt < 5 {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("writing %s/%s %s: %w", c.LampyrNamespace, ConfigLampyr, KeyImageSnapshots, err)
+			return fmt.Errorf("writing %s/%s %s: %w", c.LampyrNamespace, contract.ConfigMapName, lampyrconfig.KeyImageSnapshots, err)
 		}
 		return nil
 	}

@@ -25,6 +25,7 @@ import (
 	fakekube "k8s.io/client-go/kubernetes/fake"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
@@ -185,8 +186,8 @@ func TestEditImageSnapshots(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			kube := fakekube.NewSimpleClientset(&corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: ConfigLampyr},
-				Data:       map[string]string{KeyImageSnapshots: tc.before, "backend-strategy": "endpointslice"},
+				ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: contract.ConfigMapName},
+				Data:       map[string]string{lampyrconfig.KeyImageSnapshots: tc.before, "backend-strategy": "endpointslice"},
 			})
 			c := &Cluster{Kube: kube, LampyrNamespace: "lampyr-system"}
 			rep, err := EditImageSnapshots(context.Background(), c, tc.register, tc.remove)
@@ -199,8 +200,8 @@ func TestEditImageSnapshots(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cm, _ := kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), ConfigLampyr, metav1.GetOptions{})
-			if cm.Data[KeyImageSnapshots] != tc.after || cm.Data["backend-strategy"] != "endpointslice" {
+			cm, _ := kube.CoreV1().ConfigMaps("lampyr-system").Get(context.Background(), contract.ConfigMapName, metav1.GetOptions{})
+			if cm.Data[lampyrconfig.KeyImageSnapshots] != tc.after || cm.Data["backend-strategy"] != "endpointslice" {
 				t.Errorf("config-lampyr = %q, want image-snapshots %q and other keys kept", cm.Data, tc.after)
 			}
 			if d := cmp.Diff(tc.report, *rep, cmpopts.EquateEmpty()); d != "" {
@@ -208,7 +209,7 @@ func TestEditImageSnapshots(t *testing.T) {
 			}
 			// What ly writes, the controller reads (unless a key is no image).
 			if len(tc.report.Unparsable) == 0 {
-				if _, err := lampyrconfig.ParseImageSnapshots(cm.Data[KeyImageSnapshots]); err != nil {
+				if _, err := lampyrconfig.ParseImageSnapshots(cm.Data[lampyrconfig.KeyImageSnapshots]); err != nil {
 					t.Errorf("the controller refuses what ly wrote: %v", err)
 				}
 			}

@@ -23,6 +23,7 @@ import (
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
@@ -102,7 +103,7 @@ func Status(ctx context.Context, c *Cluster, ns string, names []string, w io.Wri
 		}
 		sort.Slice(revs.Items, func(i, j int) bool { return revs.Items[i].Name < revs.Items[j].Name })
 		for _, r := range revs.Items {
-			rs := RevisionStatus{Name: r.Name, Ready: readyOf(r.Status.Conditions), Snapshot: r.Annotations[AnnotationSnapshotArtifact], MaxScale: r.Annotations[AnnotationMaxScale], Mode: r.Annotations[AnnotationExecutionMode]}
+			rs := RevisionStatus{Name: r.Name, Ready: readyOf(r.Status.Conditions), Snapshot: r.Annotations[contract.SnapshotArtifactAnnotation], MaxScale: r.Annotations[AnnotationMaxScale], Mode: r.Annotations[contract.ExecutionModeAnnotation]}
 			if rs.Mode == "" {
 				rs.Mode = "fresh"
 			}
@@ -153,7 +154,7 @@ func orDash(s string) string {
 }
 
 func grantSummary(ctx context.Context, c *Cluster, ns, name string) string {
-	g, err := c.Dynamic.Resource(GrantResource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	g, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "none"
 	}
@@ -193,9 +194,9 @@ func Scale(ctx context.Context, c *Cluster, ns, name string, max int32, sealer *
 		return "", fmt.Errorf("Service %s/%s: %w", ns, name, err)
 	}
 	ann := svc.Spec.Template.Annotations
-	snap := ann[AnnotationSnapshotArtifact]
+	snap := ann[contract.SnapshotArtifactAnnotation]
 	if snap == "" {
-		return "", fmt.Errorf("Service %s/%s has no %s annotation: deploy it with ly deploy first", ns, name, AnnotationSnapshotArtifact)
+		return "", fmt.Errorf("Service %s/%s has no %s annotation: deploy it with ly deploy first", ns, name, contract.SnapshotArtifactAnnotation)
 	}
 	ref, err := artifact.ParseDigestRef(snap)
 	if err != nil {
@@ -214,20 +215,20 @@ func Scale(ctx context.Context, c *Cluster, ns, name string, max int32, sealer *
 		return "", err
 	}
 	policy := seal.ExecutionPolicy{Mode: "fresh"}
-	if ann[AnnotationExecutionMode] == "reuse" {
-		d, err := time.ParseDuration(ann[AnnotationIdleTimeout])
+	if ann[contract.ExecutionModeAnnotation] == "reuse" {
+		d, err := time.ParseDuration(ann[contract.IdleTimeoutAnnotation])
 		if err != nil {
-			return "", fmt.Errorf("Service %s/%s annotation %s: %w", ns, name, AnnotationIdleTimeout, err)
+			return "", fmt.Errorf("Service %s/%s annotation %s: %w", ns, name, contract.IdleTimeoutAnnotation, err)
 		}
-		policy = seal.ExecutionPolicy{Mode: "reuse", IdleTimeoutSeconds: int64((d + time.Second - 1) / time.Second), IdleAction: ann[AnnotationIdleAction]}
+		policy = seal.ExecutionPolicy{Mode: "reuse", IdleTimeoutSeconds: int64((d + time.Second - 1) / time.Second), IdleAction: ann[contract.IdleActionAnnotation]}
 	}
 	tmpl, err := SealTemplate(ctx, inst, sealer.Key, ns, rev, ref, s.Config, policy)
 	if err != nil {
 		return "", err
 	}
 	patch := map[string]any{"spec": map[string]any{"template": map[string]any{"metadata": map[string]any{"annotations": map[string]any{
-		AnnotationMaxScale:       strconv.Itoa(int(max)),
-		AnnotationFiberdTemplate: tmpl.String(),
+		AnnotationMaxScale:                strconv.Itoa(int(max)),
+		contract.FiberdTemplateAnnotation: tmpl.String(),
 	}}}}}
 	body, _ := json.Marshal(patch)
 	if _, err := c.Serving.ServingV1().Services(ns).Patch(ctx, name, types.MergePatchType, body, metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
@@ -375,7 +376,7 @@ func Audit(ctx context.Context, c *Cluster, ns string, w io.Writer) (int, error)
 	if err != nil {
 		return 0, err
 	}
-	grants, err := c.Dynamic.Resource(GrantResource).Namespace(ns).List(ctx, metav1.ListOptions{})
+	grants, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return 0, fmt.Errorf("listing CapacityGrants (is this a Lampyr installation?): %w", err)
 	}
@@ -392,7 +393,7 @@ func Audit(ctx context.Context, c *Cluster, ns string, w io.Writer) (int, error)
 	seen := map[string]bool{}
 	for _, r := range revs.Items {
 		seen[r.Name] = true
-		snap, tmpl := r.Annotations[AnnotationSnapshotArtifact], r.Annotations[AnnotationFiberdTemplate]
+		snap, tmpl := r.Annotations[contract.SnapshotArtifactAnnotation], r.Annotations[contract.FiberdTemplateAnnotation]
 		fmt.Fprintf(w, "Revision %s/%s (Service %s): ready %s\n  snapshot %s\n  template %s\n  grant    %s\n", ns, r.Name, r.Labels[labelService], readyOf(r.Status.Conditions), orDash(snap), orDash(tmpl), grantSummary(ctx, c, ns, r.Name))
 		if _, err := artifact.ParseDigestRef(snap); err != nil {
 			bad("snapshot artifact annotation missing or not digest-pinned")

@@ -12,14 +12,9 @@ import (
 
 // Annotations and labels ly writes (docs/contracts.md §7).
 const (
-	AnnotationSnapshotArtifact = contract.SnapshotArtifactAnnotation
-	AnnotationFiberdTemplate   = contract.FiberdTemplateAnnotation
-	AnnotationExecutionMode    = contract.ExecutionModeAnnotation
-	AnnotationIdleTimeout      = contract.IdleTimeoutAnnotation
-	AnnotationIdleAction       = contract.IdleActionAnnotation
-	AnnotationMaxScale         = "autoscaling.knative.dev/max-scale"
-	LabelVisibility            = "networking.knative.dev/visibility"
-	VisibilityClusterLocal     = "cluster-local"
+	AnnotationMaxScale     = "autoscaling.knative.dev/max-scale"
+	LabelVisibility        = "networking.knative.dev/visibility"
+	VisibilityClusterLocal = "cluster-local"
 )
 
 // TrafficTarget is one --traffic entry.
@@ -84,14 +79,14 @@ type ServiceInputs struct {
 // is valid on stock Knative.
 func ServiceManifest(p *Project, in ServiceInputs) *unstructured.Unstructured {
 	ann := map[string]any{
-		AnnotationSnapshotArtifact: in.Snapshot,
-		AnnotationFiberdTemplate:   in.Template,
+		contract.SnapshotArtifactAnnotation: in.Snapshot,
+		contract.FiberdTemplateAnnotation:   in.Template,
 	}
 	if p.Execution.Mode == "reuse" {
-		ann[AnnotationExecutionMode] = "reuse"
-		ann[AnnotationIdleTimeout] = p.Execution.IdleTimeout
+		ann[contract.ExecutionModeAnnotation] = "reuse"
+		ann[contract.IdleTimeoutAnnotation] = p.Execution.IdleTimeout
 		if p.Execution.IdleAction != "" {
-			ann[AnnotationIdleAction] = p.Execution.IdleAction
+			ann[contract.IdleActionAnnotation] = p.Execution.IdleAction
 		}
 	}
 	if p.MaxScale != nil {

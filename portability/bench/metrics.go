@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // The bench's metrics, read from the host: each Kind node's cgroup (CPU,
@@ -73,7 +73,7 @@ func Footprint(cluster, ns string) (map[string]float64, error) {
 		switch c.namespace {
 		case "knative-serving", "lampyr-system", "traefik":
 			fp["serving planes memory"] += c.workingSet / (1 << 20)
-		case ns, e2eutil.LampyrHomesNamespace:
+		case ns, contract.HomesNamespace:
 			fp["workload memory"] += c.workingSet / (1 << 20)
 		}
 	}
@@ -131,7 +131,7 @@ func cpuCounters(cluster, ns string) (map[string]float64, error) {
 		switch st.namespace {
 		case "knative-serving", "lampyr-system", "traefik":
 			c["serving planes CPU"] += st.cpuNanos
-		case ns, e2eutil.LampyrHomesNamespace:
+		case ns, contract.HomesNamespace:
 			c["workload CPU"] += st.cpuNanos
 		}
 	}

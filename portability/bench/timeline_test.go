@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/contract"
 )
 
 // timeline records when each step of a Lampyr Revision's way to Ready was
@@ -54,7 +54,7 @@ func watchRevision(ctx context.Context, c *e2eutil.Clients, rev string, stop <-c
 					t.see("Revision Ready")
 				}
 			}
-			if g, err := c.Dynamic.Resource(ly.GrantResource).Namespace(ns).Get(ctx, rev, metav1.GetOptions{}); err == nil {
+			if g, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).Get(ctx, rev, metav1.GetOptions{}); err == nil {
 				if s, _, _ := e2eutil.Condition(g, "Admitted"); s == "True" {
 					t.see("grant Admitted")
 				}

@@ -12,6 +12,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
 
@@ -110,8 +112,8 @@ func TestManifestsDeployThisBinary(t *testing.T) {
 	if env["SYSTEM_NAMESPACE"].Value != "knative-serving" {
 		t.Errorf("SYSTEM_NAMESPACE = %+v, want knative-serving", env["SYSTEM_NAMESPACE"])
 	}
-	if e := env[config.NamespaceEnvKey]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
-		t.Errorf("%s = %+v, want the Pod's namespace", config.NamespaceEnvKey, e)
+	if e := env[contract.SystemNamespaceEnv]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("%s = %+v, want the Pod's namespace", contract.SystemNamespaceEnv, e)
 	}
 
 	bound := false
@@ -128,15 +130,15 @@ func TestManifestsDeployThisBinary(t *testing.T) {
 }
 
 func TestConfigLampyrParses(t *testing.T) {
-	cm := loadManifests(t).configMaps[config.LampyrConfigName]
-	if cm == nil || cm.Namespace != config.DefaultNamespace {
-		t.Fatalf("want ConfigMap %s/%s, got %+v", config.DefaultNamespace, config.LampyrConfigName, cm)
+	cm := loadManifests(t).configMaps[contract.ConfigMapName]
+	if cm == nil || cm.Namespace != contract.SystemNamespace {
+		t.Fatalf("want ConfigMap %s/%s, got %+v", contract.SystemNamespace, contract.ConfigMapName, cm)
 	}
 	l, err := config.NewLampyrFromConfigMap(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.BackendStrategy != config.BackendExternalName || l.VerifyArtifacts {
+	if l.BackendStrategy != lampyrconfig.BackendExternalName || l.VerifyArtifacts {
 		t.Errorf("shipped config: %+v", l)
 	}
 }

@@ -53,23 +53,21 @@ type options struct {
 	logLevel                          string
 }
 
-// defaultSystemNamespace is Lampyr's namespace when SYSTEM_NAMESPACE (set
-// from the Pod's namespace, as Knative components do) is not.
-const defaultSystemNamespace = contract.SystemNamespace
-
 func parseFlags(args []string) (options, error) {
 	def := proxy.DefaultConfig()
 	var o options
+	// SYSTEM_NAMESPACE is set from the Pod's namespace, as Knative
+	// components do; without it, Lampyr's default namespace.
 	systemNamespace := os.Getenv("SYSTEM_NAMESPACE")
 	if systemNamespace == "" {
-		systemNamespace = defaultSystemNamespace
+		systemNamespace = contract.SystemNamespace
 	}
 	fs := flag.NewFlagSet("fiber-router", flag.ContinueOnError)
 	fs.IntVar(&o.httpPort, "http-port", 80, "port for HTTP/1.1 (and h2c) traffic; the backend Service's port 80 targets it")
 	fs.IntVar(&o.h2cPort, "h2c-port", 81, "port for h2c (gRPC) traffic; the backend Service's port 81 targets it")
 	fs.IntVar(&o.adminPort, "admin-port", 9091, "port for /healthz, /readyz and /metrics")
 	fs.StringVar(&o.routerKeyFile, "router-key-file", "/var/run/lampyr/fiber-router-key/private.pem", "PEM file of the router key (Secret lampyr-system/fiber-router-key, key private.pem) with which the router mints each Home's credential; read at start, so a rotated key needs a restart")
-	fs.StringVar(&o.metadataNamespace, "metadata-namespace", systemNamespace, "the only namespace whose router metadata ConfigMaps are read (Lampyr's own, where tenants cannot write); default $SYSTEM_NAMESPACE, else "+defaultSystemNamespace)
+	fs.StringVar(&o.metadataNamespace, "metadata-namespace", systemNamespace, "the only namespace whose router metadata ConfigMaps are read (Lampyr's own, where tenants cannot write); default $SYSTEM_NAMESPACE, else "+contract.SystemNamespace)
 	fs.StringVar(&o.homesNamespace, "homes-namespace", contract.HomesNamespace, "namespace of the Home Services; router metadata naming a Home endpoint that is neither an IP address nor a Service there is refused")
 	fs.IntVar(&o.maxRevisions, "max-revisions", 10000, "most Revisions the router holds; metadata of further Revisions is refused (logged, counted in lampyr_router_metadata_refused_total{reason=\"full\"}) until some are deleted")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")

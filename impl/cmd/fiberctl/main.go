@@ -36,12 +36,12 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
-	"lampyr.dev/serving/impl/grant"
 )
 
 func main() {
@@ -367,7 +367,7 @@ func listGrants(ctx context.Context, out io.Writer, kubeconfig, ns string) error
 }
 
 func printGrants(ctx context.Context, out io.Writer, dyn dynamic.Interface, ns string) error {
-	l, err := dyn.Resource(grant.GrantGVR).Namespace(ns).List(ctx, metav1.ListOptions{})
+	l, err := dyn.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}

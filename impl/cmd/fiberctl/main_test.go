@@ -21,7 +21,6 @@ import (
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/grant"
 )
 
 func TestFiberctlAgainstRealFiberd(t *testing.T) {
@@ -205,7 +204,7 @@ func TestPrintGrants(t *testing.T) {
 	m, _ := runtime.DefaultUnstructuredConverter.ToUnstructured(g)
 	scheme := runtime.NewScheme()
 	dyn := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(scheme,
-		map[schema.GroupVersionResource]string{grant.GrantGVR: "CapacityGrantList"}, &unstructured.Unstructured{Object: m})
+		map[schema.GroupVersionResource]string{contract.CapacityGrants: "CapacityGrantList"}, &unstructured.Unstructured{Object: m})
 	var out bytes.Buffer
 	if err := printGrants(context.Background(), &out, dyn, ""); err != nil {
 		t.Fatal(err)

@@ -20,7 +20,6 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/grant"
 	"lampyr.dev/serving/impl/grant/homes"
-	"lampyr.dev/serving/impl/grant/resources"
 )
 
 // component names the controller for sharedmain: its logger, its
@@ -42,7 +41,7 @@ var leaderElection = leaderelection.Config{
 func main() {
 	var (
 		systemNS = flag.String("system-namespace", envOr(system.NamespaceEnvKey, contract.SystemNamespace), "namespace of config-lampyr and the installation's keys")
-		homesNS  = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", resources.DefaultHomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
+		homesNS  = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", contract.HomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
 		elect    = flag.Bool("leader-elect", true, "reconcile only while holding the grant controller's Lease ("+component+".*) in the system namespace")
 	)
 	// This parses the flags (ours, and -kubeconfig defaulting to

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -70,9 +71,9 @@ func clusterCommand(ctx context.Context, c common, pos []string, af authorizeFla
 		}
 		ns := cl.LampyrNamespace
 		fmt.Fprintf(stdout, "rotated the fleet key of context %s\n  old key id: %s (kept as %s in Secret %s/%s)\n  new key id: %s (published in ConfigMap %s/%s)\n",
-			cl.Context, rot.OldKeyID, rot.RetiredAs, ns, ly.FleetKeySecret, rot.NewKeyID, ns, ly.FleetKeyConfigMap)
+			cl.Context, rot.OldKeyID, rot.RetiredAs, ns, contract.FleetKeyName, rot.NewKeyID, ns, contract.FleetKeyName)
 		fmt.Fprintf(stdout, "Running Revisions keep running: their templates still open with the retired key. New deploys seal to the new key.\n")
-		fmt.Fprintf(stdout, "Once every Revision sealed to the old key is redeployed or gone, delete the retired key:\n  kubectl -n %s patch secret %s --type=json -p '[{\"op\":\"remove\",\"path\":\"/data/%s\"}]'\n", ns, ly.FleetKeySecret, rot.RetiredAs)
+		fmt.Fprintf(stdout, "Once every Revision sealed to the old key is redeployed or gone, delete the retired key:\n  kubectl -n %s patch secret %s --type=json -p '[{\"op\":\"remove\",\"path\":\"/data/%s\"}]'\n", ns, contract.FleetKeyName, rot.RetiredAs)
 		if len(rot.Retired) > 1 {
 			fmt.Fprintf(stdout, "Retired keys the Secret holds: %s\n", strings.Join(rot.Retired, ", "))
 		}
@@ -216,7 +217,7 @@ func clusterDescribe(ctx context.Context, c common, stdout, stderr io.Writer) er
 }
 
 func printSealers(w io.Writer, lampyrNS, ns string, mine *ly.Sealer, rep *ly.SealersReport) {
-	fmt.Fprintf(w, "sealer identities (ConfigMap %s/%s):\n", lampyrNS, ly.SealersConfigMap)
+	fmt.Fprintf(w, "sealer identities (ConfigMap %s/%s):\n", lampyrNS, contract.SealersConfigMap)
 	if rep.Problems != "" {
 		fmt.Fprintf(w, "  ignored by the grant controller: %s\n", rep.Problems)
 	}

@@ -40,6 +40,7 @@ import (
 
 	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -376,7 +377,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		for _, n := range rep.Notes() {
 			fmt.Fprintln(stderr, "note:", n)
 		}
-		fmt.Fprintf(stdout, "registered %d image(s) in %s/%s image-snapshots: Revisions of these images without lampyr.dev annotations now run from the snapshots\n", len(snaps), cl.LampyrNamespace, ly.ConfigLampyr)
+		fmt.Fprintf(stdout, "registered %d image(s) in %s/%s image-snapshots: Revisions of these images without lampyr.dev annotations now run from the snapshots\n", len(snaps), cl.LampyrNamespace, contract.ConfigMapName)
 		return nil
 	case "scaffold":
 		if len(pos) < 2 || pos[0] != "service" {

@@ -25,9 +25,6 @@ import (
 	"lampyr.dev/serving/impl/fiberd/egress"
 )
 
-// ConfigMapName is config-lampyr.
-const ConfigMapName = contract.ConfigMapName
-
 // Keys the grant controller reads.
 const (
 	KeyFiberMemoryCapacity = "fiber-memory-capacity"
@@ -263,7 +260,7 @@ func Parse(data map[string]string, keys []string) (*Config, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("ConfigMap %s: %s", ConfigMapName, strings.Join(errs, "; "))
+		return nil, fmt.Errorf("ConfigMap %s: %s", contract.ConfigMapName, strings.Join(errs, "; "))
 	}
 	return c, c.check(keys)
 }
@@ -436,13 +433,13 @@ func (c *Config) check(keys []string) error {
 	}
 	var errs []error
 	if has(KeyDefaultMaxFibers) && c.DefaultMaxFibers > c.MaxFibersPerGrant {
-		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %d exceeds %s %d", ConfigMapName, KeyDefaultMaxFibers, c.DefaultMaxFibers, KeyMaxFibersPerGrant, c.MaxFibersPerGrant))
+		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %d exceeds %s %d", contract.ConfigMapName, KeyDefaultMaxFibers, c.DefaultMaxFibers, KeyMaxFibersPerGrant, c.MaxFibersPerGrant))
 	}
 	if has(KeyFiberCPULimit) && c.FiberCPULimit.Cmp(c.HomeCPULimit) > 0 {
-		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s exceeds %s %s", ConfigMapName, KeyFiberCPULimit, c.FiberCPULimit.String(), KeyHomeCPULimit, c.HomeCPULimit.String()))
+		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s exceeds %s %s", contract.ConfigMapName, KeyFiberCPULimit, c.FiberCPULimit.String(), KeyHomeCPULimit, c.HomeCPULimit.String()))
 	}
 	if has(KeyHomeStorageLimit) && c.HomeStorageLimit.Cmp(resource.MustParse("256Mi")) < 0 {
-		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s: want at least 256Mi (the unpacked snapshot gets half)", ConfigMapName, KeyHomeStorageLimit, c.HomeStorageLimit.String()))
+		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s: want at least 256Mi (the unpacked snapshot gets half)", contract.ConfigMapName, KeyHomeStorageLimit, c.HomeStorageLimit.String()))
 	}
 	if len(errs) > 0 {
 		return errs[0]

@@ -3,6 +3,8 @@ package lampyrconfig
 import (
 	"strings"
 	"testing"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // Each component parses only its keys: a mistake in a grant key does not
@@ -46,7 +48,7 @@ func TestParseErrorsNameKeyAndFix(t *testing.T) {
 			t.Errorf("error %q: want %s with %q", err, key, fix)
 		}
 	}
-	if !strings.HasPrefix(err.Error(), "ConfigMap "+ConfigMapName+": ") {
+	if !strings.HasPrefix(err.Error(), "ConfigMap "+contract.ConfigMapName+": ") {
 		t.Errorf("error %q does not name the ConfigMap", err)
 	}
 }

@@ -21,12 +21,10 @@ import (
 )
 
 const (
-	// LabelKey marks a ConfigMap as router metadata; fiber-router selects on it.
-	LabelKey = contract.RouterMetadataLabel
-	// RevisionLabelKey names the Revision the metadata belongs to.
+	// RevisionLabelKey names the Revision the metadata belongs to (its
+	// namespace: contract.RevisionNamespaceLabel; every metadata ConfigMap
+	// carries contract.RouterMetadataLabel).
 	RevisionLabelKey = "serving.knative.dev/revision"
-	// NamespaceLabelKey names the Revision's namespace.
-	NamespaceLabelKey = contract.RevisionNamespaceLabel
 	// NamePrefix starts every router metadata ConfigMap's name.
 	NamePrefix = "route."
 )
@@ -80,9 +78,9 @@ func MakeConfigMap(systemNamespace string, m Metadata) *corev1.ConfigMap {
 			Name:      Name(m.Namespace, m.Revision),
 			Namespace: systemNamespace,
 			Labels: map[string]string{
-				LabelKey:          "true",
-				RevisionLabelKey:  m.Revision,
-				NamespaceLabelKey: m.Namespace,
+				contract.RouterMetadataLabel:    "true",
+				RevisionLabelKey:                m.Revision,
+				contract.RevisionNamespaceLabel: m.Namespace,
 			},
 		},
 		Data: map[string]string{
@@ -124,7 +122,7 @@ func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 	if m.Revision == "" || m.Namespace == "" {
 		return m, fmt.Errorf("configmap %s/%s: data.revision and data.namespace are required", cm.Namespace, cm.Name)
 	}
-	if cm.Name != Name(m.Namespace, m.Revision) || cm.Labels[RevisionLabelKey] != m.Revision || cm.Labels[NamespaceLabelKey] != m.Namespace {
+	if cm.Name != Name(m.Namespace, m.Revision) || cm.Labels[RevisionLabelKey] != m.Revision || cm.Labels[contract.RevisionNamespaceLabel] != m.Namespace {
 		return m, fmt.Errorf("configmap %s/%s claims Revision %s/%s but is not named %q and labelled for it: ignored",
 			cm.Namespace, cm.Name, m.Namespace, m.Revision, Name(m.Namespace, m.Revision))
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"lampyr.dev/serving/impl/contract"
 )
 
 func TestRoundTrip(t *testing.T) {
@@ -15,7 +16,7 @@ func TestRoundTrip(t *testing.T) {
 		Protocol: ProtocolH2C, Generation: 1,
 	}
 	cm := MakeConfigMap("lampyr-system", want)
-	if cm.Name != "route.demo.hello-00001" || cm.Namespace != "lampyr-system" || cm.Labels[LabelKey] != "true" || cm.Labels[NamespaceLabelKey] != "demo" {
+	if cm.Name != "route.demo.hello-00001" || cm.Namespace != "lampyr-system" || cm.Labels[contract.RouterMetadataLabel] != "true" || cm.Labels[contract.RevisionNamespaceLabel] != "demo" {
 		t.Fatalf("unexpected object meta: %+v", cm.ObjectMeta)
 	}
 	got, err := FromConfigMap(cm)
@@ -36,7 +37,7 @@ func TestFromConfigMapRefuses(t *testing.T) {
 		"data.mode":      func(_ *Metadata, d map[string]string, _ *string, _ map[string]string) { d["mode"] = "park" },
 		"not named":      func(_ *Metadata, d map[string]string, _ *string, _ map[string]string) { d["namespace"] = "victim" },
 		"labelled": func(_ *Metadata, _ map[string]string, _ *string, l map[string]string) {
-			l[NamespaceLabelKey] = "victim"
+			l[contract.RevisionNamespaceLabel] = "victim"
 		},
 		"route.n.r": func(_ *Metadata, _ map[string]string, n *string, _ map[string]string) { *n = "route.n.other" },
 		"more than": func(_ *Metadata, d map[string]string, _ *string, _ map[string]string) {

@@ -93,13 +93,6 @@ const (
 	MaxFailureOutputLines = 80
 )
 
-// Reasons of a StartFailure.
-const (
-	ReasonHandlerExited       = contract.ReasonHandlerExited
-	ReasonHandlerNotListening = contract.ReasonHandlerNotListening
-	ReasonHandlerNotReady     = contract.ReasonHandlerNotReady
-)
-
 func (f *StartFailure) Error() string { return f.Reason.String() + ": " + f.Message }
 
 // LastOutput makes the end of a handler's output fit to show its owner: at

@@ -145,28 +145,6 @@ type HandlerFailure struct {
 	ConsecutiveFailures int `json:"consecutiveFailures"`
 }
 
-// Reasons the API uses (impl/contract; the load reasons,
-// contract.ReasonSnapshotUnavailable, ReasonSnapshotTooLarge and
-// ReasonInvalidGrant, are /readyz's and GrantInfo.LoadReason's).
-const (
-	// A Revision's handler fails its fiber starts (/readyz, with Handler
-	// set; docs/contracts.md §4).
-	ReasonHandlerExited       = contract.ReasonHandlerExited
-	ReasonHandlerNotListening = contract.ReasonHandlerNotListening
-	ReasonHandlerNotReady     = contract.ReasonHandlerNotReady
-
-	ReasonMaxFibersReached = contract.ReasonMaxFibersReached
-	ReasonNoGrant          = contract.ReasonNoValidGrant
-	ReasonNotReady         = contract.ReasonNotReady
-	ReasonUnknownFiber     = contract.ReasonUnknownFiber
-	ReasonFiberBusy        = contract.ReasonFiberBusy
-	ReasonFiberSpent       = contract.ReasonFiberSpent
-	ReasonUnauthorized     = contract.ReasonUnauthorized
-	ReasonFiberFailed      = contract.ReasonFiberFailed
-	ReasonTunnelRefused    = contract.ReasonTunnelRefused
-	ReasonRequestTimeout   = contract.ReasonRequestTimeout
-)
-
 // IsMaxFibers reports whether err is the 429 answer at the grant's maxFibers.
 func IsMaxFibers(err error) bool { return hasStatus(err, http.StatusTooManyRequests) }
 
@@ -178,7 +156,7 @@ func IsUnavailable(err error) bool { return hasStatus(err, http.StatusServiceUna
 // serves another request or tunnel).
 func IsFiberBusy(err error) bool {
 	var e *Error
-	return errors.As(err, &e) && e.Reason == ReasonFiberBusy
+	return errors.As(err, &e) && e.Reason == contract.ReasonFiberBusy
 }
 
 // IsNotFound reports whether err says the fiber does not exist (any more).

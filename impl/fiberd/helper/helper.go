@@ -44,6 +44,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 )
 
@@ -128,7 +129,7 @@ func (e exitStatus) String() string {
 }
 
 func exitedFailure(e exitStatus, before string) backend.StartFailure {
-	return backend.StartFailure{Reason: backend.ReasonHandlerExited, ExitCode: e.code, Signal: e.signal, Message: "the handler " + e.String() + " before " + before}
+	return backend.StartFailure{Reason: contract.ReasonHandlerExited, ExitCode: e.code, Signal: e.signal, Message: "the handler " + e.String() + " before " + before}
 }
 
 // MountPoints are the directories the read-only root must already contain;
@@ -230,7 +231,7 @@ func Main() int {
 		default:
 		}
 		if time.Now().After(deadline) {
-			return failed(backend.StartFailure{Reason: backend.ReasonHandlerNotListening, Message: fmt.Sprintf("the handler did not listen on $PORT (%d) within the start-up timeout of %s", spec.Port, time.Duration(spec.StartupTimeoutMillis)*time.Millisecond)})
+			return failed(backend.StartFailure{Reason: contract.ReasonHandlerNotListening, Message: fmt.Sprintf("the handler did not listen on $PORT (%d) within the start-up timeout of %s", spec.Port, time.Duration(spec.StartupTimeoutMillis)*time.Millisecond)})
 		}
 		time.Sleep(500 * time.Microsecond)
 	}
@@ -365,7 +366,7 @@ func waitHTTPReady(addr, path string, deadline time.Time, exited chan exitStatus
 		default:
 		}
 		if time.Now().After(deadline) {
-			return &backend.StartFailure{Reason: backend.ReasonHandlerNotReady, Message: fmt.Sprintf("GET %s did not answer 2xx within the start-up timeout (last: %s)", path, last)}
+			return &backend.StartFailure{Reason: contract.ReasonHandlerNotReady, Message: fmt.Sprintf("GET %s did not answer 2xx within the start-up timeout (last: %s)", path, last)}
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

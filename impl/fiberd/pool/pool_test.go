@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 )
 
@@ -244,12 +245,12 @@ func TestReuseBeginWaitsForThePreviousRequestToEnd(t *testing.T) {
 // with a growing back-off rather than as fast as the loop wakes, refused
 // to Acquire during the back-off, and forgotten once a start succeeds.
 func TestHandlerFailureBacksOff(t *testing.T) {
-	exited := &backend.StartFailure{Reason: backend.ReasonHandlerExited, ExitCode: 5, Message: "the handler exited with code 5", Output: "Crashed..."}
+	exited := &backend.StartFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Message: "the handler exited with code 5", Output: "Crashed..."}
 	be := &fakeBackend{fail: exited}
 	p := newPool(t, be, ModeFresh, 4, 2)
 	eventually(t, "the failure is recorded", func() bool { f, _ := p.StartFailure(); return f != nil })
 	f, n := p.StartFailure()
-	if f.Reason != backend.ReasonHandlerExited || f.ExitCode != 5 || f.Output != "Crashed..." || n < 1 {
+	if f.Reason != contract.ReasonHandlerExited || f.ExitCode != 5 || f.Output != "Crashed..." || n < 1 {
 		t.Fatalf("StartFailure() = %+v, %d", f, n)
 	}
 	if p.Warm() {

@@ -48,15 +48,15 @@ func (s *Server) credentialOK(h string) (status int, reason contract.Reason, msg
 		if gerr != nil {
 			msg = gerr.Error()
 		}
-		return http.StatusServiceUnavailable, client.ReasonNoGrant, msg
+		return http.StatusServiceUnavailable, contract.ReasonNoValidGrant, msg
 	}
 	cred, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok {
-		return http.StatusUnauthorized, client.ReasonUnauthorized, "missing bearer credential: fiberd accepts only credentials fiber-router minted for this Home"
+		return http.StatusUnauthorized, contract.ReasonUnauthorized, "missing bearer credential: fiberd accepts only credentials fiber-router minted for this Home"
 	}
 	if _, err := routercred.Verify(keys, cred, home, s.cfg.Now()); err != nil {
 		s.metrics.refusedCredentials.Inc()
-		return http.StatusUnauthorized, client.ReasonUnauthorized, "credential refused: " + err.Error()
+		return http.StatusUnauthorized, contract.ReasonUnauthorized, "credential refused: " + err.Error()
 	}
 	return 0, "", ""
 }
@@ -95,10 +95,10 @@ func (s *Server) current() (*loaded, *signedgrant.Claims, int, contract.Reason, 
 		} else if g != nil {
 			msg = "grant expired at " + g.ExpiresAt.Format(time.RFC3339)
 		}
-		return nil, g, http.StatusServiceUnavailable, client.ReasonNoGrant, msg
+		return nil, g, http.StatusServiceUnavailable, contract.ReasonNoValidGrant, msg
 	}
 	if l == nil {
-		msg, reason := "snapshot not loaded yet", client.ReasonNotReady
+		msg, reason := "snapshot not loaded yet", contract.ReasonNotReady
 		var le *LoadError
 		if errors.As(lerr, &le) {
 			// The load error's own reason, so the grant controller reads
@@ -131,7 +131,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			}})
 			return
 		}
-		writeErr(w, http.StatusServiceUnavailable, client.ReasonNotReady, "warm pool not filled yet")
+		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, "warm pool not filled yet")
 		return
 	}
 	w.Write([]byte("ok\n"))
@@ -149,10 +149,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, pool.ErrMaxFibers):
 		s.metrics.refused.Inc()
-		writeErr(w, http.StatusTooManyRequests, client.ReasonMaxFibersReached, fmt.Sprintf("all %d fibers the grant allows are leased; release one or retry", l.pool.MaxFibers()))
+		writeErr(w, http.StatusTooManyRequests, contract.ReasonMaxFibersReached, fmt.Sprintf("all %d fibers the grant allows are leased; release one or retry", l.pool.MaxFibers()))
 		return
 	case err != nil:
-		writeErr(w, http.StatusServiceUnavailable, client.ReasonFiberFailed, err.Error())
+		writeErr(w, http.StatusServiceUnavailable, contract.ReasonFiberFailed, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusCreated, client.Fiber{ID: f.ID(), State: client.StateAcquired, StartedAt: f.StartedAt})
@@ -161,16 +161,16 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 	p := s.Pool()
 	if p == nil {
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, "no fibers: nothing loaded")
+		writeErr(w, http.StatusNotFound, contract.ReasonUnknownFiber, "no fibers: nothing loaded")
 		return
 	}
 	switch err := p.Release(r.PathValue("id")); {
 	case errors.Is(err, pool.ErrUnknown):
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
+		writeErr(w, http.StatusNotFound, contract.ReasonUnknownFiber, err.Error())
 	case errors.Is(err, pool.ErrNotLeased):
-		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+		writeErr(w, http.StatusConflict, contract.ReasonUnknownFiber, err.Error())
 	case err != nil:
-		writeErr(w, http.StatusInternalServerError, client.ReasonFiberFailed, err.Error())
+		writeErr(w, http.StatusInternalServerError, contract.ReasonFiberFailed, err.Error())
 	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
@@ -210,7 +210,7 @@ func (s *Server) grantInfo(w http.ResponseWriter, r *http.Request) {
 		if gerr != nil {
 			msg = gerr.Error()
 		}
-		writeErr(w, http.StatusServiceUnavailable, client.ReasonNoGrant, msg)
+		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNoValidGrant, msg)
 		return
 	}
 	writeJSON(w, http.StatusOK, client.GrantInfo{

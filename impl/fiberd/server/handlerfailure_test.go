@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
@@ -26,7 +27,7 @@ func TestReadyzReportsHandlerExit(t *testing.T) {
 		if err == nil {
 			t.Fatal("fiberd is ready although its handler exits at start-up")
 		}
-		if errors.As(err, &e) && e.Reason == client.ReasonHandlerExited {
+		if errors.As(err, &e) && e.Reason == contract.ReasonHandlerExited {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
@@ -31,8 +32,8 @@ func TestFreshFiberServesOneRequest(t *testing.T) {
 		t.Fatalf("first request: %d %s", resp.StatusCode, body)
 	}
 	resp, body = get(t, c, f.ID, "/")
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberSpent.String()) {
-		t.Fatalf("second request into a fresh fiber: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberSpent)
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), contract.ReasonFiberSpent.String()) {
+		t.Fatalf("second request into a fresh fiber: %d %s, want 409 %s", resp.StatusCode, body, contract.ReasonFiberSpent)
 	}
 	// Every acquisition gets a never-used fiber: each one's first request
 	// is that process's first.
@@ -103,8 +104,8 @@ func TestOneRequestAtATimePerFiber(t *testing.T) {
 	}()
 	time.Sleep(150 * time.Millisecond)
 	resp, body := get(t, c, f.ID, "/")
-	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy.String()) {
-		t.Fatalf("concurrent request: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberBusy)
+	if resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), contract.ReasonFiberBusy.String()) {
+		t.Fatalf("concurrent request: %d %s, want 409 %s", resp.StatusCode, body, contract.ReasonFiberBusy)
 	}
 	<-done
 	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != 200 {

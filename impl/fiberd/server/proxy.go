@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
 )
@@ -111,13 +112,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 			own()
 			log.Printf("fiber %s: %s %s: %v", id, r.Method, r.URL.Path, err)
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				writeErr(w, http.StatusGatewayTimeout, client.ReasonRequestTimeout, fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
+				writeErr(w, http.StatusGatewayTimeout, contract.ReasonRequestTimeout, fmt.Sprintf("request exceeded maxRequestSeconds %d", g.MaxRequestSeconds))
 				return
 			}
 			if ferr := f.Err(); ferr != nil {
 				err = fmt.Errorf("%w (%v)", err, ferr)
 			}
-			writeErr(w, http.StatusBadGateway, client.ReasonFiberFailed, "fiber "+id+": "+err.Error())
+			writeErr(w, http.StatusBadGateway, contract.ReasonFiberFailed, "fiber "+id+": "+err.Error())
 		},
 	}
 	s.metrics.requests.Inc()
@@ -127,15 +128,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, id string) {
 func writeBeginErr(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, pool.ErrUnknown):
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, err.Error())
+		writeErr(w, http.StatusNotFound, contract.ReasonUnknownFiber, err.Error())
 	case errors.Is(err, pool.ErrBusy):
-		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, err.Error())
+		writeErr(w, http.StatusConflict, contract.ReasonFiberBusy, err.Error())
 	case errors.Is(err, pool.ErrSpent):
-		writeErr(w, http.StatusConflict, client.ReasonFiberSpent, err.Error())
+		writeErr(w, http.StatusConflict, contract.ReasonFiberSpent, err.Error())
 	case errors.Is(err, pool.ErrTunnelFresh):
-		writeErr(w, http.StatusConflict, client.ReasonTunnelRefused, err.Error())
+		writeErr(w, http.StatusConflict, contract.ReasonTunnelRefused, err.Error())
 	default:
-		writeErr(w, http.StatusConflict, client.ReasonUnknownFiber, err.Error())
+		writeErr(w, http.StatusConflict, contract.ReasonUnknownFiber, err.Error())
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
 )
@@ -32,7 +33,7 @@ import (
 // could not see their one request end.
 func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	if !headerHasToken(r.Header, "Connection", "upgrade") || !headerHasToken(r.Header, "Upgrade", client.TunnelProtocol) {
-		writeErr(w, http.StatusBadRequest, client.ReasonTunnelRefused, "a tunnel is requested with Connection: Upgrade and Upgrade: "+client.TunnelProtocol)
+		writeErr(w, http.StatusBadRequest, contract.ReasonTunnelRefused, "a tunnel is requested with Connection: Upgrade and Upgrade: "+client.TunnelProtocol)
 		return
 	}
 	l, g, status, reason, msg := s.current()
@@ -52,13 +53,13 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 		if ferr := f.Err(); ferr != nil {
 			err = fmt.Errorf("%w (%v)", err, ferr)
 		}
-		writeErr(w, http.StatusBadGateway, client.ReasonFiberFailed, "fiber "+id+": "+err.Error())
+		writeErr(w, http.StatusBadGateway, contract.ReasonFiberFailed, "fiber "+id+": "+err.Error())
 		return
 	}
 	defer fc.Close()
 	rc, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
-		writeErr(w, http.StatusBadRequest, client.ReasonTunnelRefused, "tunnels need an HTTP/1.1 connection: "+err.Error())
+		writeErr(w, http.StatusBadRequest, contract.ReasonTunnelRefused, "tunnels need an HTTP/1.1 connection: "+err.Error())
 		return
 	}
 	defer rc.Close()

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
@@ -127,14 +128,14 @@ func testTunnelCarriesRequests(t *testing.T, inst *fiberdtest.Instance) {
 		t.Fatalf("fiber state with an open tunnel: %q, want %q", s, client.StateTunneled)
 	}
 	// Exclusivity: neither a proxied request nor a second tunnel gets in.
-	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), client.ReasonFiberBusy.String()) {
-		t.Fatalf("proxied request into a tunneled fiber: %d %s, want 409 %s", resp.StatusCode, body, client.ReasonFiberBusy)
+	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != http.StatusConflict || !strings.Contains(string(body), contract.ReasonFiberBusy.String()) {
+		t.Fatalf("proxied request into a tunneled fiber: %d %s, want 409 %s", resp.StatusCode, body, contract.ReasonFiberBusy)
 	}
 	if c2, err := c.Tunnel(ctx, f.ID); !client.IsFiberBusy(err) {
 		if c2 != nil {
 			c2.Close()
 		}
-		t.Fatalf("second tunnel into a tunneled fiber: %v, want 409 %s", err, client.ReasonFiberBusy)
+		t.Fatalf("second tunnel into a tunneled fiber: %v, want 409 %s", err, contract.ReasonFiberBusy)
 	}
 	// Closing the tunnel gives the fiber back; the process is the same.
 	hc.CloseIdleConnections()
@@ -244,14 +245,14 @@ func TestTunnelRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	var apiErr *client.Error
-	if _, err := c.Tunnel(ctx, f.ID); !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict || apiErr.Reason != client.ReasonTunnelRefused {
-		t.Fatalf("tunnel into a fresh-mode fiber: %v, want 409 %s", err, client.ReasonTunnelRefused)
+	if _, err := c.Tunnel(ctx, f.ID); !errors.As(err, &apiErr) || apiErr.Status != http.StatusConflict || apiErr.Reason != contract.ReasonTunnelRefused {
+		t.Fatalf("tunnel into a fresh-mode fiber: %v, want 409 %s", err, contract.ReasonTunnelRefused)
 	}
 	// The refusal spent nothing: the fiber still serves its one request.
 	if resp, body := get(t, c, f.ID, "/"); resp.StatusCode != 200 {
 		t.Fatalf("fresh fiber after a refused tunnel: %d %s", resp.StatusCode, body)
 	}
-	if _, err := c.Tunnel(ctx, "no-such-fiber"); !client.IsNotFound(err) && !(errors.As(err, &apiErr) && apiErr.Reason == client.ReasonTunnelRefused) {
+	if _, err := c.Tunnel(ctx, "no-such-fiber"); !client.IsNotFound(err) && !(errors.As(err, &apiErr) && apiErr.Reason == contract.ReasonTunnelRefused) {
 		t.Fatalf("tunnel into an unknown fiber: %v", err)
 	}
 	bad, _ := client.New(inst.Endpoint, "wrong-token")

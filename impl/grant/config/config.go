@@ -12,51 +12,14 @@ import (
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
-// ConfigMap name and keys (lampyrconfig).
-const (
-	ConfigMapName = lampyrconfig.ConfigMapName
-
-	KeyFiberMemoryCapacity   = lampyrconfig.KeyFiberMemoryCapacity
-	KeyMaxMemoryPerFiber     = lampyrconfig.KeyMaxMemoryPerFiber
-	KeyMaxFibersPerGrant     = lampyrconfig.KeyMaxFibersPerGrant
-	KeyDefaultMaxFibers      = lampyrconfig.KeyDefaultMaxFibers
-	KeyGrantTTL              = lampyrconfig.KeyGrantTTL
-	KeyHomeImage             = lampyrconfig.KeyHomeImage
-	KeyHelperImage           = lampyrconfig.KeyHelperImage
-	KeyHomeWarmFibers        = lampyrconfig.KeyHomeWarmFibers
-	KeyHomeRegistryMirrors   = lampyrconfig.KeyHomeRegistryMirrors
-	KeyHomeCPULimit          = lampyrconfig.KeyHomeCPULimit
-	KeyFiberCPULimit         = lampyrconfig.KeyFiberCPULimit
-	KeyHomeStorageLimit      = lampyrconfig.KeyHomeStorageLimit
-	KeyFiberEgress           = lampyrconfig.KeyFiberEgress
-	KeyFiberEgressDomains    = lampyrconfig.KeyFiberEgressDomains
-	KeyFiberEgressDenyNames  = lampyrconfig.KeyFiberEgressDenyNames
-	KeyFiberEgressAllowCIDRs = lampyrconfig.KeyFiberEgressAllowCIDRs
-	KeyFiberEgressDenyCIDRs  = lampyrconfig.KeyFiberEgressDenyCIDRs
-)
-
-// Fiber egress modes.
-const (
-	EgressCluster = lampyrconfig.EgressCluster
-	EgressOff     = lampyrconfig.EgressOff
-)
-
-// DefaultEgressDenyNames keep fibers' resolver away from the platform's
-// own Services and the Kubernetes API by name.
-var DefaultEgressDenyNames = lampyrconfig.DefaultEgressDenyNames
-
 // Environment overrides for the images (names from the seed).
 const (
 	EnvGrantImage  = "LAMPYR_GRANT_IMAGE"
 	EnvHelperImage = "LAMPYR_HELPER_IMAGE"
 )
 
-// Config is the grant controller's configuration: the grant keys of
-// config-lampyr.
-type Config = lampyrconfig.Config
-
 // Defaults returns the configuration of an empty ConfigMap.
-func Defaults() *Config {
+func Defaults() *lampyrconfig.Config {
 	c := lampyrconfig.Defaults()
 	withImageEnv(c)
 	return c
@@ -64,7 +27,7 @@ func Defaults() *Config {
 
 // FromConfigMap parses config-lampyr's grant keys; a nil ConfigMap gives
 // the defaults. Every error names the key and what is accepted.
-func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
+func FromConfigMap(cm *corev1.ConfigMap) (*lampyrconfig.Config, error) {
 	var data map[string]string
 	if cm != nil {
 		data = cm.Data
@@ -79,7 +42,7 @@ func FromConfigMap(cm *corev1.ConfigMap) (*Config, error) {
 
 // withImageEnv takes the images the ConfigMap does not set from the
 // grant controller's environment.
-func withImageEnv(c *Config) {
+func withImageEnv(c *lampyrconfig.Config) {
 	if c.HomeImage == "" {
 		c.HomeImage = os.Getenv(EnvGrantImage)
 	}

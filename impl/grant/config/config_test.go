@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 func TestFromConfigMap(t *testing.T) {
@@ -13,16 +14,16 @@ func TestFromConfigMap(t *testing.T) {
 	if err != nil || c.FiberMemoryCapacity.String() != "8Gi" || c.GrantTTL != 10*time.Minute || c.RenewBefore() != 5*time.Minute {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
-	c, err = FromConfigMap(&corev1.ConfigMap{Data: map[string]string{KeyFiberMemoryCapacity: "2Gi", KeyGrantTTL: "2m", KeyHomeImage: "img", KeyHomeWarmFibers: "0"}})
+	c, err = FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyFiberMemoryCapacity: "2Gi", lampyrconfig.KeyGrantTTL: "2m", lampyrconfig.KeyHomeImage: "img", lampyrconfig.KeyHomeWarmFibers: "0"}})
 	if err != nil || c.FiberMemoryCapacity.String() != "2Gi" || c.GrantTTL != 2*time.Minute || c.HomeImage != "img" || c.HomeWarmFibers != 0 {
 		t.Fatalf("parsed: %+v %v", c, err)
 	}
 	for key, val := range map[string]string{
-		KeyFiberMemoryCapacity: "lots",
-		KeyMaxMemoryPerFiber:   "-1Gi",
-		KeyMaxFibersPerGrant:   "0",
-		KeyGrantTTL:            "5s",
-		KeyDefaultMaxFibers:    "1000",
+		lampyrconfig.KeyFiberMemoryCapacity: "lots",
+		lampyrconfig.KeyMaxMemoryPerFiber:   "-1Gi",
+		lampyrconfig.KeyMaxFibersPerGrant:   "0",
+		lampyrconfig.KeyGrantTTL:            "5s",
+		lampyrconfig.KeyDefaultMaxFibers:    "1000",
 	} {
 		_, err := FromConfigMap(&corev1.ConfigMap{Data: map[string]string{key: val}})
 		if err == nil || !strings.Contains(err.Error(), key) {

@@ -18,6 +18,7 @@ import (
 	"knative.dev/pkg/injection"
 	"knative.dev/pkg/logging"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
@@ -36,12 +37,12 @@ func WithNamespace(ctx context.Context, namespace string) context.Context {
 }
 
 // Namespace is the Homes namespace set by WithNamespace, or
-// resources.DefaultHomesNamespace.
+// contract.HomesNamespace.
 func Namespace(ctx context.Context) string {
 	if ns, ok := ctx.Value(namespaceKey{}).(string); ok && ns != "" {
 		return ns
 	}
-	return resources.DefaultHomesNamespace
+	return contract.HomesNamespace
 }
 
 type factoryKey struct{}

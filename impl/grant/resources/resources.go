@@ -27,23 +27,16 @@ import (
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
-	"lampyr.dev/serving/impl/grant/config"
 )
 
 // Labels on every object of a Home.
 const (
-	GrantLabel          = contract.GrantLabel
-	GrantNamespaceLabel = contract.GrantNamespaceLabel
-	GrantUIDLabel       = contract.GrantUIDLabel
-	RevisionLabel       = "serving.knative.dev/revision"
-	ComponentKey        = "app.kubernetes.io/component"
-	Component           = "lampyr-home"
+	RevisionLabel = "serving.knative.dev/revision"
+	ComponentKey  = "app.kubernetes.io/component"
+	Component     = "lampyr-home"
 )
-
-// DefaultHomesNamespace is where Homes run unless the grant controller is
-// told otherwise (LAMPYR_HOMES_NAMESPACE).
-const DefaultHomesNamespace = contract.HomesNamespace
 
 // Keys of the Home Secret, mounted at SecretMountPath. Nothing secret to
 // anyone but this Home: its grant and two public keys.
@@ -101,17 +94,17 @@ func HomeNameFor(namespace, name string) string {
 // UID is a leftover of an earlier grant of the same name.
 func IsHomeOf(obj metav1.Object, g *v1alpha1.CapacityGrant) bool {
 	l := obj.GetLabels()
-	return l[ComponentKey] == Component && l[GrantNamespaceLabel] == g.Namespace && l[GrantLabel] == g.Name && l[GrantUIDLabel] == string(g.UID)
+	return l[ComponentKey] == Component && l[contract.GrantNamespaceLabel] == g.Namespace && l[contract.GrantLabel] == g.Name && l[contract.GrantUIDLabel] == string(g.UID)
 }
 
 // GrantKeyOf is the namespace/name of the grant a Home object belongs to,
 // from its labels; ok is false for objects that are not Homes.
 func GrantKeyOf(obj metav1.Object) (namespace, name string, ok bool) {
 	l := obj.GetLabels()
-	if l[ComponentKey] != Component || l[GrantNamespaceLabel] == "" || l[GrantLabel] == "" {
+	if l[ComponentKey] != Component || l[contract.GrantNamespaceLabel] == "" || l[contract.GrantLabel] == "" {
 		return "", "", false
 	}
-	return l[GrantNamespaceLabel], l[GrantLabel], true
+	return l[contract.GrantNamespaceLabel], l[contract.GrantLabel], true
 }
 
 // HomeEndpointOf is status.homeEndpoint: the Ready Home Pod's own address
@@ -142,7 +135,7 @@ func HomeEndpoint(g *v1alpha1.CapacityGrant, homesNamespace string) string {
 }
 
 // EffectiveMaxFibers resolves maxFibers 0 to the installation default.
-func EffectiveMaxFibers(g *v1alpha1.CapacityGrant, cfg *config.Config) int32 {
+func EffectiveMaxFibers(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) int32 {
 	if g.Spec.MaxFibers == 0 {
 		return cfg.DefaultMaxFibers
 	}
@@ -150,18 +143,18 @@ func EffectiveMaxFibers(g *v1alpha1.CapacityGrant, cfg *config.Config) int32 {
 }
 
 // ReservedMemory is what admitting g reserves: memoryPerFiber × maxFibers.
-func ReservedMemory(g *v1alpha1.CapacityGrant, cfg *config.Config) int64 {
+func ReservedMemory(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) int64 {
 	return g.Spec.MemoryPerFiber.Value() * int64(EffectiveMaxFibers(g, cfg))
 }
 
 // Labels are the labels of every object of g's Home.
 func Labels(g *v1alpha1.CapacityGrant) map[string]string {
 	return map[string]string{
-		GrantLabel:          g.Name,
-		GrantNamespaceLabel: g.Namespace,
-		GrantUIDLabel:       string(g.UID),
-		RevisionLabel:       g.Spec.RevisionName,
-		ComponentKey:        Component,
+		contract.GrantLabel:          g.Name,
+		contract.GrantNamespaceLabel: g.Namespace,
+		contract.GrantUIDLabel:       string(g.UID),
+		RevisionLabel:                g.Spec.RevisionName,
+		ComponentKey:                 Component,
 	}
 }
 
@@ -171,7 +164,7 @@ func meta(g *v1alpha1.CapacityGrant, homesNamespace string) metav1.ObjectMeta {
 
 // MakeClaims is the content of the signed grant for g, whose template the
 // grant controller opened (helper: what it says about the handler).
-func MakeClaims(g *v1alpha1.CapacityGrant, cfg *config.Config, helper signedgrant.Helper, grantID string, now metav1.Time) signedgrant.Claims {
+func MakeClaims(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper signedgrant.Helper, grantID string, now metav1.Time) signedgrant.Claims {
 	mode := string(g.Spec.Execution.Mode)
 	if mode == "" {
 		mode = string(v1alpha1.ExecutionFresh)
@@ -223,7 +216,7 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 	return &corev1.Service{
 		ObjectMeta: meta(g, homesNamespace),
 		Spec: corev1.ServiceSpec{
-			Selector: map[string]string{GrantUIDLabel: string(g.UID), ComponentKey: Component},
+			Selector: map[string]string{contract.GrantUIDLabel: string(g.UID), ComponentKey: Component},
 			Ports: []corev1.ServicePort{{
 				Name:        "http",
 				Port:        APIPort,
@@ -238,7 +231,7 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 // backend creates namespaces, mounts and memory cgroups for its fibers; it
 // gets no service-account token and no service links, so nothing of the
 // cluster's identity can reach a fiber.
-func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace string) *corev1.Pod {
+func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNamespace string) *corev1.Pod {
 	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
 	mem.Add(HomeOverhead)
 	helperPath := "/lampyr-helper"
@@ -283,9 +276,9 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *config.Config, homesNamespace s
 		args = append(args, "--registry-mirror="+m)
 	}
 	var env []corev1.EnvVar
-	if cfg.Egress == config.EgressCluster && len(cfg.EgressAllow) > 0 {
+	if cfg.Egress == lampyrconfig.EgressCluster && len(cfg.EgressAllow) > 0 {
 		args = append(args,
-			"--egress="+config.EgressCluster,
+			"--egress="+lampyrconfig.EgressCluster,
 			"--egress-domains="+strings.Join(cfg.EgressDomains, ","),
 			"--egress-deny-names="+strings.Join(cfg.EgressDenyNames, ","),
 			"--egress-allow="+prefixes(cfg.EgressAllow),

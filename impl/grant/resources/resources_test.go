@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 )
@@ -122,7 +124,7 @@ func TestMakeHomePod(t *testing.T) {
 func TestMakeHomeServiceAndSecret(t *testing.T) {
 	g := grant(v1alpha1.ExecutionFresh, 4)
 	s := MakeHomeService(g, "lampyr-homes")
-	if s.Spec.Selector[GrantUIDLabel] != string(g.UID) || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g, "lampyr-homes") != HomeName(g)+".lampyr-homes.svc:9090" {
+	if s.Spec.Selector[contract.GrantUIDLabel] != string(g.UID) || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g, "lampyr-homes") != HomeName(g)+".lampyr-homes.svc:9090" {
 		t.Fatalf("service %+v endpoint %s", s.Spec, HomeEndpoint(g, "lampyr-homes"))
 	}
 	pod := MakeHomePod(g, config.Defaults(), "lampyr-homes")
@@ -161,7 +163,7 @@ func TestHomeNames(t *testing.T) {
 }
 
 func TestMakeHomePodRegistryMirrors(t *testing.T) {
-	cfg, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyHomeRegistryMirrors: "localhost:5002=kind-registry:5000"}})
+	cfg, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyHomeRegistryMirrors: "localhost:5002=kind-registry:5000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +171,7 @@ func TestMakeHomePodRegistryMirrors(t *testing.T) {
 	if !strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--registry-mirror=localhost:5002=kind-registry:5000") {
 		t.Fatalf("args %v", p.Spec.Containers[0].Args)
 	}
-	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{config.KeyHomeRegistryMirrors: "nope"}}); err == nil || !strings.Contains(err.Error(), config.KeyHomeRegistryMirrors) {
+	if _, err := config.FromConfigMap(&corev1.ConfigMap{Data: map[string]string{lampyrconfig.KeyHomeRegistryMirrors: "nope"}}); err == nil || !strings.Contains(err.Error(), lampyrconfig.KeyHomeRegistryMirrors) {
 		t.Fatalf("bad mirror: %v", err)
 	}
 }

@@ -27,6 +27,7 @@ import (
 
 	fiberdclient "lampyr.dev/serving/impl/client/injection/client"
 	capacitygrantinformer "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
@@ -37,9 +38,9 @@ import (
 // every EndpointSlice in the cluster. Router metadata has its own informer,
 // on the Lampyr namespace only (routerMetadataInformer).
 var (
-	routerMetadataSelector = labels.Set{routermeta.LabelKey: "true"}.String()
+	routerMetadataSelector = labels.Set{contract.RouterMetadataLabel: "true"}.String()
 	mirrorSliceSelector    = labels.Set{discoveryv1.LabelManagedBy: resources.EndpointSliceManagedBy}.String()
-	routerSliceSelector    = labels.Set{discoveryv1.LabelServiceName: config.RouterServiceName}.String()
+	routerSliceSelector    = labels.Set{discoveryv1.LabelServiceName: contract.RouterServiceName}.String()
 )
 
 // FilteredInformerSelectors must be passed to
@@ -109,7 +110,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 			return
 		}
 		l := acc.GetLabels()
-		if ns, rev := l[routermeta.NamespaceLabelKey], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
+		if ns, rev := l[contract.RevisionNamespaceLabel], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
 			impl.EnqueueKey(types.NamespacedName{Namespace: ns, Name: rev})
 		}
 	}))
@@ -161,7 +162,7 @@ func sweepRouterMetadata(ctx context.Context, kube kubernetes.Interface, ns stri
 		cms, _ := metadata.Lister().ConfigMaps(ns).List(labels.Everything())
 		for _, cm := range cms {
 			l := cm.Labels
-			key := l[routermeta.NamespaceLabelKey] + "/" + l[routermeta.RevisionLabelKey]
+			key := l[contract.RevisionNamespaceLabel] + "/" + l[routermeta.RevisionLabelKey]
 			if _, exists, err := revisions.GetStore().GetByKey(key); err != nil || exists {
 				continue
 			}

@@ -37,6 +37,7 @@ import (
 	fakefiberdclient "lampyr.dev/serving/impl/client/injection/client/fake"
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -79,8 +80,8 @@ func rev(opts ...revOption) *v1.Revision {
 				serving.ServiceLabelKey:       "hello",
 			},
 			Annotations: map[string]string{
-				SnapshotArtifactAnnotation: testArtifact,
-				FiberdTemplateAnnotation:   testTemplate,
+				contract.SnapshotArtifactAnnotation: testArtifact,
+				contract.FiberdTemplateAnnotation:   testTemplate,
 			},
 			Finalizers: []string{finalizerName},
 		},
@@ -225,7 +226,7 @@ func accepted(opts ...func(*resources.Template)) *resources.Template {
 
 func h2c(t *resources.Template) { t.Protocol = "h2c"; t.Port = 50051 }
 
-func testLampyr(strategy config.BackendStrategy) *config.Lampyr {
+func testLampyr(strategy lampyrconfig.BackendStrategy) *lampyrconfig.Config {
 	l := config.DefaultLampyr()
 	l.BackendStrategy = strategy
 	l.RouterNamespace = "lampyr-system"
@@ -253,7 +254,7 @@ func testServingConfig(t testing.TB) *apisconfig.Config {
 // own tests; here they state what the reconciler is expected to write).
 
 func grant(t *resources.Template, opts ...func(*fiberdv1alpha1.CapacityGrant)) *fiberdv1alpha1.CapacityGrant {
-	g := resources.MakeCapacityGrant(rev(), t, testLampyr(config.BackendExternalName))
+	g := resources.MakeCapacityGrant(rev(), t, testLampyr(lampyrconfig.BackendExternalName))
 	for _, o := range opts {
 		o(g)
 	}
@@ -304,7 +305,7 @@ func grantRefused(reason contract.Reason, msg string) func(*fiberdv1alpha1.Capac
 	}
 }
 
-func service(t *resources.Template, strategy config.BackendStrategy) *corev1.Service {
+func service(t *resources.Template, strategy lampyrconfig.BackendStrategy) *corev1.Service {
 	return resources.MakeService(rev(), t, testLampyr(strategy))
 }
 
@@ -445,9 +446,9 @@ func makeFactory() rtesting.Factory {
 		recorder := record.NewFakeRecorder(20)
 		ctx = controller.WithEventRecorder(ctx, recorder)
 
-		lampyr, _ := row.OtherTestData[lampyrConfigKey].(*config.Lampyr)
+		lampyr, _ := row.OtherTestData[lampyrConfigKey].(*lampyrconfig.Config)
 		if lampyr == nil {
-			lampyr = testLampyr(config.BackendExternalName)
+			lampyr = testLampyr(lampyrconfig.BackendExternalName)
 		}
 		verifier, _ := row.OtherTestData[verifierKey].(ArtifactVerifier)
 		sealer, _ := row.OtherTestData[sealerKey].(TemplateSealer)

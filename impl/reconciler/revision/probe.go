@@ -13,7 +13,7 @@ import (
 
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // BackendProber tells whether a backend Service's cluster IP leads to
@@ -90,7 +90,7 @@ func (b *reachableBackends) forget(rev *v1.Revision) {
 // before the Revision is routable; until then it is looked at again every
 // backendProbeInterval.
 func (r *Reconciler) probeBackend(ctx context.Context, rev *v1.Revision, p *progress) error {
-	if r.prober == nil || p.cfg.BackendStrategy != config.BackendEndpointSlice || !p.serviceReady || !p.sliceReady ||
+	if r.prober == nil || p.cfg.BackendStrategy != lampyrconfig.BackendEndpointSlice || !p.serviceReady || !p.sliceReady ||
 		p.clusterIP == "" || p.clusterIP == "None" {
 		return nil
 	}

@@ -17,6 +17,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
@@ -275,7 +276,7 @@ func (r *Reconciler) sliceKind() ownedKind[*discoveryv1.EndpointSlice] {
 // in the endpointslice strategy, and removes it in the externalname one
 // (after a strategy switch).
 func (r *Reconciler) reconcileEndpointSlice(ctx context.Context, rev *v1.Revision, p *progress) error {
-	if p.cfg.BackendStrategy != config.BackendEndpointSlice {
+	if p.cfg.BackendStrategy != lampyrconfig.BackendEndpointSlice {
 		p.sliceReady = true
 		return r.deleteEndpointSlice(ctx, rev)
 	}

@@ -22,16 +22,6 @@ import (
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
-// Where the grant controller publishes the fleet public key and keeps the
-// controller's sealer key (impl/grant/keys.go; docs/contracts.md §6,
-// docs/security.md §2).
-const (
-	fleetKeyConfigMap = contract.FleetKeyName
-	fleetPublicKeyKey = contract.FleetPublicKeyKey
-	sealerSecret      = contract.ControllerSealerName
-	sealerPrivateKey  = contract.PrivateKeyKey
-)
-
 // SealRequest is one image-mapped Revision's template to seal.
 type SealRequest struct {
 	// Namespace is the Lampyr namespace, where the fleet key is published.
@@ -73,15 +63,15 @@ func (s *RegistrySealer) sealerKey(ctx context.Context, ns string) (*seal.Sealer
 	if s.sealer != nil {
 		return s.sealer, nil
 	}
-	sec, err := s.Kube.CoreV1().Secrets(ns).Get(ctx, sealerSecret, metav1.GetOptions{})
+	sec, err := s.Kube.CoreV1().Secrets(ns).Get(ctx, contract.ControllerSealerName, metav1.GetOptions{})
 	if apierrs.IsNotFound(err) {
-		return nil, fmt.Errorf("the controller's sealer key is not created yet (Secret %s/%s): is lampyr-grant-controller running?", ns, sealerSecret)
+		return nil, fmt.Errorf("the controller's sealer key is not created yet (Secret %s/%s): is lampyr-grant-controller running?", ns, contract.ControllerSealerName)
 	} else if err != nil {
-		return nil, fmt.Errorf("reading the controller's sealer key (Secret %s/%s): %w", ns, sealerSecret, err)
+		return nil, fmt.Errorf("reading the controller's sealer key (Secret %s/%s): %w", ns, contract.ControllerSealerName, err)
 	}
-	k, err := seal.ParseSealerKeyPEM(sec.Data[sealerPrivateKey])
+	k, err := seal.ParseSealerKeyPEM(sec.Data[contract.PrivateKeyKey])
 	if err != nil {
-		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, sealerSecret, sealerPrivateKey, err)
+		return nil, fmt.Errorf("Secret %s/%s key %s: %w", ns, contract.ControllerSealerName, contract.PrivateKeyKey, err)
 	}
 	s.sealer = k
 	return k, nil
@@ -102,15 +92,15 @@ func (s *RegistrySealer) Seal(ctx context.Context, req SealRequest) (string, err
 		}
 		return "", fmt.Errorf("reading the snapshot artifact %s to seal its template: %w", req.Snapshot, err)
 	}
-	cm, err := s.Kube.CoreV1().ConfigMaps(req.Namespace).Get(ctx, fleetKeyConfigMap, metav1.GetOptions{})
+	cm, err := s.Kube.CoreV1().ConfigMaps(req.Namespace).Get(ctx, contract.FleetKeyName, metav1.GetOptions{})
 	if apierrs.IsNotFound(err) {
-		return "", fmt.Errorf("the fleet public key is not published yet (ConfigMap %s/%s): is lampyr-grant-controller running?", req.Namespace, fleetKeyConfigMap)
+		return "", fmt.Errorf("the fleet public key is not published yet (ConfigMap %s/%s): is lampyr-grant-controller running?", req.Namespace, contract.FleetKeyName)
 	} else if err != nil {
 		return "", fmt.Errorf("reading the fleet public key: %w", err)
 	}
-	fleet, err := seal.ParsePublicKeyPEM([]byte(cm.Data[fleetPublicKeyKey]))
+	fleet, err := seal.ParsePublicKeyPEM([]byte(cm.Data[contract.FleetPublicKeyKey]))
 	if err != nil {
-		return "", fmt.Errorf("ConfigMap %s/%s %s: %w", req.Namespace, fleetKeyConfigMap, fleetPublicKeyKey, err)
+		return "", fmt.Errorf("ConfigMap %s/%s %s: %w", req.Namespace, contract.FleetKeyName, contract.FleetPublicKeyKey, err)
 	}
 	sealer, err := s.sealerKey(ctx, req.Namespace)
 	if err != nil {

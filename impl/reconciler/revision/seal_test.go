@@ -19,6 +19,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/seal"
 )
 
@@ -58,11 +59,11 @@ func TestRegistrySealer(t *testing.T) {
 	}
 	sealer, _ := seal.GenerateSealerKey()
 	kube := fakekube.NewSimpleClientset(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: fleetKeyConfigMap},
-		Data:       map[string]string{fleetPublicKeyKey: string(priv.Public().MarshalPEM())},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: contract.FleetKeyName},
+		Data:       map[string]string{contract.FleetPublicKeyKey: string(priv.Public().MarshalPEM())},
 	}, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: sealerSecret},
-		Data:       map[string][]byte{sealerPrivateKey: sealer.MarshalPEM()},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: contract.ControllerSealerName},
+		Data:       map[string][]byte{contract.PrivateKeyKey: sealer.MarshalPEM()},
 	})
 	s := &RegistrySealer{Kube: kube}
 	req := SealRequest{
@@ -113,8 +114,8 @@ func TestRegistrySealer(t *testing.T) {
 		t.Errorf("Seal without a fleet key = %v", err)
 	}
 	s = &RegistrySealer{Kube: fakekube.NewSimpleClientset(&corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: fleetKeyConfigMap},
-		Data:       map[string]string{fleetPublicKeyKey: string(priv.Public().MarshalPEM())},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "lampyr-system", Name: contract.FleetKeyName},
+		Data:       map[string]string{contract.FleetPublicKeyKey: string(priv.Public().MarshalPEM())},
 	})}
 	if _, err := s.Seal(ctx, req); err == nil || !strings.Contains(err.Error(), "lampyr-system/lampyr-controller-sealer") {
 		t.Errorf("Seal without the controller's sealer key = %v", err)

@@ -10,7 +10,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
 
@@ -39,7 +39,7 @@ var revisionConditions = (&v1.Revision{}).GetConditionSet()
 // it into conditions in one place, so the reader finds every rule here.
 type progress struct {
 	tmpl *resources.Template
-	cfg  *config.Lampyr
+	cfg  *lampyrconfig.Config
 
 	// artifactMissing is set when the registry says the artifact is absent.
 	artifactMissing string
@@ -96,7 +96,7 @@ func (p *progress) home() string {
 // backendReady is the backend Service plus, in the endpointslice strategy,
 // its mirrored EndpointSlice.
 func (p *progress) backendReady() bool {
-	if p.cfg.BackendStrategy == config.BackendEndpointSlice {
+	if p.cfg.BackendStrategy == lampyrconfig.BackendEndpointSlice {
 		return p.serviceReady && p.sliceReady && p.backendUnreachable == ""
 	}
 	return p.serviceReady

@@ -22,7 +22,7 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
 
@@ -38,7 +38,7 @@ func TestReconcile(t *testing.T) {
 	const refusal = "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr"
 	const tooMany = "maxFibers 500 is above max-fibers-per-grant 100"
 	const notListening = "Container failed with: the handler did not listen on $PORT (8080) within the start-up timeout of 10s; last output:\nlistening nowhere"
-	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice)}
+	sliceStrategy := map[string]interface{}{lampyrConfigKey: testLampyr(lampyrconfig.BackendEndpointSlice)}
 
 	table := rtesting.TableTest{{
 		Name: "bad workqueue key",
@@ -56,7 +56,7 @@ func TestReconcile(t *testing.T) {
 		WantEvents: []string{finalizerEvent(), grantCreatedEvent(), serviceCreatedEvent(corev1.ServiceTypeExternalName)},
 		WantCreates: []runtime.Object{
 			grant(tmpl),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -72,7 +72,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WantCreates: []runtime.Object{
 			grant(tmpl),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -83,7 +83,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantHomeNotReady(contract.ReasonHomePending, "the Home Pod is being scheduled")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -99,7 +99,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -114,7 +114,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -123,7 +123,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -135,7 +135,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, "256Mi per fiber x 10 exceeds the 1Gi left (85% used); raise fiber-memory-capacity in config-lampyr")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -150,7 +150,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			refusedRev("InsufficientMemory", refusal),
 			grant(tmpl, grantRefused(contract.ReasonInsufficientMemory, refusal)),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -159,7 +159,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			refusedRev("InsufficientMemory", refusal),
 			grant(tmpl, grantRefused(contract.ReasonTooManyFibers, tooMany)),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -174,7 +174,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "fiberd: the template is not sealed to this cluster's fleet key")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -195,7 +195,7 @@ func TestReconcile(t *testing.T) {
 			rev(waitingForGrant()),
 			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 5, Output: "Started...\nCrashed..."},
 				"the handler exited with code 5 before it listened on $PORT (8080)")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -215,7 +215,7 @@ func TestReconcile(t *testing.T) {
 			rev(waitingForGrant()),
 			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerExited, ExitCode: 137, Signal: "SIGKILL"},
 				"the handler was killed by signal SIGKILL (exit code 137) before it listened on $PORT (8080)")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -235,7 +235,7 @@ func TestReconcile(t *testing.T) {
 			rev(waitingForGrant()),
 			grant(tmpl, grantHandlerFailed(fiberdv1alpha1.HandlerFailure{Reason: contract.ReasonHandlerNotListening, Output: "listening nowhere"},
 				"the handler did not listen on $PORT (8080) within the start-up timeout of 10s")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -258,7 +258,7 @@ func TestReconcile(t *testing.T) {
 				active(corev1.ConditionUnknown, "ExitCode5", "Container failed with: Crashed..."),
 			), withContainerStatus("user-container", testImage)),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -270,7 +270,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantHomeFailed(contract.ReasonHomeFailed, "the Home Pod was evicted")),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -292,7 +292,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady, func(g *fiberdv1alpha1.CapacityGrant) { g.Spec.MaxFibers = 99 }),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -311,7 +311,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantReady, func(g *fiberdv1alpha1.CapacityGrant) { g.Generation = 2; g.Status.ObservedGeneration = 1 }),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -327,7 +327,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WantCreates: []runtime.Object{
 			grant(accepted(h2c)),
-			service(accepted(h2c), config.BackendExternalName),
+			service(accepted(h2c), lampyrconfig.BackendExternalName),
 			metadata(accepted(h2c), "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -340,9 +340,9 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{rev(
 			annotation("autoscaling.knative.dev/max-scale", "7"),
 			annotation("autoscaling.knative.dev/min-scale", "0"),
-			annotation(ExecutionModeAnnotation, "reuse"),
-			annotation(IdleTimeoutAnnotation, "30s"),
-			annotation(IdleActionAnnotation, "release"),
+			annotation(contract.ExecutionModeAnnotation, "reuse"),
+			annotation(contract.IdleTimeoutAnnotation, "30s"),
+			annotation(contract.IdleActionAnnotation, "release"),
 			func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(900) },
 			container(func(c *corev1.Container) {
 				c.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}
@@ -360,7 +360,7 @@ func TestReconcile(t *testing.T) {
 				g.Spec.MemoryPerFiber = resource.MustParse("512Mi")
 				g.Spec.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
 			}),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			resources.MakeRouterMetadata(rev(), accepted(func(t *resources.Template) {
 				t.MaxFibers = 7
 				t.TimeoutSeconds = 900
@@ -371,9 +371,9 @@ func TestReconcile(t *testing.T) {
 			statusUpdate(rev(
 				annotation("autoscaling.knative.dev/max-scale", "7"),
 				annotation("autoscaling.knative.dev/min-scale", "0"),
-				annotation(ExecutionModeAnnotation, "reuse"),
-				annotation(IdleTimeoutAnnotation, "30s"),
-				annotation(IdleActionAnnotation, "release"),
+				annotation(contract.ExecutionModeAnnotation, "reuse"),
+				annotation(contract.IdleTimeoutAnnotation, "30s"),
+				annotation(contract.IdleActionAnnotation, "release"),
 				func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(900) },
 				container(func(c *corev1.Container) {
 					c.Resources.Requests = corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("512Mi")}
@@ -398,7 +398,7 @@ func TestReconcile(t *testing.T) {
 		},
 		WantCreates: []runtime.Object{
 			grant(tmpl),
-			service(tmpl, config.BackendEndpointSlice),
+			service(tmpl, lampyrconfig.BackendEndpointSlice),
 			mirror(tmpl, "10.244.0.11", "10.244.0.12"),
 			metadata(tmpl, "", false),
 		},
@@ -411,7 +411,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
 			mirror(tmpl, "10.244.0.11"),
 			metadata(tmpl, testHome, true),
@@ -423,7 +423,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			routerSlice("fiber-router-fghij", endpoint("10.244.0.21", ptr.Bool(true)), endpoint("10.244.0.11", ptr.Bool(false))),
 			mirror(tmpl, "10.244.0.11"),
 			metadata(tmpl, testHome, true),
@@ -438,7 +438,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(false))),
 			func() *discoveryv1.EndpointSlice {
 				s := mirror(tmpl)
@@ -454,27 +454,27 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
 			mirror(tmpl, "10.244.0.11"),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
 		WantUpdates: []clientgotesting.UpdateActionImpl{
-			update(service(tmpl, config.BackendEndpointSlice)),
+			update(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 		},
 	}, {
 		Name: "strategy switched to externalname: Service becomes ExternalName, mirror deleted",
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			mirror(tmpl, "10.244.0.11"),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
 		WantUpdates: []clientgotesting.UpdateActionImpl{
-			update(service(tmpl, config.BackendExternalName)),
+			update(service(tmpl, lampyrconfig.BackendExternalName)),
 		},
 		WantDeletes: []clientgotesting.DeleteActionImpl{
 			deleteAction(endpointSlicesGVR, testRevName),
@@ -484,7 +484,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantReady),
-			notOwned(service(tmpl, config.BackendExternalName)),
+			notOwned(service(tmpl, lampyrconfig.BackendExternalName)),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -508,7 +508,7 @@ func TestReconcile(t *testing.T) {
 			rev(ready()),
 			grant(tmpl, grantReady),
 			func() *corev1.Service {
-				s := service(tmpl, config.BackendExternalName)
+				s := service(tmpl, lampyrconfig.BackendExternalName)
 				s.Spec.Ports[0].TargetPort = intstr.FromInt32(8080)
 				return s
 			}(),
@@ -516,7 +516,7 @@ func TestReconcile(t *testing.T) {
 		},
 		Key: key(),
 		WantUpdates: []clientgotesting.UpdateActionImpl{
-			update(service(tmpl, config.BackendExternalName)),
+			update(service(tmpl, lampyrconfig.BackendExternalName)),
 		},
 	}, {
 		Name:          "artifact verification on: missing artifact is ContainerHealthy False ContainerMissing",
@@ -524,7 +524,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		Key: key(),
@@ -548,7 +548,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(ready()),
 			grant(tmpl, grantReady),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, testHome, true),
 		},
 		Key: key(),
@@ -570,7 +570,7 @@ func TestReconcile(t *testing.T) {
 		Key:          key(),
 		WithReactors: []clientgotesting.ReactionFunc{rtesting.InduceFailure("create", "services")},
 		WantErr:      true,
-		WantCreates:  []runtime.Object{service(tmpl, config.BackendExternalName)},
+		WantCreates:  []runtime.Object{service(tmpl, lampyrconfig.BackendExternalName)},
 		WantEvents: []string{
 			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "creating Service %s: inducing failure for create services", testRevName),
 		},
@@ -585,7 +585,7 @@ func TestReconcile(t *testing.T) {
 		WithReactors: []clientgotesting.ReactionFunc{refuseGrantCreate},
 		WantCreates: []runtime.Object{
 			grant(tmpl),
-			service(tmpl, config.BackendExternalName),
+			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -615,7 +615,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(deleted, ready()),
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			mirror(tmpl, "10.244.0.11"),
 			metadata(tmpl, testHome, true),
 		},
@@ -633,7 +633,7 @@ func TestReconcile(t *testing.T) {
 		Objects: []runtime.Object{
 			rev(deleted, ready()),
 			notOwned(grant(tmpl, grantReady)),
-			notOwned(service(tmpl, config.BackendExternalName)),
+			notOwned(service(tmpl, lampyrconfig.BackendExternalName)),
 		},
 		Key:         key(),
 		WantPatches: []clientgotesting.PatchActionImpl{patchFinalizers()},
@@ -646,7 +646,7 @@ func TestReconcile(t *testing.T) {
 		WantEvents:  []string{finalizerEvent()},
 	}, {
 		Name:         "finalization retries when a delete fails, keeping the finalizer",
-		Objects:      []runtime.Object{rev(deleted, ready()), service(tmpl, config.BackendExternalName)},
+		Objects:      []runtime.Object{rev(deleted, ready()), service(tmpl, lampyrconfig.BackendExternalName)},
 		Key:          key(),
 		WithReactors: []clientgotesting.ReactionFunc{rtesting.InduceFailure("delete", "services")},
 		WantErr:      true,
@@ -705,8 +705,8 @@ func mirror(t *resources.Template, ips ...string) *discoveryv1.EndpointSlice {
 	return resources.MakeEndpointSlice(rev(), t, []*discoveryv1.EndpointSlice{routerSlice("fiber-router", eps...)})
 }
 
-func verifying() *config.Lampyr {
-	l := testLampyr(config.BackendExternalName)
+func verifying() *lampyrconfig.Config {
+	l := testLampyr(lampyrconfig.BackendExternalName)
 	l.VerifyArtifacts = true
 	return l
 }
@@ -743,9 +743,9 @@ func refuseGrantCreate(action clientgotesting.Action) (bool, runtime.Object, err
 const testSealed = "registry.example/lampyr/templates@sha256:4444444444444444444444444444444444444444444444444444444444444444"
 
 // mapping is config-lampyr with testImage mapped to testArtifact.
-func mapping() *config.Lampyr {
-	l := testLampyr(config.BackendExternalName)
-	k, _ := config.ImageKey(testImage)
+func mapping() *lampyrconfig.Config {
+	l := testLampyr(lampyrconfig.BackendExternalName)
+	k, _ := lampyrconfig.ImageKey(testImage)
 	l.ImageSnapshots = map[string]string{k: testArtifact}
 	l.TemplateRepository = "registry.example/lampyr/templates"
 	l.RegistryMirrors = []string{"registry.example=lampyr-registry:5000"}
@@ -769,7 +769,7 @@ func (f *fakeSealer) Seal(_ context.Context, req SealRequest) (string, error) {
 // imageMappedRows: Revisions without Lampyr annotations whose image digest
 // config-lampyr image-snapshots maps to a snapshot artifact.
 func imageMappedRows(t *testing.T) rtesting.TableTest {
-	plain := []revOption{withoutAnnotation(SnapshotArtifactAnnotation), withoutAnnotation(FiberdTemplateAnnotation)}
+	plain := []revOption{withoutAnnotation(contract.SnapshotArtifactAnnotation), withoutAnnotation(contract.FiberdTemplateAnnotation)}
 	mapped := accepted(func(t *resources.Template) { t.FiberdTemplate = testSealed; t.SealByController = true })
 	req := SealRequest{
 		Namespace: "lampyr-system", RevisionNamespace: testNS, Revision: testRevName, Snapshot: testArtifact,
@@ -789,7 +789,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		},
 		WantCreates: []runtime.Object{
 			grant(mapped),
-			service(mapped, config.BackendExternalName),
+			service(mapped, lampyrconfig.BackendExternalName),
 			metadata(mapped, "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -802,7 +802,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		Objects: []runtime.Object{
 			rev(append(plain, waitingForGrant())...),
 			grant(mapped, grantReady),
-			service(mapped, config.BackendExternalName),
+			service(mapped, lampyrconfig.BackendExternalName),
 			metadata(mapped, "", false),
 		},
 		Key: key(),
@@ -823,7 +823,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", missing),
 		},
 		WantCreates: []runtime.Object{
-			service(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), config.BackendExternalName),
+			service(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), lampyrconfig.BackendExternalName),
 			metadata(accepted(func(t *resources.Template) { t.FiberdTemplate = ""; t.SealByController = true }), "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -855,7 +855,7 @@ func imageMappedRows(t *testing.T) rtesting.TableTest {
 		},
 		WantCreates: []runtime.Object{
 			grant(accepted()),
-			service(accepted(), config.BackendExternalName),
+			service(accepted(), lampyrconfig.BackendExternalName),
 			metadata(accepted(), "", false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
@@ -874,13 +874,13 @@ func (f fakeProber) Reachable(_ context.Context, addr string) bool { return f[ad
 func probeRows() rtesting.TableTest {
 	tmpl := accepted()
 	with := func(p BackendProber) map[string]interface{} {
-		return map[string]interface{}{lampyrConfigKey: testLampyr(config.BackendEndpointSlice), proberKey: p}
+		return map[string]interface{}{lampyrConfigKey: testLampyr(lampyrconfig.BackendEndpointSlice), proberKey: p}
 	}
 	objects := func(r *v1.Revision, meta *corev1.ConfigMap) []runtime.Object {
 		return []runtime.Object{
 			r,
 			grant(tmpl, grantReady),
-			apiServerDefaults(service(tmpl, config.BackendEndpointSlice)),
+			apiServerDefaults(service(tmpl, lampyrconfig.BackendEndpointSlice)),
 			routerSlice("fiber-router-abcde", endpoint("10.244.0.11", ptr.Bool(true))),
 			mirror(tmpl, "10.244.0.11"),
 			meta,

@@ -20,25 +20,10 @@ import (
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
-)
-
-// Revision annotations Lampyr reads. Stock Knative ignores all of them, so one
-// Service YAML runs on both.
-const (
-	// SnapshotArtifactAnnotation: digest-pinned Lampyr snapshot artifact.
-	SnapshotArtifactAnnotation = contract.SnapshotArtifactAnnotation
-	// FiberdTemplateAnnotation: digest-pinned sealed fiberd template.
-	FiberdTemplateAnnotation = contract.FiberdTemplateAnnotation
-	// ExecutionModeAnnotation: lampyr.yaml execution.mode, fresh (default) or reuse.
-	ExecutionModeAnnotation = contract.ExecutionModeAnnotation
-	// IdleTimeoutAnnotation: lampyr.yaml execution.idleTimeout (a Go
-	// duration such as 30s), required with reuse.
-	IdleTimeoutAnnotation = contract.IdleTimeoutAnnotation
-	// IdleActionAnnotation: lampyr.yaml execution.idleAction; only release.
-	IdleActionAnnotation = contract.IdleActionAnnotation
 )
 
 // Bounds of the CapacityGrant CRD (impl/config/crds/capacitygrant.yaml):
@@ -360,15 +345,15 @@ var (
 func (v *validator) annotations(anns map[string]string, t *resources.Template) {
 	field := func(k string) string { return "metadata.annotations['" + k + "']" }
 
-	_, hasSnapshot := anns[SnapshotArtifactAnnotation]
-	_, hasTemplate := anns[FiberdTemplateAnnotation]
+	_, hasSnapshot := anns[contract.SnapshotArtifactAnnotation]
+	_, hasTemplate := anns[contract.FiberdTemplateAnnotation]
 	if snap, ok := v.mappedSnapshot(t.Image); ok && !hasSnapshot && !hasTemplate {
 		// An image built with its snapshot (config-lampyr image-snapshots):
 		// the controller seals this Revision's template itself.
 		t.SnapshotArtifact, t.SealByController = snap, true
 	} else {
-		t.SnapshotArtifact = v.pinnedAnnotation(anns, SnapshotArtifactAnnotation, "SnapshotArtifact", field)
-		t.FiberdTemplate = v.pinnedAnnotation(anns, FiberdTemplateAnnotation, "FiberdTemplate", field)
+		t.SnapshotArtifact = v.pinnedAnnotation(anns, contract.SnapshotArtifactAnnotation, "SnapshotArtifact", field)
+		t.FiberdTemplate = v.pinnedAnnotation(anns, contract.FiberdTemplateAnnotation, "FiberdTemplate", field)
 	}
 
 	keys := make([]string, 0, len(anns))
@@ -443,7 +428,7 @@ func (v *validator) mappedSnapshot(image string) (string, bool) {
 	if image == "" || len(v.images) == 0 {
 		return "", false
 	}
-	k, ok := config.ImageKey(image)
+	k, ok := lampyrconfig.ImageKey(image)
 	if !ok {
 		return "", false
 	}
@@ -469,16 +454,16 @@ func (v *validator) pinnedAnnotation(anns map[string]string, key, what string, f
 // reuse with an idle timeout and idle action release. park/resume are not
 // implemented and are refused rather than silently treated as release.
 func (v *validator) execution(anns map[string]string, t *resources.Template, field func(string) string) {
-	mode, hasMode := anns[ExecutionModeAnnotation]
-	idle, hasIdle := anns[IdleTimeoutAnnotation]
-	action, hasAction := anns[IdleActionAnnotation]
+	mode, hasMode := anns[contract.ExecutionModeAnnotation]
+	idle, hasIdle := anns[contract.IdleTimeoutAnnotation]
+	action, hasAction := anns[contract.IdleActionAnnotation]
 
 	switch fiberdv1alpha1.ExecutionMode(mode) {
 	case fiberdv1alpha1.ExecutionFresh:
 	case fiberdv1alpha1.ExecutionReuse:
 	default:
 		if hasMode {
-			v.reject("UnsupportedExecutionMode", field(ExecutionModeAnnotation), fmt.Sprintf("%q: use fresh or reuse", mode))
+			v.reject("UnsupportedExecutionMode", field(contract.ExecutionModeAnnotation), fmt.Sprintf("%q: use fresh or reuse", mode))
 			return
 		}
 		mode = string(fiberdv1alpha1.ExecutionFresh)
@@ -486,18 +471,18 @@ func (v *validator) execution(anns map[string]string, t *resources.Template, fie
 	t.Execution.Mode = fiberdv1alpha1.ExecutionMode(mode)
 	if t.Execution.Mode == fiberdv1alpha1.ExecutionFresh {
 		if hasIdle {
-			v.reject("UnsupportedIdleTimeout", field(IdleTimeoutAnnotation), "applies to execution-mode reuse only; fresh fibers are released when the request ends")
+			v.reject("UnsupportedIdleTimeout", field(contract.IdleTimeoutAnnotation), "applies to execution-mode reuse only; fresh fibers are released when the request ends")
 		}
 		if hasAction {
-			v.reject("UnsupportedIdleAction", field(IdleActionAnnotation), "applies to execution-mode reuse only")
+			v.reject("UnsupportedIdleAction", field(contract.IdleActionAnnotation), "applies to execution-mode reuse only")
 		}
 		return
 	}
 
 	if !hasIdle {
-		v.reject("MissingIdleTimeout", field(IdleTimeoutAnnotation), "execution-mode reuse needs an idle timeout such as 30s")
+		v.reject("MissingIdleTimeout", field(contract.IdleTimeoutAnnotation), "execution-mode reuse needs an idle timeout such as 30s")
 	} else if d, err := time.ParseDuration(idle); err != nil || d <= 0 || d > maxSeconds*time.Second {
-		v.reject("UnsupportedIdleTimeout", field(IdleTimeoutAnnotation), fmt.Sprintf("%q: want a duration such as 30s, at most 24h", idle))
+		v.reject("UnsupportedIdleTimeout", field(contract.IdleTimeoutAnnotation), fmt.Sprintf("%q: want a duration such as 30s, at most 24h", idle))
 	} else {
 		// Whole seconds, rounded up so a fiber is never released early.
 		t.Execution.IdleTimeoutSeconds = int64(math.Ceil(d.Seconds()))
@@ -506,7 +491,7 @@ func (v *validator) execution(anns map[string]string, t *resources.Template, fie
 	case !hasAction || action == fiberdv1alpha1.IdleActionRelease:
 		t.Execution.IdleAction = fiberdv1alpha1.IdleActionRelease
 	default:
-		v.reject("UnsupportedIdleAction", field(IdleActionAnnotation), fmt.Sprintf("%q: only release is supported (park/resume are not)", action))
+		v.reject("UnsupportedIdleAction", field(contract.IdleActionAnnotation), fmt.Sprintf("%q: only release is supported (park/resume are not)", action))
 	}
 }
 

@@ -15,6 +15,8 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -153,8 +155,8 @@ func rejectionCases() []rejectionCase {
 		name: "timeoutSeconds above a day", opts: []revOption{func(r *v1.Revision) { r.Spec.TimeoutSeconds = ptr.Int64(86401) }},
 		reason: "UnsupportedTimeoutSeconds", field: "spec.timeoutSeconds", detail: "timeoutSeconds must be between 1 and 86400",
 	}, {
-		name: "an idle timeout that is not a duration", opts: []revOption{annotation(ExecutionModeAnnotation, "reuse"), annotation(IdleTimeoutAnnotation, "30")},
-		reason: "UnsupportedIdleTimeout", field: annField(IdleTimeoutAnnotation), detail: `"30": want a duration such as 30s, at most 24h`,
+		name: "an idle timeout that is not a duration", opts: []revOption{annotation(contract.ExecutionModeAnnotation, "reuse"), annotation(contract.IdleTimeoutAnnotation, "30")},
+		reason: "UnsupportedIdleTimeout", field: annField(contract.IdleTimeoutAnnotation), detail: `"30": want a duration such as 30s, at most 24h`,
 	}, {
 		name: "containerConcurrency 0 (the webhook's default)", opts: []revOption{func(r *v1.Revision) { r.Spec.ContainerConcurrency = ptr.Int64(0) }},
 		reason: "UnsupportedContainerConcurrency", field: "spec.containerConcurrency", detail: "containerConcurrency must be 1 (one request per fiber), got 0",
@@ -184,29 +186,29 @@ func rejectionCases() []rejectionCase {
 		reason: "UnsupportedImage", field: containerPath + ".image",
 		detail: `the image must be pinned by digest (repository@sha256:...): "registry.example/hello:v1": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello:v1`,
 	}, {
-		name: "a missing snapshot artifact", opts: []revOption{withoutAnnotation(SnapshotArtifactAnnotation)},
-		reason: "MissingSnapshotArtifact", field: annField(SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
+		name: "a missing snapshot artifact", opts: []revOption{withoutAnnotation(contract.SnapshotArtifactAnnotation)},
+		reason: "MissingSnapshotArtifact", field: annField(contract.SnapshotArtifactAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
-		name: "a snapshot artifact pinned by tag", opts: ann(SnapshotArtifactAnnotation, "registry.example/hello-snapshot:latest"),
-		reason: "UnsupportedSnapshotArtifact", field: annField(SnapshotArtifactAnnotation),
+		name: "a snapshot artifact pinned by tag", opts: ann(contract.SnapshotArtifactAnnotation, "registry.example/hello-snapshot:latest"),
+		reason: "UnsupportedSnapshotArtifact", field: annField(contract.SnapshotArtifactAnnotation),
 		detail: `must be pinned by digest (repository@sha256:...): "registry.example/hello-snapshot:latest": a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: registry.example/hello-snapshot:latest`,
 	}, {
-		name: "a missing fiberd template", opts: []revOption{withoutAnnotation(FiberdTemplateAnnotation)},
-		reason: "MissingFiberdTemplate", field: annField(FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
+		name: "a missing fiberd template", opts: []revOption{withoutAnnotation(contract.FiberdTemplateAnnotation)},
+		reason: "MissingFiberdTemplate", field: annField(contract.FiberdTemplateAnnotation), detail: "required: the digest-pinned reference Lampyr runs this Revision from (`ly deploy` writes it), unless the image (repository@digest) is mapped to a snapshot artifact in config-lampyr image-snapshots",
 	}, {
-		name: "an unknown execution mode", opts: ann(ExecutionModeAnnotation, "park"),
-		reason: "UnsupportedExecutionMode", field: annField(ExecutionModeAnnotation), detail: `"park": use fresh or reuse`,
+		name: "an unknown execution mode", opts: ann(contract.ExecutionModeAnnotation, "park"),
+		reason: "UnsupportedExecutionMode", field: annField(contract.ExecutionModeAnnotation), detail: `"park": use fresh or reuse`,
 	}, {
 		name: "idle action park", opts: []revOption{
-			annotation(ExecutionModeAnnotation, "reuse"), annotation(IdleTimeoutAnnotation, "30s"), annotation(IdleActionAnnotation, "park"),
+			annotation(contract.ExecutionModeAnnotation, "reuse"), annotation(contract.IdleTimeoutAnnotation, "30s"), annotation(contract.IdleActionAnnotation, "park"),
 		},
-		reason: "UnsupportedIdleAction", field: annField(IdleActionAnnotation), detail: `"park": only release is supported (park/resume are not)`,
+		reason: "UnsupportedIdleAction", field: annField(contract.IdleActionAnnotation), detail: `"park": only release is supported (park/resume are not)`,
 	}, {
-		name: "reuse without an idle timeout", opts: ann(ExecutionModeAnnotation, "reuse"),
-		reason: "MissingIdleTimeout", field: annField(IdleTimeoutAnnotation), detail: "execution-mode reuse needs an idle timeout such as 30s",
+		name: "reuse without an idle timeout", opts: ann(contract.ExecutionModeAnnotation, "reuse"),
+		reason: "MissingIdleTimeout", field: annField(contract.IdleTimeoutAnnotation), detail: "execution-mode reuse needs an idle timeout such as 30s",
 	}, {
-		name: "an idle timeout with fresh mode", opts: ann(IdleTimeoutAnnotation, "30s"),
-		reason: "UnsupportedIdleTimeout", field: annField(IdleTimeoutAnnotation), detail: "applies to execution-mode reuse only; fresh fibers are released when the request ends",
+		name: "an idle timeout with fresh mode", opts: ann(contract.IdleTimeoutAnnotation, "30s"),
+		reason: "UnsupportedIdleTimeout", field: annField(contract.IdleTimeoutAnnotation), detail: "applies to execution-mode reuse only; fresh fibers are released when the request ends",
 	}, {
 		name: "enableServiceLinks", opts: ps(func(p *corev1.PodSpec) { p.EnableServiceLinks = ptr.Bool(true) }),
 		reason: "UnsupportedEnableServiceLinks", field: "spec.enableServiceLinks", detail: "Service environment variables are not injected into fibers",
@@ -303,16 +305,16 @@ func TestValidateTemplateAccepts(t *testing.T) {
 	}, {
 		name: "reuse with idle timeout (rounded up to whole seconds) and release",
 		rev: rev(
-			annotation(ExecutionModeAnnotation, "reuse"),
-			annotation(IdleTimeoutAnnotation, "1500ms"),
-			annotation(IdleActionAnnotation, "release"),
+			annotation(contract.ExecutionModeAnnotation, "reuse"),
+			annotation(contract.IdleTimeoutAnnotation, "1500ms"),
+			annotation(contract.IdleActionAnnotation, "release"),
 		),
 		want: accepted(func(t *resources.Template) {
 			t.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 2, IdleAction: "release"}
 		}),
 	}, {
 		name: "explicit fresh mode",
-		rev:  rev(annotation(ExecutionModeAnnotation, "fresh")),
+		rev:  rev(annotation(contract.ExecutionModeAnnotation, "fresh")),
 		want: accepted(),
 	}, {
 		name: "secure-pod-defaults: the security context the webhook adds is accepted",
@@ -396,18 +398,18 @@ func FuzzValidate(f *testing.F) {
 	}
 	seed(rev())
 	seed(rev(container(func(c *corev1.Container) { c.Ports = []corev1.ContainerPort{{Name: "h2c", ContainerPort: 50051}} })))
-	seed(rev(annotation(ExecutionModeAnnotation, "reuse"), annotation(IdleTimeoutAnnotation, "30s")))
+	seed(rev(annotation(contract.ExecutionModeAnnotation, "reuse"), annotation(contract.IdleTimeoutAnnotation, "30s")))
 	for _, c := range rejectionCases() {
 		seed(rev(c.opts...))
 	}
 	f.Add([]byte(`{"spec":{"containers":[]}}`), "", "", int64(0), int32(0), "")
 	f.Add([]byte(`{"metadata":{"annotations":{"autoscaling.knative.dev/max-scale":"99999999999"}},"spec":{"containers":[{"image":"a@sha256:x"}]}}`), "", "", int64(0), int32(0), "")
 	f.Add([]byte("not json"), "autoscaling.knative.dev/max-scale", "12", int64(1), int32(8080), "http1")
-	f.Add([]byte("not json"), IdleTimeoutAnnotation, "1h30m", int64(1), int32(50051), "h2c")
+	f.Add([]byte("not json"), contract.IdleTimeoutAnnotation, "1h30m", int64(1), int32(50051), "h2c")
 	f.Add([]byte("not json"), "autoscaling.knative.dev/minScale", "0", int64(-3), int32(-1), "grpc")
 
 	cfg := testServingConfig(f)
-	lampyr := testLampyr(config.BackendEndpointSlice)
+	lampyr := testLampyr(lampyrconfig.BackendEndpointSlice)
 	f.Fuzz(func(t *testing.T, data []byte, annKey, annValue string, concurrency int64, port int32, portName string) {
 		r := &v1.Revision{}
 		if err := json.Unmarshal(data, r); err != nil {
@@ -465,7 +467,7 @@ func FuzzValidate(f *testing.F) {
 // half-annotated or unmapped Revision is refused as before.
 func TestValidateImageMapped(t *testing.T) {
 	cfg := &config.Config{Lampyr: mapping(), Serving: testServingConfig(t)}
-	plain := []revOption{withoutAnnotation(SnapshotArtifactAnnotation), withoutAnnotation(FiberdTemplateAnnotation)}
+	plain := []revOption{withoutAnnotation(contract.SnapshotArtifactAnnotation), withoutAnnotation(contract.FiberdTemplateAnnotation)}
 	validate := func(r *v1.Revision) (*resources.Template, Rejection) {
 		r.SetDefaults(apisconfig.ToContext(context.Background(), cfg.Serving))
 		return Validate(r, cfg)
@@ -483,7 +485,7 @@ func TestValidateImageMapped(t *testing.T) {
 		t.Errorf("annotated Revision: %+v %v, want the annotations' template", got, rej)
 	}
 
-	_, rej = validate(rev(withoutAnnotation(FiberdTemplateAnnotation)))
+	_, rej = validate(rev(withoutAnnotation(contract.FiberdTemplateAnnotation)))
 	if rej == nil || rej.Reason() != "MissingFiberdTemplate" {
 		t.Errorf("half-annotated Revision: %v, want MissingFiberdTemplate", rej)
 	}

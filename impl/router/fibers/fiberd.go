@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 )
 
@@ -272,7 +273,7 @@ func (c *FiberdClient) dialTunnel(ctx context.Context, id string) (net.Conn, err
 		switch {
 		case err == nil:
 			return conn, nil
-		case errors.As(err, &fe) && (fe.Status == http.StatusMethodNotAllowed || fe.Status == http.StatusNotFound && fe.Reason != client.ReasonUnknownFiber):
+		case errors.As(err, &fe) && (fe.Status == http.StatusMethodNotAllowed || fe.Status == http.StatusNotFound && fe.Reason != contract.ReasonUnknownFiber):
 			// The mux answered, not the tunnel handler: this fiberd
 			// predates tunnels. Use the proxy path for its fibers, and ask
 			// again later (the Home may be upgraded in place).

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
 	"lampyr.dev/serving/impl/router/pool"
@@ -86,7 +87,7 @@ func isFiberBusy(resp *http.Response) (bool, io.ReadCloser) {
 	var e fiberdclient.Error
 	// fiberd's own answer only: a handler's 409 saying FiberBusy is the
 	// handler's (fiberd strips the header from handler responses).
-	if resp.Header.Get(fiberdclient.AnswerHeader) == "" || json.Unmarshal(b, &e) != nil || e.Reason != fiberdclient.ReasonFiberBusy {
+	if resp.Header.Get(fiberdclient.AnswerHeader) == "" || json.Unmarshal(b, &e) != nil || e.Reason != contract.ReasonFiberBusy {
 		return false, body
 	}
 	resp.Body.Close()

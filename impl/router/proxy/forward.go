@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"lampyr.dev/serving/impl/contract"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 
 	"lampyr.dev/serving/impl/router/fibers"
@@ -115,9 +116,9 @@ func (r *Router) fiberdAnswer(resp *http.Response) error {
 	}
 	status, msg := http.StatusBadGateway, "the fiber failed before it answered"
 	switch {
-	case fe.Reason == fiberdclient.ReasonRequestTimeout || resp.StatusCode == http.StatusGatewayTimeout:
+	case fe.Reason == contract.ReasonRequestTimeout || resp.StatusCode == http.StatusGatewayTimeout:
 		status, msg = http.StatusGatewayTimeout, "request exceeded the Revision's timeoutSeconds"
-	case fe.Reason == fiberdclient.ReasonFiberBusy:
+	case fe.Reason == contract.ReasonFiberBusy:
 		status, msg = http.StatusServiceUnavailable, "the fiber is busy"
 	}
 	r.log.Warn("fiberd answered instead of the handler", "request", reqID, "status", resp.StatusCode, "reason", fe.Reason, "err", err)

@@ -364,9 +364,9 @@ func TestFiberdAnswersBecomeRouterErrors(t *testing.T) {
 		want   int
 		msg    string
 	}{
-		{client.ReasonFiberFailed, 502, 502, "the fiber failed before it answered"},
-		{client.ReasonRequestTimeout, 504, 504, "timeoutSeconds"},
-		{client.ReasonUnknownFiber, 404, 502, "the fiber failed before it answered"},
+		{contract.ReasonFiberFailed, 502, 502, "the fiber failed before it answered"},
+		{contract.ReasonRequestTimeout, 504, 504, "timeoutSeconds"},
+		{contract.ReasonUnknownFiber, 404, 502, "the fiber failed before it answered"},
 	} {
 		t.Run(c.reason.String(), func(t *testing.T) {
 			f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

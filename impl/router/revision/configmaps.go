@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
@@ -54,7 +55,7 @@ func (s *ConfigMapSource) Run(ctx context.Context, sink Sink) error {
 	if s.homesNamespace == "" {
 		return errors.New("homes namespace is empty; pass the namespace of the Home Services (--homes-namespace)")
 	}
-	selector := labels.Set{routermeta.LabelKey: "true"}.AsSelector().String()
+	selector := labels.Set{contract.RouterMetadataLabel: "true"}.AsSelector().String()
 	factory := informers.NewSharedInformerFactoryWithOptions(s.client, s.resync,
 		informers.WithNamespace(s.namespace),
 		// Only the labelled ConfigMaps: the router must not cache every

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
@@ -292,7 +293,7 @@ func TestConfigMapSourceFollowsTheCluster(t *testing.T) {
 	// A deletion finds its Revision by the ConfigMap's name even when its
 	// data and labels are gone.
 	gutted := b.DeepCopy()
-	gutted.Data, gutted.Labels = nil, map[string]string{routermeta.LabelKey: "true"}
+	gutted.Data, gutted.Labels = nil, map[string]string{contract.RouterMetadataLabel: "true"}
 	if _, err := cms.Update(ctx, gutted, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}

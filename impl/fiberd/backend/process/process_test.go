@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
@@ -130,7 +131,7 @@ func TestStartFailureIsTyped(t *testing.T) {
 	}
 
 	sf := start("exit5", "exit:5")
-	if sf.Reason != backend.ReasonHandlerExited || sf.ExitCode != 5 || sf.Signal != "" {
+	if sf.Reason != contract.ReasonHandlerExited || sf.ExitCode != 5 || sf.Signal != "" {
 		t.Errorf("exit 5: %+v", *sf)
 	}
 	if want := "Started...\n\ufffd[31mabout to crash\ufffd[0m\ufffd\nCrashed..."; sf.Output != want {
@@ -141,13 +142,13 @@ func TestStartFailureIsTyped(t *testing.T) {
 	}
 
 	sf = start("kill", "kill")
-	if sf.Reason != backend.ReasonHandlerExited || sf.ExitCode != 137 || sf.Signal != "SIGKILL" || !strings.Contains(sf.Output, "killing myself") {
+	if sf.Reason != contract.ReasonHandlerExited || sf.ExitCode != 137 || sf.Signal != "SIGKILL" || !strings.Contains(sf.Output, "killing myself") {
 		t.Errorf("killed: %+v", *sf)
 	}
 
 	t0 := time.Now()
 	sf = start("nolisten", "nolisten")
-	if sf.Reason != backend.ReasonHandlerNotListening || sf.Output != "listening nowhere" || !strings.Contains(sf.Message, "$PORT (8080)") {
+	if sf.Reason != contract.ReasonHandlerNotListening || sf.Output != "listening nowhere" || !strings.Contains(sf.Message, "$PORT (8080)") {
 		t.Errorf("never listening: %+v", *sf)
 	}
 	if d := time.Since(t0); d < time.Second || d > 4*time.Second {

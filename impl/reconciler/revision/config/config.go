@@ -16,52 +16,16 @@ import (
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
-// config-lampyr's name and the keys the Revision controller reads
-// (impl/contract/lampyrconfig parses them).
-const (
-	// LampyrConfigName is the ConfigMap in the Lampyr namespace.
-	LampyrConfigName = lampyrconfig.ConfigMapName
-
-	BackendStrategyKey        = lampyrconfig.KeyBackendStrategy
-	DefaultMemoryPerFiberKey  = lampyrconfig.KeyDefaultMemoryPerFiber
-	VerifyArtifactsKey        = lampyrconfig.KeyVerifyArtifacts
-	ImageSnapshotsKey         = lampyrconfig.KeyImageSnapshots
-	TemplateRepositoryKey     = lampyrconfig.KeyTemplateRepository
-	RegistryMirrorsKey        = lampyrconfig.KeyRegistryMirrors
-	HomeRegistryMirrorsKey    = lampyrconfig.KeyHomeRegistryMirrors
-	DefaultTemplateRepository = lampyrconfig.DefaultTemplateRepository
-
-	// NamespaceEnvKey overrides the Lampyr namespace.
-	NamespaceEnvKey = contract.SystemNamespaceEnv
-	// DefaultNamespace is where config-lampyr and fiber-router live.
-	DefaultNamespace = contract.SystemNamespace
-	// RouterServiceName is fiber-router's Service in the Lampyr namespace.
-	RouterServiceName = contract.RouterServiceName
-)
-
-// BackendStrategy is the value of backend-strategy.
-type BackendStrategy = lampyrconfig.BackendStrategy
-
-// Backend strategies (lampyrconfig).
-const (
-	BackendExternalName  = lampyrconfig.BackendExternalName
-	BackendEndpointSlice = lampyrconfig.BackendEndpointSlice
-)
-
 // Namespace is the Lampyr system namespace (config-lampyr, fiber-router).
 func Namespace() string {
-	if ns := os.Getenv(NamespaceEnvKey); ns != "" {
+	if ns := os.Getenv(contract.SystemNamespaceEnv); ns != "" {
 		return ns
 	}
-	return DefaultNamespace
+	return contract.SystemNamespace
 }
 
-// Lampyr is the parsed config-lampyr; the Revision controller reads the
-// fields of lampyrconfig.RevisionKeys.
-type Lampyr = lampyrconfig.Config
-
 // DefaultLampyr is used while config-lampyr does not exist.
-func DefaultLampyr() *Lampyr {
+func DefaultLampyr() *lampyrconfig.Config {
 	l := lampyrconfig.Defaults()
 	l.RouterNamespace = Namespace()
 	return l
@@ -69,7 +33,7 @@ func DefaultLampyr() *Lampyr {
 
 // NewLampyrFromMap parses config-lampyr's data. Keys of other components
 // (ly, the grant controller) are not read here.
-func NewLampyrFromMap(data map[string]string) (*Lampyr, error) {
+func NewLampyrFromMap(data map[string]string) (*lampyrconfig.Config, error) {
 	l, err := lampyrconfig.Parse(data, lampyrconfig.RevisionKeys)
 	if err != nil {
 		return nil, err
@@ -78,23 +42,14 @@ func NewLampyrFromMap(data map[string]string) (*Lampyr, error) {
 	return l, nil
 }
 
-// ParseImageSnapshots parses image-snapshots (lampyrconfig.ParseImageSnapshots).
-func ParseImageSnapshots(v string) (map[string]string, error) {
-	return lampyrconfig.ParseImageSnapshots(v)
-}
-
-// ImageKey is the normalized repository@digest image-snapshots is keyed
-// by (lampyrconfig.ImageKey).
-func ImageKey(image string) (string, bool) { return lampyrconfig.ImageKey(image) }
-
 // NewLampyrFromConfigMap is the configmap.Constructor for config-lampyr.
-func NewLampyrFromConfigMap(cm *corev1.ConfigMap) (*Lampyr, error) {
+func NewLampyrFromConfigMap(cm *corev1.ConfigMap) (*lampyrconfig.Config, error) {
 	return NewLampyrFromMap(cm.Data)
 }
 
 // Config is everything a reconcile reads, frozen for its duration.
 type Config struct {
-	Lampyr *Lampyr
+	Lampyr *lampyrconfig.Config
 	// Serving is Knative's config-defaults/-features/-autoscaler.
 	Serving *apisconfig.Config
 }
@@ -131,7 +86,7 @@ func NewStore(logger configmap.Logger, onAfterStore ...func(name string, value i
 	return &Store{
 		serving: apisconfig.NewStore(logger, onAfterStore...),
 		lampyr: configmap.NewUntypedStore("lampyr", logger,
-			configmap.Constructors{LampyrConfigName: NewLampyrFromConfigMap}, onAfterStore...),
+			configmap.Constructors{contract.ConfigMapName: NewLampyrFromConfigMap}, onAfterStore...),
 	}
 }
 
@@ -147,7 +102,7 @@ type DefaultingWatcher interface {
 func (s *Store) WatchConfigs(servingWatcher configmap.Watcher, lampyrWatcher DefaultingWatcher) {
 	s.serving.WatchConfigs(servingWatcher)
 	empty := corev1.ConfigMap{}
-	empty.Name = LampyrConfigName
+	empty.Name = contract.ConfigMapName
 	empty.Namespace = Namespace()
 	lampyrWatcher.WatchWithDefault(empty, s.lampyr.OnConfigChanged)
 }
@@ -155,7 +110,7 @@ func (s *Store) WatchConfigs(servingWatcher configmap.Watcher, lampyrWatcher Def
 // Load returns the current Config.
 func (s *Store) Load() *Config {
 	c := &Config{Serving: s.serving.Load(), Lampyr: DefaultLampyr()}
-	if l, ok := s.lampyr.UntypedLoad(LampyrConfigName).(*Lampyr); ok && l != nil {
+	if l, ok := s.lampyr.UntypedLoad(contract.ConfigMapName).(*lampyrconfig.Config); ok && l != nil {
 		c.Lampyr = l
 	}
 	return c

@@ -13,13 +13,15 @@ import (
 	logtesting "knative.dev/pkg/logging/testing"
 	apisconfig "knative.dev/serving/pkg/apis/config"
 	asconfig "knative.dev/serving/pkg/autoscaler/config"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 func TestNewLampyrFromMap(t *testing.T) {
 	tests := []struct {
 		name    string
 		data    map[string]string
-		want    *Lampyr
+		want    *lampyrconfig.Config
 		wantErr bool
 	}{{
 		name: "absent keys keep the defaults",
@@ -27,10 +29,10 @@ func TestNewLampyrFromMap(t *testing.T) {
 		want: DefaultLampyr(),
 	}, {
 		name: "endpointslice, memory and verification",
-		data: map[string]string{BackendStrategyKey: " EndpointSlice ", DefaultMemoryPerFiberKey: "512Mi", VerifyArtifactsKey: "true"},
-		want: func() *Lampyr {
+		data: map[string]string{lampyrconfig.KeyBackendStrategy: " EndpointSlice ", lampyrconfig.KeyDefaultMemoryPerFiber: "512Mi", lampyrconfig.KeyVerifyArtifacts: "true"},
+		want: func() *lampyrconfig.Config {
 			l := DefaultLampyr()
-			l.BackendStrategy = BackendEndpointSlice
+			l.BackendStrategy = lampyrconfig.BackendEndpointSlice
 			l.DefaultMemoryPerFiber = resource.MustParse("512Mi")
 			l.VerifyArtifacts = true
 			return l
@@ -38,11 +40,11 @@ func TestNewLampyrFromMap(t *testing.T) {
 	}, {
 		name: "image snapshots, template repository, mirrors from the Home setting",
 		data: map[string]string{
-			ImageSnapshotsKey:      "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b") + "\n",
-			TemplateRepositoryKey:  "lampyr-registry:5000/tpl",
-			HomeRegistryMirrorsKey: "localhost:5002=lampyr-registry:5000, ",
+			lampyrconfig.KeyImageSnapshots:      "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b") + "\n",
+			lampyrconfig.KeyTemplateRepository:  "lampyr-registry:5000/tpl",
+			lampyrconfig.KeyHomeRegistryMirrors: "localhost:5002=lampyr-registry:5000, ",
 		},
-		want: func() *Lampyr {
+		want: func() *lampyrconfig.Config {
 			l := DefaultLampyr()
 			l.ImageSnapshots = map[string]string{"localhost:5002/hello@sha256:" + hex64("a"): "localhost:5002/lampyr/snapshots/hello@sha256:" + hex64("b")}
 			l.TemplateRepository = "lampyr-registry:5000/tpl"
@@ -52,8 +54,8 @@ func TestNewLampyrFromMap(t *testing.T) {
 		}(),
 	}, {
 		name: "registry-mirrors wins over home-registry-mirrors",
-		data: map[string]string{RegistryMirrorsKey: "a:1=b:2", HomeRegistryMirrorsKey: "localhost:5002=lampyr-registry:5000"},
-		want: func() *Lampyr {
+		data: map[string]string{lampyrconfig.KeyRegistryMirrors: "a:1=b:2", lampyrconfig.KeyHomeRegistryMirrors: "localhost:5002=lampyr-registry:5000"},
+		want: func() *lampyrconfig.Config {
 			l := DefaultLampyr()
 			l.RegistryMirrors = []string{"a:1=b:2"}
 			l.HomeRegistryMirrors = []string{"localhost:5002=lampyr-registry:5000"}
@@ -61,31 +63,31 @@ func TestNewLampyrFromMap(t *testing.T) {
 		}(),
 	}, {
 		name:    "image snapshot key is not a digest",
-		data:    map[string]string{ImageSnapshotsKey: "localhost:5002/hello:latest: localhost:5002/s@sha256:" + hex64("b")},
+		data:    map[string]string{lampyrconfig.KeyImageSnapshots: "localhost:5002/hello:latest: localhost:5002/s@sha256:" + hex64("b")},
 		wantErr: true,
 	}, {
 		name:    "image snapshot value is not pinned",
-		data:    map[string]string{ImageSnapshotsKey: "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/s:latest"},
+		data:    map[string]string{lampyrconfig.KeyImageSnapshots: "localhost:5002/hello@sha256:" + hex64("a") + ": localhost:5002/s:latest"},
 		wantErr: true,
 	}, {
 		name:    "image snapshot key is a bare digest (any repository)",
-		data:    map[string]string{ImageSnapshotsKey: "sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b")},
+		data:    map[string]string{lampyrconfig.KeyImageSnapshots: "sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b")},
 		wantErr: true,
 	}, {
 		name:    "bad mirror",
-		data:    map[string]string{RegistryMirrorsKey: "localhost:5002"},
+		data:    map[string]string{lampyrconfig.KeyRegistryMirrors: "localhost:5002"},
 		wantErr: true,
 	}, {
 		name:    "unknown strategy",
-		data:    map[string]string{BackendStrategyKey: "nodeport"},
+		data:    map[string]string{lampyrconfig.KeyBackendStrategy: "nodeport"},
 		wantErr: true,
 	}, {
 		name:    "zero memory",
-		data:    map[string]string{DefaultMemoryPerFiberKey: "0"},
+		data:    map[string]string{lampyrconfig.KeyDefaultMemoryPerFiber: "0"},
 		wantErr: true,
 	}, {
 		name:    "bad bool",
-		data:    map[string]string{VerifyArtifactsKey: "maybe"},
+		data:    map[string]string{lampyrconfig.KeyVerifyArtifacts: "maybe"},
 		wantErr: true,
 	}}
 	for _, tc := range tests {
@@ -126,8 +128,8 @@ func TestStore(t *testing.T) {
 	)
 	lampyr := &defaultingWatcher{}
 	store.WatchConfigs(serving, lampyr)
-	if lampyr.cm.Name != LampyrConfigName || lampyr.cm.Namespace != DefaultNamespace {
-		t.Fatalf("watching %s/%s, want %s/%s", lampyr.cm.Namespace, lampyr.cm.Name, DefaultNamespace, LampyrConfigName)
+	if lampyr.cm.Name != contract.ConfigMapName || lampyr.cm.Namespace != contract.SystemNamespace {
+		t.Fatalf("watching %s/%s, want %s/%s", lampyr.cm.Namespace, lampyr.cm.Name, contract.SystemNamespace, contract.ConfigMapName)
 	}
 
 	// While config-lampyr is absent the watcher delivers the empty default.
@@ -135,7 +137,7 @@ func TestStore(t *testing.T) {
 		o(&lampyr.cm)
 	}
 	cfg := FromContext(store.ToContext(context.Background()))
-	if cfg.Lampyr.BackendStrategy != BackendExternalName {
+	if cfg.Lampyr.BackendStrategy != lampyrconfig.BackendExternalName {
 		t.Errorf("strategy = %q, want the default", cfg.Lampyr.BackendStrategy)
 	}
 	if got := cfg.Serving.Defaults.RevisionTimeoutSeconds; got != 123 {
@@ -147,11 +149,11 @@ func TestStore(t *testing.T) {
 	}
 
 	cm := lampyr.cm.DeepCopy()
-	cm.Data = map[string]string{BackendStrategyKey: "endpointslice"}
+	cm.Data = map[string]string{lampyrconfig.KeyBackendStrategy: "endpointslice"}
 	for _, o := range lampyr.observers {
 		o(cm)
 	}
-	if got := store.Load().Lampyr.BackendStrategy; got != BackendEndpointSlice {
+	if got := store.Load().Lampyr.BackendStrategy; got != lampyrconfig.BackendEndpointSlice {
 		t.Errorf("after update strategy = %q, want endpointslice", got)
 	}
 }
@@ -165,16 +167,16 @@ func hex64(c string) string {
 }
 
 func TestParseImageSnapshotsErrorsNameTheEntry(t *testing.T) {
-	_, err := ParseImageSnapshots("localhost:5002/app@sha256:" + hex64("a") + ": localhost:5002/s:latest")
+	_, err := lampyrconfig.ParseImageSnapshots("localhost:5002/app@sha256:" + hex64("a") + ": localhost:5002/s:latest")
 	if err == nil || !strings.Contains(err.Error(), "image-snapshots[localhost:5002/app@sha256:"+hex64("a")+"]") || !strings.Contains(err.Error(), "repository@sha256") {
 		t.Fatalf("err = %v, want it to name the entry and the fix", err)
 	}
-	_, err = ParseImageSnapshots("sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b"))
+	_, err = lampyrconfig.ParseImageSnapshots("sha256:" + hex64("a") + ": localhost:5002/s@sha256:" + hex64("b"))
 	if err == nil || !strings.Contains(err.Error(), "bare digest") || !strings.Contains(err.Error(), "repository@sha256:"+hex64("a")) {
 		t.Fatalf("bare digest key: err = %v, want it to say so and give the fix", err)
 	}
 	// Normalized keys: docker.io's defaults spelled out.
-	m, err := ParseImageSnapshots("ubuntu@sha256:" + hex64("a") + ": localhost:5002/snap@sha256:" + hex64("b"))
+	m, err := lampyrconfig.ParseImageSnapshots("ubuntu@sha256:" + hex64("a") + ": localhost:5002/snap@sha256:" + hex64("b"))
 	if err != nil || m["index.docker.io/library/ubuntu@sha256:"+hex64("a")] == "" {
 		t.Fatalf("normalized keys: %v %v", m, err)
 	}

@@ -5,7 +5,7 @@ import (
 	"knative.dev/serving/pkg/apis/serving"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 // Runtime contract environment names (Knative runtime contract).
@@ -17,7 +17,7 @@ const (
 
 // MakeCapacityGrant translates the accepted template into the Revision's
 // grant, named after the Revision (docs/contracts.md §1).
-func MakeCapacityGrant(rev *v1.Revision, t *Template, cfg *config.Lampyr) *fiberdv1alpha1.CapacityGrant {
+func MakeCapacityGrant(rev *v1.Revision, t *Template, cfg *lampyrconfig.Config) *fiberdv1alpha1.CapacityGrant {
 	mem := cfg.DefaultMemoryPerFiber.DeepCopy()
 	if t.Memory != nil {
 		mem = t.Memory.DeepCopy()

@@ -9,13 +9,6 @@ import (
 	"lampyr.dev/serving/impl/contract"
 )
 
-// ManagedByLabelKey marks every object this reconciler creates, so a person
-// (or `kubectl get -l`) can find them.
-const (
-	ManagedByLabelKey   = contract.ManagedByLabel
-	ManagedByLabelValue = contract.ControllerName
-)
-
 // Labels are put on every owned object. They deliberately never include
 // serving.knative.dev/route: the Route reconciler deletes Services carrying
 // it that it did not create (knative.dev/serving pkg/reconciler/route
@@ -25,7 +18,7 @@ func Labels(rev *v1.Revision) map[string]string {
 	l := map[string]string{
 		serving.RevisionLabelKey: rev.Name,
 		serving.RevisionUID:      string(rev.UID),
-		ManagedByLabelKey:        ManagedByLabelValue,
+		contract.ManagedByLabel:  contract.ControllerName,
 	}
 	for _, k := range []string{serving.ConfigurationLabelKey, serving.ServiceLabelKey} {
 		if v := rev.Labels[k]; v != "" {

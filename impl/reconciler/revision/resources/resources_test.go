@@ -15,6 +15,8 @@ import (
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
@@ -47,7 +49,7 @@ func TestLabelsNeverCarryTheRouteLabel(t *testing.T) {
 		t.Errorf("labels %v carry %s: the Route reconciler would delete the Service", l, serving.RouteLabelKey)
 	}
 	want := map[string]string{
-		serving.RevisionLabelKey: "hello-00002", serving.RevisionUID: "uid-2", ManagedByLabelKey: ManagedByLabelValue,
+		serving.RevisionLabelKey: "hello-00002", serving.RevisionUID: "uid-2", contract.ManagedByLabel: contract.ControllerName,
 		serving.ConfigurationLabelKey: "hello", serving.ServiceLabelKey: "hello",
 	}
 	if diff := cmp.Diff(want, l); diff != "" {
@@ -58,12 +60,12 @@ func TestLabelsNeverCarryTheRouteLabel(t *testing.T) {
 func TestMakeService(t *testing.T) {
 	ext := config.DefaultLampyr()
 	slice := config.DefaultLampyr()
-	slice.BackendStrategy = config.BackendEndpointSlice
+	slice.BackendStrategy = lampyrconfig.BackendEndpointSlice
 
 	tests := []struct {
 		name     string
 		protocol string
-		cfg      *config.Lampyr
+		cfg      *lampyrconfig.Config
 		wantSpec corev1.ServiceSpec
 	}{{
 		name: "externalname, http1", protocol: routermeta.ProtocolHTTP1, cfg: ext,
@@ -165,7 +167,7 @@ func TestMakeRouterMetadataRoundTrips(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if cm.Name != "route.apps.hello-00002" || cm.Namespace != "lampyr-system" || cm.Labels[routermeta.LabelKey] != "true" || cm.Labels[routermeta.RevisionLabelKey] != "hello-00002" {
+	if cm.Name != "route.apps.hello-00002" || cm.Namespace != "lampyr-system" || cm.Labels[contract.RouterMetadataLabel] != "true" || cm.Labels[routermeta.RevisionLabelKey] != "hello-00002" {
 		t.Errorf("name %s/%s labels %v", cm.Namespace, cm.Name, cm.Labels)
 	}
 	if len(cm.OwnerReferences) != 0 || !IsRouterMetadataOf(cm, testRev()) {

@@ -4,6 +4,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 )
 
@@ -40,6 +41,6 @@ func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace, home, ho
 // labels) was written for rev: same namespace, name and UID.
 func IsRouterMetadataOf(cm *corev1.ConfigMap, rev *v1.Revision) bool {
 	l := cm.Labels
-	return l[routermeta.LabelKey] == "true" && l[routermeta.NamespaceLabelKey] == rev.Namespace &&
-		l[routermeta.RevisionLabelKey] == rev.Name && l[ManagedByLabelKey] == ManagedByLabelValue
+	return l[contract.RouterMetadataLabel] == "true" && l[contract.RevisionNamespaceLabel] == rev.Namespace &&
+		l[routermeta.RevisionLabelKey] == rev.Name && l[contract.ManagedByLabel] == contract.ControllerName
 }

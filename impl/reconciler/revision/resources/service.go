@@ -7,8 +7,8 @@ import (
 	netapi "knative.dev/networking/pkg/apis/networking"
 	"knative.dev/pkg/ptr"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/contract/routermeta"
-	"lampyr.dev/serving/impl/reconciler/revision/config"
 )
 
 // Router ports (docs/contracts.md §3): fiber-router listens on 80 for
@@ -41,7 +41,7 @@ func ServicePort(t *Template) corev1.ServicePort {
 
 // MakeService builds the Revision's backend Service, named exactly after
 // the Revision because that is the name the Route reconciler routes to.
-func MakeService(rev *v1.Revision, t *Template, cfg *config.Lampyr) *corev1.Service {
+func MakeService(rev *v1.Revision, t *Template, cfg *lampyrconfig.Config) *corev1.Service {
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:            rev.Name,
@@ -54,7 +54,7 @@ func MakeService(rev *v1.Revision, t *Template, cfg *config.Lampyr) *corev1.Serv
 		},
 	}
 	switch cfg.BackendStrategy {
-	case config.BackendEndpointSlice:
+	case lampyrconfig.BackendEndpointSlice:
 		// No selector: the EndpointSlice we write is the only source of
 		// endpoints, and kube's EndpointSlice controller leaves it alone.
 		// Not headless: gateways such as Traefik dial the ClusterIP.

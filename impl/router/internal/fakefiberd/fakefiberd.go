@@ -88,7 +88,7 @@ func (s *Server) authorized(w http.ResponseWriter, header string) bool {
 	cred, _ := strings.CutPrefix(header, "Bearer ")
 	if _, err := routercred.Verify([]ed25519.PublicKey{s.RouterKey}, cred, s.Home, time.Now()); err != nil {
 		s.refused.Add(1)
-		writeErr(w, http.StatusUnauthorized, client.ReasonUnauthorized, "credential refused: "+err.Error())
+		writeErr(w, http.StatusUnauthorized, contract.ReasonUnauthorized, "credential refused: "+err.Error())
 		return false
 	}
 	s.mu.Lock()
@@ -111,14 +111,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case r.Method == http.MethodPost && r.URL.Path == client.FibersPath:
 		if s.Unavailable.Load() {
 			w.Header().Set("Retry-After", "1")
-			writeErr(w, http.StatusServiceUnavailable, client.ReasonNoGrant, "no valid grant")
+			writeErr(w, http.StatusServiceUnavailable, contract.ReasonNoValidGrant, "no valid grant")
 			return
 		}
 		s.mu.Lock()
 		if max := s.MaxFibers.Load(); max > 0 && int64(len(s.fibers)) >= max {
 			s.mu.Unlock()
 			w.Header().Set("Retry-After", "1")
-			writeErr(w, http.StatusTooManyRequests, client.ReasonMaxFibersReached, "maxFibers reached")
+			writeErr(w, http.StatusTooManyRequests, contract.ReasonMaxFibersReached, "maxFibers reached")
 			return
 		}
 		s.next++
@@ -139,7 +139,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		delete(s.fibers, id)
 		s.mu.Unlock()
 		if !ok {
-			writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
+			writeErr(w, http.StatusNotFound, contract.ReasonUnknownFiber, id)
 			return
 		}
 		s.released.Add(1)
@@ -194,10 +194,10 @@ func (s *Server) claim(w http.ResponseWriter, id string) (func(), bool) {
 	s.mu.Unlock()
 	switch {
 	case !ok:
-		writeErr(w, http.StatusNotFound, client.ReasonUnknownFiber, id)
+		writeErr(w, http.StatusNotFound, contract.ReasonUnknownFiber, id)
 		return nil, false
 	case busy:
-		writeErr(w, http.StatusConflict, client.ReasonFiberBusy, id)
+		writeErr(w, http.StatusConflict, contract.ReasonFiberBusy, id)
 		return nil, false
 	}
 	return func() {
