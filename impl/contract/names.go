@@ -21,7 +21,9 @@ const (
 	ConfigMapName = "config-lampyr"
 	// RouterServiceName is fiber-router's Service; Revision backends point at it.
 	RouterServiceName = "fiber-router"
-	// GrantControllerName is the grant controller's Deployment and lease.
+	// GrantControllerName is the grant controller's Deployment. Its leader
+	// election lease is named by knative.dev/pkg after the reconciler's Go
+	// type (grant-controller.lampyr.dev.serving.impl.grant.reconciler.00-of-01).
 	GrantControllerName = "lampyr-grant-controller"
 	// ControllerName is the Lampyr Revision controller: the managed-by label
 	// value on what it creates, and its identity as a template sealer.
