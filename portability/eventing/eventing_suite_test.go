@@ -115,7 +115,7 @@ func setupEventing(ctx context.Context, _ *envconf.Config) (context.Context, err
 		Expect(err).NotTo(HaveOccurred())
 	}
 	for _, s := range r.sides {
-		startRecorder(ctx, s)
+		startRecorder(ctx, s, r.Runnable)
 	}
 	Expect(r.ApplyOnBoth(ctx, fixtures...)).To(Succeed())
 	for _, s := range r.sides {
@@ -186,7 +186,9 @@ func waitSettled(ctx context.Context, s *side) {
 
 // startRecorder runs the recorder (the handler image, `handler recorder`)
 // as one Pod behind a ClusterIP Service, Pod Security restricted.
-func startRecorder(ctx context.Context, s *side) {
+// startRecorder runs the recorder from image. It is called by the setup
+// step, before the suite's state is published: it must not call the().
+func startRecorder(ctx context.Context, s *side, image string) {
 	By("starting the recorder on " + s.Name)
 	labels := map[string]string{"app": recName}
 	no, yes := false, true
@@ -196,7 +198,7 @@ func startRecorder(ctx context.Context, s *side) {
 		Spec: corev1.PodSpec{
 			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: &yes, RunAsUser: &uid, SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
 			Containers: []corev1.Container{{
-				Name: recName, Image: the().Runnable, Args: []string{"recorder"},
+				Name: recName, Image: image, Args: []string{"recorder"},
 				Env:             []corev1.EnvVar{{Name: "PORT", Value: "8080"}},
 				Ports:           []corev1.ContainerPort{{ContainerPort: 8080}},
 				ReadinessProbe:  &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(8080)}}, PeriodSeconds: 1},
