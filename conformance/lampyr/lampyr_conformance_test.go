@@ -84,7 +84,7 @@ func setup(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 		r.ReportDir = filepath.Join(opts.Artifacts, "conformance", "lampyr-suite")
 	}
 	r.Report = upstream.Report{Date: time.Now().UTC(), Mode: "managed",
-		Implementation: upstream.Implementation{Name: declarations.Exp.Implementation, Version: GitVersion(root), URL: "https://lampyr.dev/serving"},
+		Implementation: upstream.Implementation{Name: declarations.Exp.Implementation, Version: upstream.GitVersion(root), URL: "https://lampyr.dev/serving"},
 		Cluster:        upstream.Cluster{Name: t.Name, Gateway: t.Gateway}}
 	if t.External {
 		r.Report.Mode = "third-party"

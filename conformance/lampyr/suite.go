@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -202,18 +201,6 @@ func (r *Run) WriteReport(specs []SpecResult, gr Report) error {
 	}
 	fmt.Fprintf(os.Stderr, "Lampyr conformance: section added to %s (%s)\n", r.ReportInto, into.Result)
 	return nil
-}
-
-// GitVersion describes the checkout (the implementation's version when it
-// is this repository's Lampyr).
-func GitVersion(root string) string {
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
 }
 
 // ClusterFacts fills the report's cluster section from the cluster.

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -158,14 +157,4 @@ func orName(a, b string) string {
 func mkdir(d string) string {
 	_ = os.MkdirAll(d, 0o755)
 	return d
-}
-
-func gitVersion(root string) string {
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		return "unknown"
-	}
-	return strings.TrimSpace(string(out))
 }

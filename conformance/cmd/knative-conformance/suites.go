@@ -56,7 +56,7 @@ func (r *runner) runSuites(ctx context.Context) error {
 	}}
 	suiteEnv := []string{"GATEWAY_OVERRIDE=" + r.gwName, "GATEWAY_NAMESPACE_OVERRIDE=" + r.gwNS}
 	rep.Reproduce = []string{
-		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", gitVersion(r.root)),
+		fmt.Sprintf("git clone <this repository> && cd serving && git checkout %s", upstream.GitVersion(r.root)),
 		"just cluster-up " + orName(o.cluster, "<cluster>") + "   # or bring your own cluster: third-party mode",
 		"go run ./conformance/cmd/knative-conformance " + shellJoin(r.args),
 	}

@@ -85,7 +85,7 @@ func (r *runner) resolveTarget(ctx context.Context) error {
 	if o.version == "" {
 		o.version = knative.ServingVersion
 		if r.profile == "lampyr" {
-			o.version = gitVersion(r.root)
+			o.version = upstream.GitVersion(r.root)
 		}
 	}
 	if o.expectations == "" && r.profile != "" {
