@@ -195,7 +195,9 @@ func (s *Suite) Target(name string) *Target {
 // step with With; a spec fails if the setup did not put one.
 func State[T any](s *Suite) T {
 	v, ok := Value[T](s.Context())
-	Expect(ok).To(BeTrue(), "suite %s: no %T in the context: the setup step that makes it did not run", s.cfg.Name, v)
+	// The suite's context is published when every setup step has returned,
+	// so a setup step itself must pass its state on explicitly.
+	Expect(ok).To(BeTrue(), "suite %s: no %T in the context: the setup step that makes it did not run, or a setup step read it (pass the value explicitly there; State works from specs and finish steps)", s.cfg.Name, v)
 	return v
 }
 
