@@ -23,7 +23,7 @@ import (
 func HomeSelector(ns, rev string) string {
 	set := labels.Set{resources.ComponentKey: resources.Component, contract.GrantNamespaceLabel: ns}
 	if rev != "" {
-		set[resources.RevisionLabel] = rev
+		set[contract.RevisionLabel] = rev
 	}
 	return set.String()
 }

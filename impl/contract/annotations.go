@@ -44,6 +44,13 @@ const (
 	RevisionNamespaceLabel = "lampyr.dev/revision-namespace"
 )
 
+// RevisionLabel names the Revision an object belongs to, on router metadata
+// ConfigMaps and on every object of a Home. It is upstream's
+// serving.RevisionLabelKey, spelled here so fiber-router and the grant
+// controller need not import Knative Serving; a test in
+// impl/reconciler/revision/resources checks the two stay equal.
+const RevisionLabel = "serving.knative.dev/revision"
+
 // ManagedByLabel marks every object the Revision controller creates
 // (value ControllerName), so a person (or `kubectl get -l`) can find them.
 const ManagedByLabel = "app.kubernetes.io/managed-by"

@@ -21,10 +21,6 @@ import (
 )
 
 const (
-	// RevisionLabelKey names the Revision the metadata belongs to (its
-	// namespace: contract.RevisionNamespaceLabel; every metadata ConfigMap
-	// carries contract.RouterMetadataLabel).
-	RevisionLabelKey = "serving.knative.dev/revision"
 	// NamePrefix starts every router metadata ConfigMap's name.
 	NamePrefix = "route."
 )
@@ -79,7 +75,7 @@ func MakeConfigMap(systemNamespace string, m Metadata) *corev1.ConfigMap {
 			Namespace: systemNamespace,
 			Labels: map[string]string{
 				contract.RouterMetadataLabel:    "true",
-				RevisionLabelKey:                m.Revision,
+				contract.RevisionLabel:          m.Revision,
 				contract.RevisionNamespaceLabel: m.Namespace,
 			},
 		},
@@ -122,7 +118,7 @@ func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 	if m.Revision == "" || m.Namespace == "" {
 		return m, fmt.Errorf("configmap %s/%s: data.revision and data.namespace are required", cm.Namespace, cm.Name)
 	}
-	if cm.Name != Name(m.Namespace, m.Revision) || cm.Labels[RevisionLabelKey] != m.Revision || cm.Labels[contract.RevisionNamespaceLabel] != m.Namespace {
+	if cm.Name != Name(m.Namespace, m.Revision) || cm.Labels[contract.RevisionLabel] != m.Revision || cm.Labels[contract.RevisionNamespaceLabel] != m.Namespace {
 		return m, fmt.Errorf("configmap %s/%s claims Revision %s/%s but is not named %q and labelled for it: ignored",
 			cm.Namespace, cm.Name, m.Namespace, m.Revision, Name(m.Namespace, m.Revision))
 	}

@@ -33,9 +33,8 @@ import (
 
 // Labels on every object of a Home.
 const (
-	RevisionLabel = "serving.knative.dev/revision"
-	ComponentKey  = "app.kubernetes.io/component"
-	Component     = "lampyr-home"
+	ComponentKey = "app.kubernetes.io/component"
+	Component    = "lampyr-home"
 )
 
 // Keys of the Home Secret, mounted at SecretMountPath. Nothing secret to
@@ -153,7 +152,7 @@ func Labels(g *v1alpha1.CapacityGrant) map[string]string {
 		contract.GrantLabel:          g.Name,
 		contract.GrantNamespaceLabel: g.Namespace,
 		contract.GrantUIDLabel:       string(g.UID),
-		RevisionLabel:                g.Spec.RevisionName,
+		contract.RevisionLabel:       g.Spec.RevisionName,
 		ComponentKey:                 Component,
 	}
 }

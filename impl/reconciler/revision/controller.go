@@ -28,7 +28,6 @@ import (
 	fiberdclient "lampyr.dev/serving/impl/client/injection/client"
 	capacitygrantinformer "lampyr.dev/serving/impl/client/injection/informers/fiberd/v1alpha1/capacitygrant"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
@@ -110,7 +109,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 			return
 		}
 		l := acc.GetLabels()
-		if ns, rev := l[contract.RevisionNamespaceLabel], l[routermeta.RevisionLabelKey]; ns != "" && rev != "" {
+		if ns, rev := l[contract.RevisionNamespaceLabel], l[contract.RevisionLabel]; ns != "" && rev != "" {
 			impl.EnqueueKey(types.NamespacedName{Namespace: ns, Name: rev})
 		}
 	}))
@@ -162,7 +161,7 @@ func sweepRouterMetadata(ctx context.Context, kube kubernetes.Interface, ns stri
 		cms, _ := metadata.Lister().ConfigMaps(ns).List(labels.Everything())
 		for _, cm := range cms {
 			l := cm.Labels
-			key := l[contract.RevisionNamespaceLabel] + "/" + l[routermeta.RevisionLabelKey]
+			key := l[contract.RevisionNamespaceLabel] + "/" + l[contract.RevisionLabel]
 			if _, exists, err := revisions.GetStore().GetByKey(key); err != nil || exists {
 				continue
 			}

@@ -167,7 +167,7 @@ func TestMakeRouterMetadataRoundTrips(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if cm.Name != "route.apps.hello-00002" || cm.Namespace != "lampyr-system" || cm.Labels[contract.RouterMetadataLabel] != "true" || cm.Labels[routermeta.RevisionLabelKey] != "hello-00002" {
+	if cm.Name != "route.apps.hello-00002" || cm.Namespace != "lampyr-system" || cm.Labels[contract.RouterMetadataLabel] != "true" || cm.Labels[contract.RevisionLabel] != "hello-00002" {
 		t.Errorf("name %s/%s labels %v", cm.Namespace, cm.Name, cm.Labels)
 	}
 	if len(cm.OwnerReferences) != 0 || !IsRouterMetadataOf(cm, testRev()) {
@@ -199,5 +199,13 @@ func TestLabelsAreValid(t *testing.T) {
 				t.Errorf("%s: label %s value %q: %v", name, k, v, errs)
 			}
 		}
+	}
+}
+
+// contract.RevisionLabel is spelled out so fiber-router and the grant
+// controller need not import Knative Serving; it must stay upstream's key.
+func TestRevisionLabelIsUpstreams(t *testing.T) {
+	if contract.RevisionLabel != serving.RevisionLabelKey {
+		t.Fatalf("contract.RevisionLabel = %q, upstream serving.RevisionLabelKey = %q", contract.RevisionLabel, serving.RevisionLabelKey)
 	}
 }

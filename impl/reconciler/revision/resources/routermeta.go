@@ -42,5 +42,5 @@ func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace, home, ho
 func IsRouterMetadataOf(cm *corev1.ConfigMap, rev *v1.Revision) bool {
 	l := cm.Labels
 	return l[contract.RouterMetadataLabel] == "true" && l[contract.RevisionNamespaceLabel] == rev.Namespace &&
-		l[routermeta.RevisionLabelKey] == rev.Name && l[contract.ManagedByLabel] == contract.ControllerName
+		l[contract.RevisionLabel] == rev.Name && l[contract.ManagedByLabel] == contract.ControllerName
 }
