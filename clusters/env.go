@@ -14,9 +14,9 @@ import (
 	"lampyr.dev/serving/clusters/netpol"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/clusters/publish"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/trust/seal"
 
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/kindcluster"

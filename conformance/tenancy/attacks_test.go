@@ -27,8 +27,8 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // platforms an attack applies to.

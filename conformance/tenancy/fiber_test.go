@@ -37,8 +37,8 @@ import (
 
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/artifact"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 const (

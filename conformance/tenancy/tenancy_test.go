@@ -44,8 +44,8 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // clustersVar names other clusters than the pair, each with its profile:

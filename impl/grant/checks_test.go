@@ -14,8 +14,8 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // diagnosed asks that the row's fiberd be asked wantCalls times.

@@ -40,11 +40,10 @@ import (
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
-	"lampyr.dev/serving/impl/fiberd"
-	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/trust/seal"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 // errHomeNameTaken stops a reconcile whose Home names are taken by objects
@@ -234,7 +233,7 @@ func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.Capacity
 	if err != nil {
 		return helper, false, 0, err
 	}
-	mirrors, err := fiberd.ParseMirrors(cfg.HomeRegistryMirrors)
+	mirrors, err := artifact.ParseMirrors(cfg.HomeRegistryMirrors)
 	if err != nil {
 		return helper, false, 0, err
 	}

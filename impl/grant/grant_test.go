@@ -26,11 +26,11 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 const (

@@ -16,10 +16,10 @@ import (
 	"knative.dev/pkg/logging"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/edpem"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/edpem"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 // legacyRouterToken is the shared token older installations copied into

@@ -10,8 +10,8 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 func TestEnsureKeysCreatesOnceAndPublishesTheFleetKey(t *testing.T) {

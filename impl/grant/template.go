@@ -12,8 +12,8 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/seal"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 // TemplateFetcher fetches a sealed template by its digest-pinned reference.

@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 func partOfLampyr() map[string]string {

@@ -17,7 +17,7 @@ import (
 
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 const testLampyrNS = "lampyr-system"

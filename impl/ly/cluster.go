@@ -17,7 +17,7 @@ import (
 
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // Cluster is a Lampyr installation as ly reaches it.

@@ -24,7 +24,7 @@ import (
 
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // FieldManager is ly's server-side apply identity.

@@ -20,7 +20,7 @@ import (
 	servingfake "knative.dev/serving/pkg/client/clientset/versioned/fake"
 
 	"lampyr.dev/serving/impl/artifact"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // TestSealTemplate seals as ly deploy does and opens the pushed template as

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // ProjectFile is the service's own manifest; WorkspaceFile is found in the

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // Where `ly` keeps its sealer identity (docs/security.md "Keys and their

@@ -22,11 +22,11 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
 	"lampyr.dev/serving/impl/router/server"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 func main() {

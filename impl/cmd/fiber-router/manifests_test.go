@@ -12,7 +12,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"sigs.k8s.io/yaml"
 
-	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 // The manifests are what an installer applies; these checks keep them in

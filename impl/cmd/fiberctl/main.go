@@ -37,11 +37,10 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 func main() {
@@ -249,7 +248,7 @@ func showTemplate(ctx context.Context, out io.Writer, o templateOptions) error {
 			return fmt.Errorf("-file: %w", err)
 		}
 	case o.ref != "":
-		m, err := fiberd.ParseMirrors(o.mirrors)
+		m, err := artifact.ParseMirrors(o.mirrors)
 		if err != nil {
 			return fmt.Errorf("-registry-mirror: %w", err)
 		}

@@ -19,8 +19,8 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 func TestFiberctlAgainstRealFiberd(t *testing.T) {

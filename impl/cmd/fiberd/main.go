@@ -21,11 +21,10 @@ import (
 	"syscall"
 
 	"lampyr.dev/serving/impl/artifact"
-	"lampyr.dev/serving/impl/fiberd"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
-	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/server"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 type multi []string
@@ -90,14 +89,14 @@ func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
 	default:
 		return nil, fmt.Errorf("--egress %q: want \"cluster\" or \"off\"", sb.egress)
 	}
-	allow, err := egress.ParsePrefixes("--egress-allow", sb.egressAllow)
+	allow, err := egresspolicy.ParsePrefixes("--egress-allow", sb.egressAllow)
 	if err != nil {
 		return nil, err
 	}
 	if len(allow) == 0 {
 		return nil, errors.New("--egress=cluster needs --egress-allow (the ranges fibers may reach, e.g. the Service CIDR)")
 	}
-	deny, err := egress.ParsePrefixes("--egress-deny", sb.egressDeny+","+os.Getenv("POD_IP")+","+os.Getenv("HOST_IP"))
+	deny, err := egresspolicy.ParsePrefixes("--egress-deny", sb.egressDeny+","+os.Getenv("POD_IP")+","+os.Getenv("HOST_IP"))
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +109,7 @@ func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
 		}
 		return out
 	}
-	return &process.Egress{Policy: &egress.Policy{
+	return &process.Egress{Policy: &egresspolicy.Policy{
 		Domains:         split(sb.egressDomains),
 		DenyNames:       split(sb.egressDenyNames),
 		Allow:           allow,
@@ -137,7 +136,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 	if err != nil {
 		return fmt.Errorf("--grant-key-file %s: %w", grantKeyFile, err)
 	}
-	m, err := fiberd.ParseMirrors(mirrors)
+	m, err := artifact.ParseMirrors(mirrors)
 	if err != nil {
 		return err
 	}

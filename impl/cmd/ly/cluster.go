@@ -12,8 +12,8 @@ import (
 	"text/tabwriter"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 const clusterUsage = "usage: ly cluster install|describe|authorize-sealer NAME (--public-key KEY | --self) --namespaces a,b|'*' [--revoke]|rotate-fleet-key"

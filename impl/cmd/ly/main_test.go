@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"lampyr.dev/serving/impl/fiberd/seal"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 func TestFlagHandling(t *testing.T) {

@@ -22,7 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/egress"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // Keys the grant controller reads.
@@ -177,7 +177,7 @@ type Config struct {
 	// Egress is EgressCluster or EgressOff.
 	Egress string
 	// EgressDomains, EgressDenyNames, EgressAllow and EgressDeny are the
-	// fibers' egress policy (impl/fiberd/egress.Policy). An empty
+	// fibers' egress policy (impl/trust/egresspolicy.Policy). An empty
 	// EgressAllow means the cluster's Service CIDRs, which the grant
 	// controller discovers.
 	EgressDomains   []string
@@ -396,7 +396,7 @@ func list(field func(*Config) *[]string) func(*Config, string, map[string]string
 
 func cidrs(key string, field func(*Config) *[]netip.Prefix) func(*Config, string, map[string]string) error {
 	return func(c *Config, v string, _ map[string]string) error {
-		p, err := egress.ParsePrefixes(key, v)
+		p, err := egresspolicy.ParsePrefixes(key, v)
 		if err != nil {
 			return err
 		}

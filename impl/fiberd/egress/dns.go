@@ -1,3 +1,11 @@
+// Package egress is a fiber's only way out of its network namespace: its
+// service bindings (docs/networking.md, "Service bindings"). A fiber has
+// loopback and one point-to-point interface whose every packet fiberd
+// reads; fiberd answers DNS for the fiber with a restricted resolver and
+// opens, from the Home's own network namespace, only TCP connections to
+// addresses that resolver handed to this fiber and the installation's
+// policy allows. Nothing else leaves: no UDP but DNS to the resolver, no
+// ICMP, no connection to an address the fiber did not resolve.
 package egress
 
 import (
@@ -8,6 +16,8 @@ import (
 	"sync"
 
 	"golang.org/x/net/dns/dnsmessage"
+
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // Lookup resolves host (a fully qualified name) to addresses of network
@@ -29,7 +39,7 @@ const answerTTL = 5
 // fiber's DNS queries under the policy and remembers which addresses it
 // handed out; MayConnect allows only those.
 type Guard struct {
-	pol    *Policy
+	pol    *egresspolicy.Policy
 	lookup Lookup
 
 	mu       sync.Mutex
@@ -38,7 +48,7 @@ type Guard struct {
 }
 
 // NewGuard returns a fiber's guard. lookup is the Home's own resolver.
-func NewGuard(pol *Policy, lookup Lookup) *Guard {
+func NewGuard(pol *egresspolicy.Policy, lookup Lookup) *Guard {
 	return &Guard{pol: pol, lookup: lookup, resolved: map[netip.Addr]struct{}{}}
 }
 
@@ -96,7 +106,7 @@ func (g *Guard) Answer(ctx context.Context, query []byte) []byte {
 	}
 	// A and AAAA both look the name up, so a name that exists answers
 	// NOERROR with no records for the other family, as a real server does.
-	as, err := g.lookup(ctx, "ip", canonical(name))
+	as, err := g.lookup(ctx, "ip", egresspolicy.Canonical(name))
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {
@@ -129,7 +139,7 @@ func (g *Guard) Answer(ctx context.Context, query []byte) []byte {
 	return build(resp, qs, keep)
 }
 
-func anyAllowed(pol *Policy, as []netip.Addr) bool {
+func anyAllowed(pol *egresspolicy.Policy, as []netip.Addr) bool {
 	for _, a := range as {
 		if pol.AddrAllowed(a) {
 			return true

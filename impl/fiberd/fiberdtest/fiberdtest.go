@@ -35,9 +35,9 @@ import (
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/fiberd/server"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 // TestHandlerPackage is the default handler: endpoints that expose the

@@ -14,8 +14,8 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
-	"lampyr.dev/serving/impl/fiberd/routercred"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/routercred"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 func writeErr(w http.ResponseWriter, status int, reason contract.Reason, msg string) {

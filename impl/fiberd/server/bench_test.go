@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/fiberd/backend/process"
-	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // BenchmarkFreshFiber measures what fiber-router sees in fresh mode: each
@@ -31,7 +31,7 @@ func BenchmarkFreshFiber(b *testing.B) { benchmarkFresh(b, nil) }
 func BenchmarkFreshFiberEgress(b *testing.B) {
 	b.Run("egress=off", func(b *testing.B) { benchmarkFresh(b, nil) })
 	b.Run("egress=on", func(b *testing.B) {
-		benchmarkFresh(b, &process.Egress{Policy: &egress.Policy{Domains: []string{"svc.cluster.local"}, Allow: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}})
+		benchmarkFresh(b, &process.Egress{Policy: &egresspolicy.Policy{Domains: []string{"svc.cluster.local"}, Allow: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}})
 	})
 }
 

@@ -11,7 +11,7 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
-	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 // TestCredentialsAreForOneHome: a Home accepts only credentials fiber-router

@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"lampyr.dev/serving/impl/fiberd/backend/process"
-	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // hostAddr is a non-loopback IPv4 address of this machine, standing in for
@@ -74,7 +74,7 @@ func TestEgressServiceBindings(t *testing.T) {
 		"example.com.":                          ip,                               // outside Domains
 	}
 	lookups := 0
-	pol := &egress.Policy{
+	pol := &egresspolicy.Policy{
 		Domains:         []string{"svc.cluster.local"},
 		DenyNames:       []string{"kubernetes.default.svc.cluster.local", ".lampyr-system.svc.cluster.local"},
 		Allow:           []netip.Prefix{netip.PrefixFrom(ip, 32)},
@@ -109,17 +109,17 @@ func TestEgressServiceBindings(t *testing.T) {
 	}
 	// Everything else is refused.
 	for _, q := range []string{
-		"tcp=" + net.JoinHostPort(ip.String(), port),                  // the same address, not resolved
-		"tcp=" + inst.Endpoint + "," + fiberdtest.HostListener(t),     // fiberd's API, the host's loopback
-		"name=kubernetes.default.svc.cluster.local:" + port,           // denied name
-		"name=x.lampyr-system.svc.cluster.local:80",                   // denied namespace
-		"name=metadata.default.svc.cluster.local:80",                  // link-local
-		"name=loop.default.svc.cluster.local:" + port,                 // loopback
-		"name=other.default.svc.cluster.local:80",                     // outside Allow
-		"name=example.com:" + port,                                    // outside Domains
-		"route=" + udp.LocalAddr().String() + ",169.254.169.254:53",   // UDP
-		"route=" + egress.ResolverAddr.String() + ":5353",             // the resolver, not its port
-		"tcp=" + net.JoinHostPort(egress.ResolverAddr.String(), "53"), // no DNS over TCP, no other port
+		"tcp=" + net.JoinHostPort(ip.String(), port),                        // the same address, not resolved
+		"tcp=" + inst.Endpoint + "," + fiberdtest.HostListener(t),           // fiberd's API, the host's loopback
+		"name=kubernetes.default.svc.cluster.local:" + port,                 // denied name
+		"name=x.lampyr-system.svc.cluster.local:80",                         // denied namespace
+		"name=metadata.default.svc.cluster.local:80",                        // link-local
+		"name=loop.default.svc.cluster.local:" + port,                       // loopback
+		"name=other.default.svc.cluster.local:80",                           // outside Allow
+		"name=example.com:" + port,                                          // outside Domains
+		"route=" + udp.LocalAddr().String() + ",169.254.169.254:53",         // UDP
+		"route=" + egresspolicy.ResolverAddr.String() + ":5353",             // the resolver, not its port
+		"tcp=" + net.JoinHostPort(egresspolicy.ResolverAddr.String(), "53"), // no DNS over TCP, no other port
 	} {
 		if p := probe(q); p.Escaped {
 			t.Errorf("%s escaped: %s", q, p.Result)

@@ -10,7 +10,7 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 func TestGrantExpiryRenewalAndForgery(t *testing.T) {

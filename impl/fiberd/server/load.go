@@ -18,7 +18,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/helper"
 	"lampyr.dev/serving/impl/fiberd/pool"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 func (s *Server) grantLoop() {

@@ -31,8 +31,8 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 // Config configures fiberd.

@@ -14,8 +14,8 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
-	"lampyr.dev/serving/impl/fiberd/signedgrant"
 	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
 func grant(mode v1alpha1.ExecutionMode, max int32) *v1alpha1.CapacityGrant {

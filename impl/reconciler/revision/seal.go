@@ -18,8 +18,7 @@ import (
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // SealRequest is one image-mapped Revision's template to seal.
@@ -79,7 +78,7 @@ func (s *RegistrySealer) sealerKey(ctx context.Context, ns string) (*seal.Sealer
 
 // Seal implements TemplateSealer.
 func (s *RegistrySealer) Seal(ctx context.Context, req SealRequest) (string, error) {
-	mirrors, err := fiberd.ParseMirrors(req.Mirrors)
+	mirrors, err := artifact.ParseMirrors(req.Mirrors)
 	if err != nil {
 		return "", err
 	}

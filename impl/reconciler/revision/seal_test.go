@@ -20,7 +20,7 @@ import (
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
-	"lampyr.dev/serving/impl/fiberd/seal"
+	"lampyr.dev/serving/impl/trust/seal"
 )
 
 // TestRegistrySealer seals for real: the snapshot is read from an

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 func ok(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }

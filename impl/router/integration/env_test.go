@@ -19,11 +19,11 @@ import (
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
 	"lampyr.dev/serving/impl/router/server"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 const handlerPackage = "lampyr.dev/serving/impl/router/internal/testhandler"

@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/contract/routermeta"
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 // twoHomes is one installation (one router key) with two Homes and a router

@@ -15,12 +15,12 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/routercred"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/internal/fakefiberd"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 type fixture struct {

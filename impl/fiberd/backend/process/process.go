@@ -33,6 +33,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/egress/netstack"
 	"lampyr.dev/serving/impl/fiberd/helper"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // Config configures the backend.
@@ -113,7 +114,7 @@ type Backend struct {
 
 // Egress configures fibers' service bindings.
 type Egress struct {
-	Policy *egress.Policy
+	Policy *egresspolicy.Policy
 	// Lookup is the Home's resolver; default net.DefaultResolver.
 	Lookup egress.Lookup
 	// Dial opens forwarded connections; default a net.Dialer.

@@ -34,6 +34,7 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 
 	"lampyr.dev/serving/impl/fiberd/egress"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // LinkName is the fiber's egress interface.
@@ -72,7 +73,7 @@ type Link struct {
 type Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 
 // Attach gives the fiber whose network namespace is ns its egress link:
-// the TUN interface LinkName (address egress.FiberAddr, default route) and the
+// the TUN interface LinkName (address egresspolicy.FiberAddr, default route) and the
 // stack behind it. host is fiberd's own namespace, restored on the thread
 // that entered ns. The caller closes the Link when the fiber ends.
 func Attach(ns, host netns.NsHandle, guard *egress.Guard, dial Dialer) (*Link, error) {
@@ -149,7 +150,7 @@ func configure(ns netns.NsHandle) error {
 	if err != nil {
 		return fmt.Errorf("finding %s: %w", LinkName, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: egress.FiberAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: egresspolicy.FiberAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
 	if err := h.AddrAdd(link, addr); err != nil {
 		return fmt.Errorf("address on %s: %w", LinkName, err)
 	}
@@ -159,7 +160,7 @@ func configure(ns netns.NsHandle) error {
 	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("bringing up %s: %w", LinkName, err)
 	}
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK, Src: egress.FiberAddr.AsSlice()}); err != nil {
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK, Src: egresspolicy.FiberAddr.AsSlice()}); err != nil {
 		return fmt.Errorf("default route via %s: %w", LinkName, err)
 	}
 	return nil
@@ -185,7 +186,7 @@ func (l *Link) start() error {
 	// forwarder decides); spoofing: it answers as that destination.
 	l.st.SetPromiscuousMode(nic, true)
 	l.st.SetSpoofing(nic, true)
-	if e := l.st.AddProtocolAddress(nic, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: tcpip.AddrFrom4(egress.ResolverAddr.As4()).WithPrefix()}, stack.AddressProperties{}); e != nil {
+	if e := l.st.AddProtocolAddress(nic, tcpip.ProtocolAddress{Protocol: ipv4.ProtocolNumber, AddressWithPrefix: tcpip.AddrFrom4(egresspolicy.ResolverAddr.As4()).WithPrefix()}, stack.AddressProperties{}); e != nil {
 		return fmt.Errorf("resolver address: %s", e)
 	}
 	l.st.SetRouteTable([]tcpip.Route{{Destination: header.IPv4EmptySubnet, NIC: nic}})
@@ -193,7 +194,7 @@ func (l *Link) start() error {
 	l.st.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
 	go l.readTUN()
 	go l.writeTUN()
-	u, err := gonet.DialUDP(l.st, &tcpip.FullAddress{NIC: nic, Addr: tcpip.AddrFrom4(egress.ResolverAddr.As4()), Port: 53}, nil, ipv4.ProtocolNumber)
+	u, err := gonet.DialUDP(l.st, &tcpip.FullAddress{NIC: nic, Addr: tcpip.AddrFrom4(egresspolicy.ResolverAddr.As4()), Port: 53}, nil, ipv4.ProtocolNumber)
 	if err != nil {
 		return fmt.Errorf("resolver socket: %w", err)
 	}
@@ -261,7 +262,7 @@ func (l *Link) serveDNS() {
 func (l *Link) forward(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst, ok := netip.AddrFromSlice(id.LocalAddress.AsSlice())
-	if !ok || dst == egress.ResolverAddr || !l.guard.MayConnect(dst) {
+	if !ok || dst == egresspolicy.ResolverAddr || !l.guard.MayConnect(dst) {
 		r.Complete(true)
 		return
 	}

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"sync"
 
-	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 // RecordingCreds is the router's credential source (a routercred.Minter)

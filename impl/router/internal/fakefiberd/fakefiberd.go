@@ -28,7 +28,7 @@ import (
 
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
-	"lampyr.dev/serving/impl/fiberd/routercred"
+	"lampyr.dev/serving/impl/trust/routercred"
 )
 
 // Server is a fake fiberd.

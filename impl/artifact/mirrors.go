@@ -1,6 +1,6 @@
 // Package fiberd holds what fiberd's commands share: registry access as
 // seen from inside a cluster.
-package fiberd
+package artifact
 
 import (
 	"fmt"

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/impl/fiberd/edpem"
+	"lampyr.dev/serving/impl/trust/edpem"
 )
 
 // Claims is the grant's content.

@@ -1,12 +1,9 @@
-// Package egress is a fiber's only way out of its network namespace: its
-// service bindings (docs/networking.md, "Service bindings"). A fiber has
-// loopback and one point-to-point interface whose every packet fiberd
-// reads; fiberd answers DNS for the fiber with a restricted resolver and
-// opens, from the Home's own network namespace, only TCP connections to
-// addresses that resolver handed to this fiber and the installation's
-// policy allows. Nothing else leaves: no UDP but DNS to the resolver, no
-// ICMP, no connection to an address the fiber did not resolve.
-package egress
+// Package egresspolicy is the fibers' egress policy: which names a fiber
+// may resolve and which addresses it may connect to. The grant controller
+// and config-lampyr parse it, fiberd enforces it (impl/fiberd/egress); it
+// lives with the other trust libraries so the control plane need not import
+// fiberd.
+package egresspolicy
 
 import (
 	"fmt"
@@ -63,28 +60,28 @@ var (
 	FiberAddr    = netip.MustParseAddr("100.127.255.2")
 )
 
-// canonical lower-cases a DNS name and gives it one trailing dot.
-func canonical(name string) string {
+// Canonical lower-cases a DNS name and gives it one trailing dot.
+func Canonical(name string) string {
 	return strings.TrimSuffix(strings.ToLower(name), ".") + "."
 }
 
 // NameAllowed says whether a fiber may resolve name.
 func (p *Policy) NameAllowed(name string) bool {
-	n := canonical(name)
+	n := Canonical(name)
 	if n == "." || strings.Contains(n, "..") {
 		return false
 	}
 	for _, d := range p.DenyNames {
 		if strings.HasPrefix(d, ".") {
-			if suffix := canonical(d[1:]); n == suffix || strings.HasSuffix(n, "."+suffix) {
+			if suffix := Canonical(d[1:]); n == suffix || strings.HasSuffix(n, "."+suffix) {
 				return false
 			}
-		} else if n == canonical(d) {
+		} else if n == Canonical(d) {
 			return false
 		}
 	}
 	for _, d := range p.Domains {
-		if suffix := canonical(d); strings.HasSuffix(n, "."+suffix) {
+		if suffix := Canonical(d); strings.HasSuffix(n, "."+suffix) {
 			return true
 		}
 	}

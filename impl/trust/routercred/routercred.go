@@ -23,7 +23,7 @@ import (
 	"sync"
 	"time"
 
-	"lampyr.dev/serving/impl/fiberd/edpem"
+	"lampyr.dev/serving/impl/trust/edpem"
 )
 
 const prefix = "lyrc1."
