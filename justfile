@@ -39,6 +39,8 @@ cluster-logs NAME: tools
 # Unit and in-process integration tests (no cluster).
 test-unit:
     go vet ./...
+    # includes hack/runtimecheck: modules that reach into the Go runtime must
+    # match this toolchain (docs/environment.md, "Go toolchain")
     go test -count=1 ./...
     # Template validation must never panic: fuzz it for a bounded number of
     # inputs (~20 s here). A count, not a duration: with -fuzztime 30s Go's

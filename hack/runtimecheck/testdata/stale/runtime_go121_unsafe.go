@@ -1,0 +1,8 @@
+//go:build go1.21 && !go1.24
+
+// Test data for TestInspectFindsAStaleCopy; never built.
+package sync
+
+import "unsafe"
+
+const maptypeHasherOffset = unsafe.Offsetof(maptype{}.Hasher) // +checkoffset internal/abi MapType.Hasher
