@@ -3,6 +3,12 @@
 
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
+# Static builds everywhere: the cluster images are built with CGO off
+# (clusters/build/gobuild), and a package compiled for `go test` with the
+# same settings is reused from Go's build cache by the image builds instead
+# of being compiled a second time. Nothing here uses cgo.
+export CGO_ENABLED := "0"
+
 artifacts := env_var_or_default("LAMPYR_ARTIFACTS", justfile_directory() / "_artifacts")
 bin := justfile_directory() / "build"
 

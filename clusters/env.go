@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/knative"
@@ -217,6 +218,48 @@ func (e *Env) Publisher() *publish.Publisher {
 		Go:       &gobuild.Builder{WorkDir: filepath.Join(e.Cache, "go"), Log: e.Log},
 		Registry: fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
 		Log:      e.Log,
+	}
+}
+
+// Prebuild starts, in the background and at background build priority
+// (gobuild.Background), the Go builds the installs of these profiles will
+// ask for (Knative Serving, the networking provider, Lampyr from this
+// checkout), so that they run beside the cluster inputs instead of after
+// the clusters are up. It runs the install code itself with a build-only
+// Publisher, so it asks for exactly the builds (the same specs and cache
+// keys) the installs will. A build that fails here is logged and left to
+// the install, which runs it again and reports it.
+func (e *Env) Prebuild(ctx context.Context, profiles []string, provider string) {
+	prov, err := networking.Get(provider)
+	if err != nil {
+		return // the install reports it
+	}
+	want := map[string]bool{}
+	for _, p := range profiles {
+		want[p] = true
+	}
+	if !want[ProfileStock] && !want[ProfileLampyr] {
+		return
+	}
+	bp := e.Publisher()
+	bp.BuildOnly, bp.Registry = true, "prebuild.invalid"
+	ctx = gobuild.Background(ctx)
+	what := []string{"Knative Serving " + knative.ServingVersion, prov.Name() + " (" + prov.Describe() + ")"}
+	if want[ProfileLampyr] {
+		what = append(what, "Lampyr from this checkout")
+	}
+	e.Log.Printf("   prebuilding in the background, beside the cluster inputs: %s", strings.Join(what, "; "))
+	run := func(name string, fn func() error) {
+		go func() {
+			if err := fn(); err != nil && ctx.Err() == nil {
+				e.Log.Printf("   prebuild of %s failed (its install builds it again and reports it): %v", name, err)
+			}
+		}()
+	}
+	run("Knative Serving", func() error { _, err := install.ServingImages(ctx, bp); return err })
+	run(prov.Name(), func() error { _, err := prov.Publish(ctx, bp); return err })
+	if want[ProfileLampyr] {
+		run("Lampyr", func() error { _, err := install.LampyrComponents(ctx, RepoRoot(), bp, e.LampyrSources); return err })
 	}
 }
 

@@ -104,9 +104,15 @@ func CreateOrReuse(cs ...Cluster) env.Func {
 			return ctx, err
 		}
 		names := make([]string, len(cs))
+		var profiles []string
 		for i, c := range cs {
 			names[i] = c.Name
+			profiles = append(profiles, c.Profile)
 		}
+		// The profiles' builds run beside the cluster inputs' (the Install
+		// step finds them done or joins them under way).
+		r.env.Announce(ctx, profiles, r.opts.Provider)
+		r.env.Prebuild(ctx, profiles, r.opts.Provider)
 		infos, err := r.env.Up(ctx, names, r.opts.Keep)
 		ts := targetsFrom(ctx)
 		for i, info := range infos {

@@ -287,7 +287,12 @@ func (s *Suite) runSetup(ctx SpecContext) {
 		AddReportEntry("networking", prov.Name()+": "+prov.Describe())
 	}
 	var timings []string
-	defer func() { AddReportEntry("setup steps", strings.Join(timings, "\n")) }()
+	defer func() {
+		AddReportEntry("setup steps", strings.Join(timings, "\n"))
+		// Where the setup's time went, slowest step first (the builds,
+		// clusters and installs overlap).
+		log.Summary("setup "+s.cfg.Name+": where the time went", 2*time.Second)
+	}()
 	for _, st := range append(s.harnessSteps(), s.setup...) {
 		By(st.name)
 		t0 := time.Now()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"golang.org/x/sync/errgroup"
+
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
@@ -111,21 +113,28 @@ func NetGatewayAPISpec(ctx context.Context) (gobuild.Spec, error) {
 	}, nil
 }
 
-// Publish builds Traefik v3.7 and net-gateway-api's controller and webhook.
+// Publish builds Traefik v3.7 and net-gateway-api's controller and webhook,
+// both at once (the builder runs them side by side when a slot is free).
 func (GatewayAPI) Publish(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	traefik, err := publishTraefik(ctx, p, inputs.TraefikGatewayVersion)
-	if err != nil {
-		return nil, err
-	}
-	spec, err := NetGatewayAPISpec(ctx)
-	if err != nil {
-		return nil, err
-	}
-	refs, err := p.Publish(ctx, spec, []publish.Image{
-		{Package: netGatewayAPIController, Repo: "net-gateway-api/controller"},
-		{Package: netGatewayAPIWebhook, Repo: "net-gateway-api/webhook"},
+	var traefik string
+	var refs map[string]string
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) {
+		traefik, err = publishTraefik(gctx, p, inputs.TraefikGatewayVersion)
+		return err
 	})
-	if err != nil {
+	g.Go(func() error {
+		spec, err := NetGatewayAPISpec(gctx)
+		if err != nil {
+			return err
+		}
+		refs, err = p.Publish(gctx, spec, []publish.Image{
+			{Package: netGatewayAPIController, Repo: "net-gateway-api/controller"},
+			{Package: netGatewayAPIWebhook, Repo: "net-gateway-api/webhook"},
+		})
+		return err
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
 	refs["traefik"] = traefik

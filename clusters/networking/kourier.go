@@ -58,7 +58,7 @@ func (Kourier) Gateway(nodePort int) Gateway {
 
 // Publish builds the Kourier controller.
 func (Kourier) Publish(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	refs, err := p.Publish(ctx, gobuild.Spec{Name: "net-kourier", Module: kourierModule, Version: kourierVersion, Packages: []string{kourierPackage}, LDFlags: "-s -w"},
+	refs, err := p.Publish(ctx, kourierSpec(),
 		[]publish.Image{{Package: kourierPackage, Repo: "net-kourier/kourier"}})
 	if err != nil {
 		return nil, err
@@ -123,4 +123,8 @@ func toNodePort(svc *unstructured.Unstructured, nodePort int) error {
 	}
 	_ = unstructured.SetNestedSlice(svc.Object, ports, "spec", "ports")
 	return unstructured.SetNestedField(svc.Object, "NodePort", "spec", "type")
+}
+
+func kourierSpec() gobuild.Spec {
+	return gobuild.Spec{Name: "net-kourier", Module: kourierModule, Version: kourierVersion, Packages: []string{kourierPackage}, LDFlags: "-s -w"}
 }

@@ -11,6 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/publish"
 )
 
@@ -159,4 +161,24 @@ func IngressFinalizer(p Provider) string {
 		return f.IngressFinalizer()
 	}
 	return ""
+}
+
+// Specs are the Go builds a provider's Publish runs (for the first-run
+// estimate; Publish itself builds them).
+func Specs(ctx context.Context, p Provider) ([]gobuild.Spec, error) {
+	switch p.(type) {
+	case GatewayAPI:
+		t, err := TraefikSpec(ctx, inputs.TraefikGatewayVersion)
+		if err != nil {
+			return nil, err
+		}
+		n, err := NetGatewayAPISpec(ctx)
+		return []gobuild.Spec{t, n}, err
+	case TraefikKnative:
+		t, err := TraefikSpec(ctx, inputs.TraefikKnativeVersion)
+		return []gobuild.Spec{t}, err
+	case Kourier:
+		return []gobuild.Spec{kourierSpec()}, nil
+	}
+	return nil, nil
 }

@@ -25,7 +25,16 @@ type Publisher struct {
 	Go       *gobuild.Builder
 	Registry string // e.g. localhost:5002
 	Log      *progress.Log
+	// BuildOnly runs the Go builds and nothing else: Push writes nothing
+	// and answers a placeholder reference. A prebuild runs the install code
+	// with it before the clusters and their registry exist, so the builds
+	// it starts are exactly those the install will ask for (the same
+	// specs, the same cache keys).
+	BuildOnly bool
 }
+
+// placeholderDigest is what a BuildOnly Push answers.
+const placeholderDigest = "sha256:0000000000000000000000000000000000000000000000000000000000000000"
 
 // Image says how to make one image from one package of a build.
 type Image struct {
@@ -51,11 +60,17 @@ func (p *Publisher) Publish(ctx context.Context, spec gobuild.Spec, imgs []Image
 	if err != nil {
 		return nil, err
 	}
+	out := map[string]string{}
+	if p.BuildOnly {
+		for _, im := range imgs {
+			out[im.Package] = fmt.Sprintf("%s/%s@%s", p.Registry, im.Repo, placeholderDigest)
+		}
+		return out, nil
+	}
 	byPkg := map[string]string{}
 	for _, b := range bins {
 		byPkg[b.Package] = b.Path
 	}
-	out := map[string]string{}
 	for _, im := range imgs {
 		bin, ok := byPkg[im.Package]
 		if !ok {
@@ -76,6 +91,9 @@ func (p *Publisher) Publish(ctx context.Context, spec gobuild.Spec, imgs []Image
 
 // Push writes img to Registry/repo:tag and returns Registry/repo@digest.
 func (p *Publisher) Push(ctx context.Context, repo, tag string, img v1.Image) (string, error) {
+	if p.BuildOnly {
+		return fmt.Sprintf("%s/%s@%s", p.Registry, repo, placeholderDigest), nil
+	}
 	t, err := name.NewTag(fmt.Sprintf("%s/%s:%s", p.Registry, repo, tag))
 	if err != nil {
 		return "", err

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"path"
 	"slices"
 	"time"
 
@@ -38,14 +39,21 @@ var ServingCommands = []string{"controller", "webhook", "activator", "autoscaler
 // its release does (ko: static binary, non-root, /ko-app/<name>), and
 // returns ko import path -> digest reference.
 func ServingImages(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	spec := gobuild.Spec{Name: "knative-serving", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+	spec := ServingSpec()
 	var imgs []publish.Image
-	for _, c := range ServingCommands {
-		pkg := knative.ServingModule + "/cmd/" + c
-		spec.Packages = append(spec.Packages, pkg)
-		imgs = append(imgs, publish.Image{Package: pkg, Repo: "knative-serving/" + c, Options: image.Options{}})
+	for _, pkg := range spec.Packages {
+		imgs = append(imgs, publish.Image{Package: pkg, Repo: "knative-serving/" + path.Base(pkg), Options: image.Options{}})
 	}
 	return p.Publish(ctx, spec, imgs)
+}
+
+// ServingSpec is the one build of Knative Serving's commands.
+func ServingSpec() gobuild.Spec {
+	spec := gobuild.Spec{Name: "knative-serving", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+	for _, c := range ServingCommands {
+		spec.Packages = append(spec.Packages, knative.ServingModule+"/cmd/"+c)
+	}
+	return spec
 }
 
 // Options for an install.

@@ -19,9 +19,14 @@ import (
 	"path"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"sort"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/mod/modfile"
 )
@@ -203,8 +208,108 @@ func GoVersion(ctx context.Context) (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
+// Jobs is how many go commands the builders of this process run at once
+// (LAMPYR_BUILD_JOBS, default 2 on up to 4 cores, else half the cores). A
+// go build keeps about one core busy on average on these machines (a
+// link is mostly one thread, and module resolution waits on the network:
+// Traefik measured 6 min 55 s of CPU in 6 min 44 s), so two at a time fill
+// two cores where one after another left one idle.
+func Jobs() int {
+	if v, err := strconv.Atoi(os.Getenv("LAMPYR_BUILD_JOBS")); err == nil && v > 0 {
+		return v
+	}
+	return max(2, runtime.NumCPU()/2)
+}
+
+// slots bounds the go commands running at once. Waiting builds are served
+// by priority, then in the order they asked: what a run needs first (the
+// cluster inputs) before what it prebuilds in the background (Background).
+var slots = struct {
+	sync.Mutex
+	init  bool
+	free  int
+	queue [2][]chan struct{}
+}{}
+
+type priorityKey struct{}
+
+// Background marks ctx's builds as prebuilds: they take a build slot only
+// when no build of normal priority waits for one.
+func Background(ctx context.Context) context.Context {
+	return context.WithValue(ctx, priorityKey{}, 1)
+}
+
+func priorityOf(ctx context.Context) int {
+	if p, ok := ctx.Value(priorityKey{}).(int); ok {
+		return p
+	}
+	return 0
+}
+
+func acquire(ctx context.Context) (release func(), err error) {
+	pr := priorityOf(ctx)
+	slots.Lock()
+	if !slots.init {
+		slots.init, slots.free = true, Jobs()
+	}
+	if slots.free > 0 && len(slots.queue[0]) == 0 && (pr == 0 || len(slots.queue[1]) == 0) {
+		slots.free--
+		slots.Unlock()
+		return releaseSlot, nil
+	}
+	ch := make(chan struct{})
+	slots.queue[pr] = append(slots.queue[pr], ch)
+	slots.Unlock()
+	select {
+	case <-ch:
+		return releaseSlot, nil
+	case <-ctx.Done():
+		slots.Lock()
+		for i, w := range slots.queue[pr] {
+			if w == ch {
+				slots.queue[pr] = append(slots.queue[pr][:i:i], slots.queue[pr][i+1:]...)
+				slots.Unlock()
+				return nil, ctx.Err()
+			}
+		}
+		slots.Unlock()
+		// Granted as we gave up: hand the slot on.
+		releaseSlot()
+		return nil, ctx.Err()
+	}
+}
+
+func releaseSlot() {
+	slots.Lock()
+	defer slots.Unlock()
+	for pr := range slots.queue {
+		if len(slots.queue[pr]) > 0 {
+			ch := slots.queue[pr][0]
+			slots.queue[pr] = slots.queue[pr][1:]
+			close(ch)
+			return
+		}
+	}
+	slots.free++
+}
+
+// inflight holds the builds under way in this process, by output directory,
+// so that two callers of the same build (a prebuild and the install that
+// needs it) wait for one go command instead of racing in one directory.
+var inflight = struct {
+	sync.Mutex
+	m map[string]*call
+}{m: map[string]*call{}}
+
+type call struct {
+	done chan struct{}
+	bins []Binary
+	err  error
+}
+
 // Build builds s (or returns the cached result) and returns one Binary per
-// package, in s.Packages order.
+// package, in s.Packages order. Concurrent calls for the same build share
+// one go command; at most Jobs() go commands run at once.
 func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary, error) {
 	goVersion, err := GoVersion(ctx)
 	if err != nil {
@@ -222,6 +327,44 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil && s.Module != "" {
 		return bins, nil
 	}
+	inflight.Lock()
+	if c, ok := inflight.m[dir]; ok {
+		inflight.Unlock()
+		select {
+		case <-c.done:
+			return c.bins, c.err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	c := &call{done: make(chan struct{})}
+	inflight.m[dir] = c
+	inflight.Unlock()
+	defer func() {
+		inflight.Lock()
+		delete(inflight.m, dir)
+		inflight.Unlock()
+		close(c.done)
+	}()
+	t0 := time.Now()
+	release, err := acquire(ctx)
+	if err != nil {
+		c.err = err
+		return nil, err
+	}
+	defer release()
+	if waited := time.Since(t0); waited > time.Second && b.Log != nil {
+		fmt.Fprintf(b.Log, "   %s: waited %s for one of %d build slots\n", s.Name, waited.Round(time.Second), Jobs())
+	}
+	c.bins, c.err = b.build(ctx, s, goVersion, dir, outDir, bins)
+	return c.bins, c.err
+}
+
+// started counts builds run (not served from the cache or a shared call).
+var started atomic.Int64
+
+func (b *Builder) build(ctx context.Context, s Spec, goVersion, dir, outDir string, bins []Binary) ([]Binary, error) {
+	started.Add(1)
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return nil, err
 	}
@@ -265,7 +408,15 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, localHint(s, err))
 		}
 	}
-	args := []string{"build", "-trimpath", "-o", outDir + "/"}
+	args := []string{"build", "-o", outDir + "/"}
+	if s.Module != "" {
+		// Pinned modules' binaries carry no path of this machine. Local
+		// builds (this checkout) do not trim: -trimpath is part of every
+		// compiled package's cache key, and without it the images reuse
+		// what `go test` of the same packages just compiled (with the
+		// justfile's CGO_ENABLED=0) instead of compiling it all again.
+		args = append(args, "-trimpath")
+	}
 	if s.LDFlags != "" {
 		args = append(args, "-ldflags", s.LDFlags)
 	}
@@ -418,4 +569,18 @@ func sortedKeys(m map[string]string) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// Cached says whether b holds s's output already (always false for a local
+// build, which is relinked every time).
+func (b *Builder) Cached(ctx context.Context, s Spec) (bool, error) {
+	if s.Module == "" {
+		return false, nil
+	}
+	goVersion, err := GoVersion(ctx)
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Stat(filepath.Join(b.WorkDir, sanitize(s.Name)+"-"+s.Key(goVersion, ""), "done"))
+	return err == nil, nil
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestScratchGoMod(t *testing.T) {
@@ -193,5 +194,121 @@ func TestBuildWithLocalModule(t *testing.T) {
 	_, err := b.Build(context.Background(), Spec{Name: "uses", Dir: dir, Packages: []string{"example.com/uses"}, Local: []LocalModule{ext}}, "")
 	if err == nil || !strings.Contains(err.Error(), "supplied from source here (test)") {
 		t.Fatalf("a mismatching stand-in must fail naming it, got %v", err)
+	}
+}
+
+// TestConcurrentCallsShareOneBuild: a prebuild and the install that needs
+// the same build, called at once, run one go command (the second waits for
+// the first) instead of two in one directory.
+func TestConcurrentCallsShareOneBuild(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module example.com/twice\n\ngo 1.22\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte("package main\n\nfunc main() {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &Builder{WorkDir: t.TempDir()}
+	before := started.Load()
+	spec := Spec{Name: "twice", Dir: dir, Packages: []string{"example.com/twice"}}
+	// Hold every slot so both calls are in flight before either builds.
+	release := make([]func(), 0, Jobs())
+	for range Jobs() {
+		r, err := acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		release = append(release, r)
+	}
+	type result struct {
+		bins []Binary
+		err  error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			bins, err := b.Build(context.Background(), spec, "")
+			results <- result{bins, err}
+		}()
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		inflight.Lock()
+		n := len(inflight.m)
+		inflight.Unlock()
+		if n == 1 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, r := range release {
+		r()
+	}
+	a, c := <-results, <-results
+	if a.err != nil || c.err != nil {
+		t.Fatalf("errors: %v, %v", a.err, c.err)
+	}
+	if a.bins[0].Path != c.bins[0].Path {
+		t.Errorf("two outputs: %s, %s", a.bins[0].Path, c.bins[0].Path)
+	}
+	if n := started.Load() - before; n != 1 {
+		t.Errorf("%d builds ran, want one", n)
+	}
+}
+
+// TestSlotsServeNormalBeforeBackground: with every slot taken, a waiting
+// build of normal priority gets the next free slot before a background one
+// that asked earlier.
+func TestSlotsServeNormalBeforeBackground(t *testing.T) {
+	var held []func()
+	for range Jobs() {
+		r, err := acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r)
+	}
+	order := make(chan string, 2)
+	waiting := func() int {
+		slots.Lock()
+		defer slots.Unlock()
+		return len(slots.queue[0]) + len(slots.queue[1])
+	}
+	go func() {
+		r, _ := acquire(Background(context.Background()))
+		order <- "background"
+		r()
+	}()
+	for waiting() < 1 {
+		time.Sleep(time.Millisecond)
+	}
+	go func() {
+		r, _ := acquire(context.Background())
+		order <- "normal"
+		r()
+	}()
+	for waiting() < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	held[0]()
+	if first := <-order; first != "normal" {
+		t.Errorf("first served: %s, want normal", first)
+	}
+	<-order
+	for _, r := range held[1:] {
+		r()
+	}
+	// A cancelled waiter leaves no slot behind.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := acquire(ctx); err == nil {
+		// Free slots are granted even to a done context; give it back.
+		releaseSlot()
+	}
+	slots.Lock()
+	free := slots.free
+	slots.Unlock()
+	if free != Jobs() {
+		t.Errorf("free slots %d after everything released, want %d", free, Jobs())
 	}
 }

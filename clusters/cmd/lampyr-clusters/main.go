@@ -70,18 +70,29 @@ func run(ctx context.Context, args []string) error {
 		if fs.NArg() == 0 {
 			return errors.New("usage: lampyr-clusters up NAME...")
 		}
+		profileOf := func(name string) string {
+			if *profile != "" {
+				return *profile
+			}
+			p, _ := clusters.PairedProfile(name)
+			return p
+		}
+		var profiles []string
+		for _, n := range fs.Args() {
+			profiles = append(profiles, profileOf(n))
+		}
+		env.Announce(ctx, profiles, *provider)
+		env.Prebuild(ctx, profiles, *provider)
+		defer log.Summary("lampyr-clusters up: where the time went", time.Second)
 		infos, err := env.Up(ctx, fs.Args(), *keep)
 		if err != nil {
 			return err
 		}
 		for _, i := range infos {
-			p := *profile
+			p := profileOf(i.Name)
 			if p == "" {
-				var paired bool
-				if p, paired = clusters.PairedProfile(i.Name); !paired {
-					log.Printf("cluster %s: no profile stated (--profile stock|lampyr): left bare", i.Name)
-					continue
-				}
+				log.Printf("cluster %s: no profile stated (--profile stock|lampyr): left bare", i.Name)
+				continue
 			}
 			if p == "none" {
 				continue
