@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/mod/modfile"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
@@ -46,6 +47,15 @@ func TraefikSpec(ctx context.Context, version string) (gobuild.Spec, error) {
 	}
 	if strings.Contains(string(gomod), stubs.TraefikDynamicExtPath+" =>") {
 		s.Local = append(s.Local, stubs.TraefikDynamicExt())
+	}
+	mf, err := modfile.Parse(dl.GoMod, gomod, nil)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	for _, r := range mf.Require {
+		if r.Mod.Path == "github.com/go-acme/lego/v4" || r.Mod.Path == "github.com/go-acme/lego/v5" {
+			s.Patches = append(s.Patches, stubs.LegoDNS(r.Mod.Path, r.Mod.Version))
+		}
 	}
 	return s, nil
 }

@@ -73,7 +73,28 @@ type Spec struct {
 	// nested github.com/traefik/traefik/dynamic/ext) still builds. The
 	// sources are part of the cache key.
 	Local []LocalModule `json:",omitempty"`
+	// Patches build pinned modules with some of their files replaced:
+	// each is copied from the module cache into the scratch module at the
+	// version given (which must be the one the build resolves), the files
+	// overwritten, and used through a directory replace. For a file that
+	// only wires in what an offline test build has no use for (Traefik's
+	// registry of ACME DNS providers, each with its cloud SDK). The
+	// contents are part of the cache key.
+	Patches []ModulePatch `json:",omitempty"`
 }
+
+// ModulePatch is a pinned module built with files replaced.
+type ModulePatch struct {
+	Path, Version string
+	// Files maps slash paths relative to the module root to their new
+	// content; each must exist in the module (a patch that no longer
+	// matches its module fails instead of adding a file).
+	Files map[string]string
+	// Origin says where the replacement lives in this repository and why.
+	Origin string
+}
+
+func (m ModulePatch) localDir() string { return "./patched/" + sanitize(m.Path) }
 
 // LocalModule is a module supplied from source instead of the proxy.
 type LocalModule struct {
@@ -159,6 +180,15 @@ func ScratchGoMod(s Spec, goVersion string) ([]byte, error) {
 		}
 		local[l.Path] = true
 		if err := f.AddReplace(l.Path, "", l.localDir(), ""); err != nil {
+			return nil, err
+		}
+	}
+	for _, m := range s.Patches {
+		if local[m.Path] {
+			return nil, fmt.Errorf("module %s is both local and patched", m.Path)
+		}
+		local[m.Path] = true
+		if err := f.AddReplace(m.Path, "", m.localDir(), ""); err != nil {
 			return nil, err
 		}
 	}
@@ -404,6 +434,9 @@ func (b *Builder) build(ctx context.Context, s Spec, goVersion, dir, outDir stri
 		if err := writeLocal(buildDir, s.Local); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
+		if err := writePatched(ctx, buildDir, s.Patches); err != nil {
+			return nil, fmt.Errorf("%s: %w", s.Name, err)
+		}
 		if err := b.run(ctx, buildDir, s, "go", "mod", "tidy", "-e"); err != nil {
 			return nil, fmt.Errorf("%s: resolve %s@%s: %w", s.Name, s.Module, s.Version, localHint(s, err))
 		}
@@ -493,10 +526,45 @@ func writeLocal(dir string, mods []LocalModule) error {
 	return nil
 }
 
+// writePatched copies each patched module from the module cache under
+// dir/patched/ and overwrites its files.
+func writePatched(ctx context.Context, dir string, patches []ModulePatch) error {
+	for _, m := range patches {
+		src, err := Download(ctx, m.Path, m.Version)
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, filepath.FromSlash(m.localDir()))
+		if err := os.RemoveAll(dst); err != nil {
+			return err
+		}
+		if err := os.CopyFS(dst, os.DirFS(src.Dir)); err != nil {
+			return fmt.Errorf("copying %s@%s to patch it: %w", m.Path, m.Version, err)
+		}
+		for rel, body := range m.Files {
+			p := filepath.Join(dst, filepath.FromSlash(rel))
+			if _, err := os.Stat(p); err != nil {
+				return fmt.Errorf("patch of %s@%s (%s): %s is not in the module: the patch no longer matches it", m.Path, m.Version, m.Origin, rel)
+			}
+			if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // localHint adds, to a failed build whose output names a local module (its
 // path, or its package as a qualifier: "undefined: ext.HTTP"), that the
 // stand-in may no longer match what the pinned module expects.
 func localHint(s Spec, err error) error {
+	for _, m := range s.Patches {
+		for rel := range m.Files {
+			if strings.Contains(err.Error(), path.Dir(rel)+"/") || strings.Contains(err.Error(), m.Path+"/"+path.Dir(rel)) {
+				return fmt.Errorf("%w\nthe build failed in or around %s/%s, which is patched here (%s): the patch may no longer match %s@%s", err, m.Path, rel, m.Origin, m.Path, m.Version)
+			}
+		}
+	}
 	for _, l := range s.Local {
 		qualified := regexp.MustCompile(`(^|[^\w/.])` + regexp.QuoteMeta(path.Base(l.Path)) + `\.[A-Za-z_]`)
 		if strings.Contains(err.Error(), l.Path) || qualified.MatchString(err.Error()) {

@@ -3,6 +3,7 @@ package gobuild
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -310,5 +311,34 @@ func TestSlotsServeNormalBeforeBackground(t *testing.T) {
 	slots.Unlock()
 	if free != Jobs() {
 		t.Errorf("free slots %d after everything released, want %d", free, Jobs())
+	}
+}
+
+// TestBuildWithPatchedModule: a pinned dependency built with one of its
+// files replaced (the copy of the module is used, not the module cache),
+// and a patch naming a file the module lacks fails instead of adding it.
+func TestBuildWithPatchedModule(t *testing.T) {
+	const mod, ver = "golang.org/x/sync", "v0.22.0"
+	if _, err := Download(context.Background(), mod, ver); err != nil {
+		t.Skipf("%s@%s not downloadable here: %v", mod, ver, err)
+	}
+	main := "package main\n\nimport (\n\t\"fmt\"\n\n\t\"golang.org/x/sync/singleflight\"\n)\n\nfunc main() { fmt.Print(singleflight.Patched()) }\n"
+	patch := ModulePatch{Path: mod, Version: ver, Origin: "test",
+		Files: map[string]string{"singleflight/singleflight.go": "package singleflight\n\nfunc Patched() string { return \"patched\" }\n"}}
+	spec := Spec{Name: "patched", Module: mod, Version: ver, MainSource: main, Patches: []ModulePatch{patch}}
+	spec.Packages = []string{spec.ScratchPath()}
+	b := &Builder{WorkDir: t.TempDir()}
+	bins, err := b.Build(context.Background(), spec, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bins[0].Path).Output()
+	if err != nil || string(out) != "patched" {
+		t.Fatalf("patched program printed %q, %v; want patched", out, err)
+	}
+	patch.Files = map[string]string{"nosuchdir/x.go": "package x\n"}
+	spec.Patches = []ModulePatch{patch}
+	if _, err := b.Build(context.Background(), spec, ""); err == nil || !strings.Contains(err.Error(), "no longer matches") {
+		t.Errorf("a patch of a missing file: %v, want an error saying it no longer matches", err)
 	}
 }
