@@ -69,7 +69,8 @@ type Unpacked struct {
 }
 
 // LayerOpener opens one uncompressed tar layer; UnpackLayers opens each
-// only when it gets to it, and closes it.
+// only when it gets to it, and closes it once its tar ends: an error from
+// Close (e.g. the layer's digest did not match) fails the unpack.
 type LayerOpener func() (io.ReadCloser, error)
 
 // whiteout prefixes (OCI image-spec layer.md).
@@ -116,7 +117,10 @@ func UnpackLayers(dir string, layers []LayerOpener, o UnpackOptions) (*Unpacked,
 			return nil, fmt.Errorf("%s: %w", u.name, err)
 		}
 		err = u.layer(r)
-		r.Close()
+		// Close may say the layer did not verify (a digest checked at EOF).
+		if cerr := r.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("%s: %w", u.name, cerr)
+		}
 		if err != nil {
 			return nil, err
 		}
