@@ -133,6 +133,10 @@ const (
 	ReasonWaitingForGrant Reason = "WaitingForCapacityGrant"
 	// ReasonWaitingForHome: admitted, the Home is not ready yet.
 	ReasonWaitingForHome Reason = "WaitingForHome"
+	// ReasonVerifyingArtifact: the snapshot artifact's check in its registry
+	// (config-lampyr verify-artifacts) is queued or running, or failed and
+	// waits to run again; the message says which.
+	ReasonVerifyingArtifact Reason = "VerifyingArtifact"
 	// ReasonInvalidCapacityGrant: the API server refused the CapacityGrant
 	// built from the Revision (its CRD validation is stricter than ours).
 	ReasonInvalidCapacityGrant Reason = "InvalidCapacityGrant"

@@ -1,7 +1,6 @@
 package ly
 
 import (
-	"archive/tar"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -40,6 +38,10 @@ type ImageSnapshotOptions struct {
 	Protocol string
 	// Remote are go-containerregistry options for pulling and pushing.
 	Remote []remote.Option
+	// Limits bound unpacking the image (zero fields: artifact.DefaultLimits,
+	// which fiberd applies to the snapshot too, so a tree within them makes
+	// a snapshot fiberd accepts).
+	Limits artifact.Limits
 }
 
 // ImageSnapshot is a runnable image and the snapshot artifact made from it.
@@ -98,9 +100,7 @@ func SnapshotImage(ctx context.Context, image string, o ImageSnapshotOptions) (*
 	}
 	defer os.RemoveAll(stage)
 	root := filepath.Join(stage, "root")
-	rc := mutate.Extract(img)
-	dropped, err := untarRoot(rc, root)
-	rc.Close()
+	dropped, err := unpackImage(img, root, o.Limits)
 	if err != nil {
 		return nil, fmt.Errorf("%s: unpacking its file system: %w", image, err)
 	}
@@ -189,103 +189,52 @@ func imageUser(root, user string) string {
 	return c.User
 }
 
-// untarRoot writes a flattened image file system under root: directories,
-// regular files, symlinks and hard links (as copies). Entries that would
-// leave root are refused; device nodes and FIFOs are dropped and listed.
-func untarRoot(r io.Reader, root string) ([]string, error) {
-	var dropped []string
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return dropped, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		clean := path.Clean("/" + h.Name)
-		if clean == "/" {
-			continue
-		}
-		// An image may hold a symlink to anywhere ("etc -> /etc"); an entry
-		// below it must not be written through it onto this machine.
-		if err := noSymlinkParents(root, clean); err != nil {
-			return nil, err
-		}
-		dst := filepath.Join(root, filepath.FromSlash(clean))
-		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return nil, err
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(dst, 0o755); err != nil {
-				return nil, err
-			}
-		case tar.TypeReg:
-			f, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, os.FileMode(h.Mode)&0o777|0o400)
+// unpackImage writes the image's file system under root with the one
+// hardened unpacker fiberd uses too (artifact.UnpackLayers): layers in
+// order with OCI whiteouts, nothing written at or below a symlink, one
+// entry per path and layer, hard links only to files inside the tree,
+// within l. Device nodes and FIFOs are dropped and listed.
+func unpackImage(img v1.Image, root string, l artifact.Limits) ([]string, error) {
+	layers, err := img.Layers()
+	if err != nil {
+		return nil, err
+	}
+	open := make([]artifact.LayerOpener, len(layers))
+	for i, layer := range layers {
+		open[i] = func() (io.ReadCloser, error) {
+			rc, err := layer.Uncompressed()
 			if err != nil {
 				return nil, err
 			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return nil, err
-			}
-		case tar.TypeSymlink:
-			os.Remove(dst)
-			if err := os.Symlink(h.Linkname, dst); err != nil {
-				return nil, err
-			}
-		case tar.TypeLink:
-			target := path.Clean("/" + h.Linkname)
-			if err := noSymlinkParents(root, target); err != nil {
-				return nil, err
-			}
-			src := filepath.Join(root, filepath.FromSlash(target))
-			if fi, err := os.Lstat(src); err != nil || !fi.Mode().IsRegular() {
-				return nil, fmt.Errorf("hard link %s -> %s: the target is not a regular file in the image", clean, h.Linkname)
-			}
-			b, err := os.ReadFile(src)
-			if err != nil {
-				return nil, fmt.Errorf("hard link %s -> %s: %w", clean, h.Linkname, err)
-			}
-			fi, err := os.Stat(src)
-			if err != nil {
-				return nil, err
-			}
-			if err := os.WriteFile(dst, b, fi.Mode().Perm()); err != nil {
-				return nil, err
-			}
-		default:
-			dropped = append(dropped, clean)
+			return &drainOnClose{rc}, nil
 		}
 	}
+	u, err := artifact.UnpackLayers(root, open, artifact.UnpackOptions{Limits: l, ImageLayers: true, HardLinks: true, DropSpecial: true})
+	if err != nil {
+		return nil, err
+	}
+	return u.Dropped, nil
 }
 
-// noSymlinkParents refuses an entry whose parent directories, inside root,
-// include a symlink.
-func noSymlinkParents(root, clean string) error {
-	dir := root
-	parts := strings.Split(strings.Trim(path.Dir(clean), "/"), "/")
-	for _, p := range parts {
-		if p == "" {
-			continue
-		}
-		dir = filepath.Join(dir, p)
-		fi, err := os.Lstat(dir)
-		if os.IsNotExist(err) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			return fmt.Errorf("image entry %s lies below the symlink %s: refusing to write through it", clean, strings.TrimPrefix(dir, root))
-		}
+// layerTrailerBytes is how much a layer may hold after its tar ends (tar
+// pads to 10 KiB records; gzip adds nothing a reader sees).
+const layerTrailerBytes = 1 << 20
+
+// drainOnClose reads a layer to its end before closing it, so
+// go-containerregistry checks its digest (it does at EOF, which the tar
+// reader never reaches), but not past layerTrailerBytes.
+type drainOnClose struct{ io.ReadCloser }
+
+func (d *drainOnClose) Close() error {
+	n, err := io.CopyN(io.Discard, d.ReadCloser, layerTrailerBytes+1)
+	cerr := d.ReadCloser.Close()
+	switch {
+	case err != nil && !errors.Is(err, io.EOF):
+		return err
+	case n > layerTrailerBytes:
+		return fmt.Errorf("more than %d bytes follow the end of the layer's tar; refusing it", layerTrailerBytes)
 	}
-	return nil
+	return cerr
 }
 
 // lookPath resolves a relative entrypoint against the image's PATH, inside

@@ -6,11 +6,15 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"k8s.io/apimachinery/pkg/types"
+
+	"lampyr.dev/serving/impl/internal/fetchq"
 )
 
 // ArtifactVerifier checks that a digest-pinned snapshot artifact exists.
@@ -18,6 +22,34 @@ import (
 // not, and any other error when it could not tell (retried).
 type ArtifactVerifier interface {
 	Verify(ctx context.Context, ref string) error
+}
+
+// ArtifactChecks answers at once what is known of a Revision's snapshot
+// artifact. The registry is the tenant's choice (the annotation names it),
+// so the check itself never runs on a reconcile worker: a
+// *fetchq.Queue[struct{}] from NewArtifactChecks runs it, one at a time per
+// namespace, and re-enqueues the Revision when it ends.
+type ArtifactChecks interface {
+	Get(rev types.NamespacedName, ref string) fetchq.Result[struct{}]
+}
+
+// ArtifactCheckOptions bound the checks: a registry gets 20 s to answer a
+// HEAD, and a reference whose check failed (no answer, or not found) is
+// checked again after 5 s, doubling to 5 min.
+var ArtifactCheckOptions = fetchq.Options{
+	Timeout:    20 * time.Second,
+	Backoff:    5 * time.Second,
+	MaxBackoff: 5 * time.Minute,
+}
+
+// NewArtifactChecks runs v's checks off the reconcile workers (see
+// ArtifactChecks) and calls enqueue with each Revision that asked once its
+// check ends. Successes are kept (a digest names immutable content);
+// failures, missing artifacts included, are tried again after a backoff.
+func NewArtifactChecks(ctx context.Context, v ArtifactVerifier, enqueue func(types.NamespacedName), o fetchq.Options) *fetchq.Queue[struct{}] {
+	return fetchq.New(ctx, func(ctx context.Context, ref string) (struct{}, error) {
+		return struct{}{}, v.Verify(ctx, ref)
+	}, enqueue, o)
 }
 
 // ArtifactMissingError says the registry does not hold the artifact.

@@ -72,7 +72,6 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 		routerMetadataLister: metadataInformer.Lister(),
 		mirrorSliceLister:    mirrorSliceInformer.Lister(),
 		routerSliceLister:    routerSliceInformer.Lister(),
-		artifacts:            &RegistryVerifier{},
 		sealer:               &RegistrySealer{Kube: kubeclient.Get(ctx)},
 		prober:               HTTPProber{},
 	}
@@ -93,6 +92,10 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 		}
 		return controller.Options{ConfigStore: store}
 	})
+
+	// Artifact checks reach registries tenants name: off the workers, one
+	// at a time per namespace, re-enqueueing the Revision when done.
+	r.artifacts = NewArtifactChecks(ctx, &RegistryVerifier{}, impl.EnqueueKey, ArtifactCheckOptions)
 
 	revisionInformer.Informer().AddEventHandler(controller.HandleAll(impl.Enqueue))
 

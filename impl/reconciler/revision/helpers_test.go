@@ -450,7 +450,7 @@ func makeFactory() rtesting.Factory {
 		if lampyr == nil {
 			lampyr = testLampyr(lampyrconfig.BackendExternalName)
 		}
-		verifier, _ := row.OtherTestData[verifierKey].(ArtifactVerifier)
+		verifier, _ := row.OtherTestData[verifierKey].(ArtifactChecks)
 		sealer, _ := row.OtherTestData[sealerKey].(TemplateSealer)
 		prober, _ := row.OtherTestData[proberKey].(BackendProber)
 

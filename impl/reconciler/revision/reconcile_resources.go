@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -11,6 +12,7 @@ import (
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	discoveryclient "k8s.io/client-go/kubernetes/typed/discovery/v1"
 	"knative.dev/pkg/logging"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -19,29 +21,67 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/contract/routermeta"
+	"lampyr.dev/serving/impl/internal/fetchq"
 	"lampyr.dev/serving/impl/reconciler/revision/config"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
 
-// verifyArtifact checks the snapshot artifact exists in its registry when
-// the installation asks for it (config-lampyr verify-artifacts). Validation
-// already proved the reference is well-formed and digest-pinned.
-func (r *Reconciler) verifyArtifact(ctx context.Context, _ *v1.Revision, p *progress) error {
+// verifyArtifact asks whether the snapshot artifact exists in its registry
+// when the installation wants to know (config-lampyr verify-artifacts).
+// Validation already proved the reference is well-formed and
+// digest-pinned. The answer comes from ArtifactChecks at once; while the
+// check runs (off this worker) the Revision waits with ContainerHealthy
+// Unknown VerifyingArtifact and is re-enqueued when it ends. The other
+// steps go on meanwhile, as for a missing artifact: the Revision is not
+// routed until verified.
+func (r *Reconciler) verifyArtifact(_ context.Context, rev *v1.Revision, p *progress) error {
 	if !p.cfg.VerifyArtifacts || r.artifacts == nil {
 		return nil
 	}
-	err := r.artifacts.Verify(ctx, p.tmpl.SnapshotArtifact)
+	ref := p.tmpl.SnapshotArtifact
+	res := r.artifacts.Get(types.NamespacedName{Namespace: rev.Namespace, Name: rev.Name}, ref)
+	if res.State == fetchq.Failed {
+		// Look again when the backoff lets the check run again (missing
+		// artifacts too: one may be pushed after the Revision was made).
+		p.requeueAfter = minPositive(p.requeueAfter, max(time.Until(res.RetryAt), time.Second))
+	}
 	var missing *ArtifactMissingError
 	switch {
-	case err == nil:
+	case res.State == fetchq.Done:
 		return nil
-	case errors.As(err, &missing):
-		p.artifactMissing = v1.RevisionContainerMissingMessage(p.tmpl.SnapshotArtifact, missing.Detail)
+	case errors.As(res.Err, &missing):
+		// Missing, or missing last time and being checked again: either
+		// way not there as far as anyone knows, and the status holds still.
+		p.artifactMissing = v1.RevisionContainerMissingMessage(ref, missing.Detail)
 		return nil
-	default:
-		// The registry could not answer: retry rather than fail the Revision.
-		return err
+	case rev.Status.GetCondition(v1.RevisionConditionContainerHealthy).IsTrue():
+		// Healthy before: its artifact was verified then (a Revision's spec
+		// cannot change). A check still running after a restart, or a
+		// registry briefly away, must not take it out of routing.
+		return nil
 	}
+	p.artifactUnverified = artifactCheckMessage(ref, res)
+	return nil
+}
+
+// artifactCheckMessage says what the check of ref is doing, in words that
+// do not change while it waits (each change is a status write).
+func artifactCheckMessage(ref string, res fetchq.Result[struct{}]) string {
+	switch {
+	case res.Err != nil:
+		return fmt.Sprintf("Could not check snapshot artifact %q in its registry: %v; checking again.", ref, res.Err)
+	case res.Ahead > 0:
+		return fmt.Sprintf("Checking snapshot artifact %q in its registry, after other checks of this namespace.", ref)
+	default:
+		return fmt.Sprintf("Checking snapshot artifact %q in its registry.", ref)
+	}
+}
+
+func minPositive(a, b time.Duration) time.Duration {
+	if a <= 0 || b < a {
+		return b
+	}
+	return a
 }
 
 // sealTemplate gives an image-mapped Revision (config-lampyr

@@ -35,7 +35,7 @@ type Reconciler struct {
 	routerSliceLister discoverylisters.EndpointSliceLister
 
 	// artifacts is consulted only when config-lampyr verify-artifacts is on.
-	artifacts ArtifactVerifier
+	artifacts ArtifactChecks
 	// sealer seals the templates of image-mapped Revisions; sealed remembers
 	// them until their grant is cached.
 	sealer TemplateSealer

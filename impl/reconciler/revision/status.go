@@ -43,6 +43,9 @@ type progress struct {
 
 	// artifactMissing is set when the registry says the artifact is absent.
 	artifactMissing string
+	// artifactUnverified says why the artifact is not verified yet (its
+	// check is queued, running, or failed and waits to run again).
+	artifactUnverified string
 	// grantInvalid is the API server's refusal of the grant we built.
 	grantInvalid string
 	// notOwned names objects that exist under our names but are not ours.
@@ -105,7 +108,7 @@ func (p *progress) backendReady() bool {
 // readyForRouting: verified artifact, admitted grant, ready Home with an
 // endpoint, ready backend. Router metadata says ready exactly then.
 func (p *progress) readyForRouting() bool {
-	return p.artifactMissing == "" && len(p.notOwned) == 0 && p.grantInvalid == "" &&
+	return p.artifactMissing == "" && p.artifactUnverified == "" && len(p.notOwned) == 0 && p.grantInvalid == "" &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted).IsTrue() &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady).IsTrue() &&
 		p.homeEndpoint() != "" && p.home() != "" && p.backendReady()
@@ -129,6 +132,8 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 	switch {
 	case p.artifactMissing != "":
 		m.MarkFalse(v1.RevisionConditionContainerHealthy, v1.ReasonContainerMissing, "%s", p.artifactMissing)
+	case p.artifactUnverified != "":
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, contract.ReasonVerifyingArtifact.String(), "%s", p.artifactUnverified)
 	case admitted.IsFalse():
 		// The grant controller marks HomeReady False (NotAdmitted) on a
 		// refusal; nothing ran, so health is unknown, and the refusal is
@@ -161,6 +166,13 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 		m.MarkUnknown(v1.RevisionConditionResourcesAvailable, v1.ReasonDeploying, "%s", MessageWaitingForRouting)
 	default:
 		m.MarkTrue(v1.RevisionConditionResourcesAvailable)
+	}
+
+	if p.artifactUnverified != "" {
+		// Nothing routes the Revision before its artifact is verified, so
+		// that is what Ready (and kubectl's REASON) waits for, not the
+		// Home or the backend it waits for meanwhile.
+		m.MarkUnknown(v1.RevisionConditionContainerHealthy, contract.ReasonVerifyingArtifact.String(), "%s", p.artifactUnverified)
 	}
 
 	ready := st.GetCondition(v1.RevisionConditionReady)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -13,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgotesting "k8s.io/client-go/testing"
@@ -23,6 +25,7 @@ import (
 	fiberdv1alpha1 "lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/internal/fetchq"
 	"lampyr.dev/serving/impl/reconciler/revision/resources"
 )
 
@@ -519,7 +522,7 @@ func TestReconcile(t *testing.T) {
 			update(service(tmpl, lampyrconfig.BackendExternalName)),
 		},
 	}, {
-		Name:          "artifact verification on: missing artifact is ContainerHealthy False ContainerMissing",
+		Name:          "artifact verification on: missing artifact is ContainerHealthy False ContainerMissing, looked at again after the backoff",
 		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: fakeRegistry{}},
 		Objects: []runtime.Object{
 			rev(waitingForGrant()),
@@ -527,21 +530,28 @@ func TestReconcile(t *testing.T) {
 			service(tmpl, lampyrconfig.BackendExternalName),
 			metadata(tmpl, "", false),
 		},
-		Key: key(),
+		Key:     key(),
+		WantErr: true, // the requeue-after "error", which emits no event
 		WantEvents: []string{
-			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
+			rtesting.Eventf(corev1.EventTypeWarning, v1.ReasonContainerMissing, "ContainerHealthy: %s", missingMessage),
 		},
 		// The Home is ready, so its endpoint is published, but not ready.
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, false)),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
-			statusUpdate(rev(withConditions(
-				healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
-				available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
-				active(corev1.ConditionUnknown, v1.ReasonContainerMissing, v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")),
-			), withContainerStatus("user-container", testImage))),
+			statusUpdate(rev(artifactMissing())),
 		},
+	}, {
+		Name:          "artifact verification on: missing last time and checked again, the status holds still",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkRecheck},
+		Objects: []runtime.Object{
+			rev(artifactMissing()),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, false),
+		},
+		Key: key(),
 	}, {
 		Name:          "artifact verification on: present artifact, Ready",
 		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: fakeRegistry{testArtifact: true}},
@@ -553,14 +563,86 @@ func TestReconcile(t *testing.T) {
 		},
 		Key: key(),
 	}, {
-		Name:          "artifact verification on: registry unreachable is retried, not a failure",
-		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: unreachableRegistry{}},
-		Objects:       []runtime.Object{rev(waitingForGrant())},
+		Name:          "artifact verification on: first reconcile while the check runs: everything created, the Revision waits VerifyingArtifact",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkPending},
+		Objects:       []runtime.Object{rev()},
 		Key:           key(),
-		WantErr:       true,
 		WantEvents: []string{
-			rtesting.Eventf(corev1.EventTypeWarning, "InternalError", "registry.example: connection refused"),
+			grantCreatedEvent(),
+			serviceCreatedEvent(corev1.ServiceTypeExternalName),
 		},
+		WantCreates: []runtime.Object{
+			grant(tmpl),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(verifyingArtifact(checkingMessage, contract.ReasonWaitingForGrant.String(), MessageWaitingForGrant))),
+		},
+	}, {
+		Name:          "artifact verification on: Home ready but the check queued behind the namespace's others: not routed",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkQueued},
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key: key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(verifyingArtifact(queuedMessage, v1.ReasonDeploying, MessageWaitingForRouting))),
+		},
+	}, {
+		Name:          "artifact verification on: registry unreachable waits with its error and is looked at again after the backoff, not a failure",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkUnreachable},
+		Objects: []runtime.Object{
+			rev(waitingForGrant()),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, "", false),
+		},
+		Key:     key(),
+		WantErr: true, // requeue after the backoff; no InternalError event
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, false)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(verifyingArtifact(unreachableMessage, v1.ReasonDeploying, MessageWaitingForRouting))),
+		},
+	}, {
+		Name:          "artifact verification on: the check runs again after an unreachable registry, the message holds still",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkRetrying},
+		Objects: []runtime.Object{
+			rev(verifyingArtifact(unreachableMessage, v1.ReasonDeploying, MessageWaitingForRouting)),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, false),
+		},
+		Key: key(),
+	}, {
+		Name:          "artifact verification on: a Ready Revision whose check runs again (controller restart) stays Ready and routed",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkPending},
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+	}, {
+		Name:          "artifact verification on: a Ready Revision whose registry is unreachable stays Ready, looked at again after the backoff",
+		OtherTestData: map[string]interface{}{lampyrConfigKey: verifying(), verifierKey: checkUnreachable},
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key:     key(),
+		WantErr: true, // the requeue-after "error"
 	}, {
 		Name: "API error creating the Service is returned for a retry",
 		Objects: []runtime.Object{
@@ -711,22 +793,69 @@ func verifying() *lampyrconfig.Config {
 	return l
 }
 
-// fakeRegistry answers from a set of present references. (The real
-// RegistryVerifier is tested against an in-process registry.)
+var (
+	missingMessage     = v1.RevisionContainerMissingMessage(testArtifact, "not found in the registry")
+	checkingMessage    = fmt.Sprintf("Checking snapshot artifact %q in its registry.", testArtifact)
+	queuedMessage      = fmt.Sprintf("Checking snapshot artifact %q in its registry, after other checks of this namespace.", testArtifact)
+	unreachableMessage = fmt.Sprintf("Could not check snapshot artifact %q in its registry: %v; checking again.", testArtifact, unreachable)
+)
+
+// artifactMissing is the status of a Revision whose Home is ready and whose
+// artifact the registry does not hold.
+func artifactMissing() revOption {
+	return func(r *v1.Revision) {
+		withConditions(
+			healthy(corev1.ConditionFalse, v1.ReasonContainerMissing, missingMessage),
+			available(corev1.ConditionUnknown, v1.ReasonDeploying, MessageWaitingForRouting),
+			active(corev1.ConditionUnknown, v1.ReasonContainerMissing, missingMessage),
+		)(r)
+		withContainerStatus("user-container", testImage)(r)
+	}
+}
+
+// verifyingArtifact is the status of a Revision whose artifact check has
+// not succeeded yet (msg), with ResourcesAvailable Unknown (reason, why).
+func verifyingArtifact(msg, reason, why string) revOption {
+	return func(r *v1.Revision) {
+		withConditions(
+			healthy(corev1.ConditionUnknown, contract.ReasonVerifyingArtifact.String(), msg),
+			available(corev1.ConditionUnknown, reason, why),
+			// Marked again, as markConditions does, so Ready says it.
+			healthy(corev1.ConditionUnknown, contract.ReasonVerifyingArtifact.String(), msg),
+			active(corev1.ConditionUnknown, contract.ReasonVerifyingArtifact.String(), msg),
+		)(r)
+		withContainerStatus("user-container", testImage)(r)
+	}
+}
+
+// fakeRegistry answers from a set of present references, as a finished
+// check would. (The real checks run against in-process registries in
+// artifact_test.go.)
 type fakeRegistry map[string]bool
 
-func (f fakeRegistry) Verify(_ context.Context, ref string) error {
+func (f fakeRegistry) Get(_ types.NamespacedName, ref string) fetchq.Result[struct{}] {
 	if f[ref] {
-		return nil
+		return fetchq.Result[struct{}]{State: fetchq.Done}
 	}
-	return &ArtifactMissingError{Ref: ref, Detail: "not found in the registry"}
+	return fetchq.Result[struct{}]{State: fetchq.Failed, RetryAt: time.Now().Add(time.Minute),
+		Err: &ArtifactMissingError{Ref: ref, Detail: "not found in the registry"}}
 }
 
-type unreachableRegistry struct{}
+// checkResult answers every check with one result.
+type checkResult fetchq.Result[struct{}]
 
-func (unreachableRegistry) Verify(context.Context, string) error {
-	return errors.New("registry.example: connection refused")
+func (c checkResult) Get(types.NamespacedName, string) fetchq.Result[struct{}] {
+	return fetchq.Result[struct{}](c)
 }
+
+var (
+	checkPending     = checkResult{State: fetchq.Pending}
+	checkQueued      = checkResult{State: fetchq.Pending, Ahead: 2}
+	unreachable      = errors.New("Get \"https://registry.example/v2/\": dial tcp: connection refused")
+	checkUnreachable = checkResult{State: fetchq.Failed, Err: unreachable, RetryAt: time.Now().Add(time.Minute)}
+	checkRetrying    = checkResult{State: fetchq.Pending, Err: unreachable}
+	checkRecheck     = checkResult{State: fetchq.Pending, Err: &ArtifactMissingError{Ref: testArtifact, Detail: "not found in the registry"}}
+)
 
 var invalidGrantErr = apierrs.NewInvalid(schema.GroupKind{Group: "fiberd.io", Kind: "CapacityGrant"}, testRevName,
 	field.ErrorList{field.Invalid(field.NewPath("spec", "memoryPerFiber"), "1", "must be at least 1Mi")})
