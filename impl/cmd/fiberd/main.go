@@ -38,6 +38,7 @@ func main() {
 		grantFile    = flag.String("grant-file", "/var/run/lampyr/home/grant", "signed grant (the Home Secret, mounted)")
 		grantKeyFile = flag.String("grant-key-file", "/var/run/lampyr/home/grant-key.pub", "grant controller's public key (PEM)")
 		routerKeys   = flag.String("router-keys-file", "/var/run/lampyr/home/router-keys.pub", "fiber-router's public key(s) (PEM), re-read with the grant: credentials must verify with one of them")
+		tlsKeyFile   = flag.String("tls-key-file", "", "the Home's TLS key (PEM; the Home Secret's home-key.pem), re-read with the grant: the API is served only over TLS with it, and only a grant naming it (homeKeySHA256) is used. Empty: plain HTTP/h2c, which fiber-router refuses unless run with --allow-unauthenticated-homes")
 		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
 		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
@@ -63,7 +64,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *tlsKeyFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
@@ -127,7 +128,7 @@ func (u *uint32Flag) Set(v string) error {
 	return err
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, tlsKeyFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -181,6 +182,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 	}
 	srv, err := server.New(server.Config{
 		RouterKeyFile:   routerKeysFile,
+		TLSKeyFile:      tlsKeyFile,
 		GrantFile:       grantFile,
 		GrantKey:        grantKey,
 		StateDir:        filepath.Join(stateDir, "s"),
