@@ -47,6 +47,7 @@ func main() {
 		sb           sandboxFlags
 		mirrors      multi
 	)
+	flag.IntVar(&sb.homePidsMax, "home-pids-max", 0, fmt.Sprintf("most tasks (processes and threads) all fibers of this Home hold together: pids.max of the pids cgroup every fiber's own is under (each fiber: at most 1024). 0: the grant's maxFibers x 1024, at most %d; -1: no Home-wide bound", process.DefaultHomePidsCap))
 	flag.IntVar(&sb.fiberCPUMillis, "fiber-cpu", 1000, "each fiber's CPU bound in millicores (CFS quota; fibers of a Home share its CPU with equal weights, and the Home's own limit bounds them all)")
 	flag.Var(&sb.idBase, "id-base", "first host uid/gid of the node's pool of per-fiber id ranges (65536 ids each); every Home on a node must agree")
 	flag.IntVar(&sb.idRanges, "id-ranges", process.DefaultIDRanges, "number of per-fiber id ranges in the node's pool")
@@ -72,6 +73,7 @@ func main() {
 // sandboxFlags configure the fibers' sandbox beyond memory.
 type sandboxFlags struct {
 	fiberCPUMillis int
+	homePidsMax    int
 	idBase         uint32Flag
 	idRanges       int
 	idLockDir      string
@@ -171,6 +173,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 		StateDir:     filepath.Join(stateDir, "f"),
 		CgroupParent: cgroupParent,
 		PidsParent:   filepath.Join(pidsOwn, "fibers"),
+		HomePidsMax:  sb.homePidsMax,
 		CPUParent:    filepath.Join(cpuOwn, "fibers"),
 		CPUMillis:    sb.fiberCPUMillis,
 		IDBase:       uint32(sb.idBase),

@@ -85,6 +85,9 @@ type Options struct {
 	RouterKey ed25519.PrivateKey
 	// PidsMax caps each fiber's tasks (threads included); default 1024.
 	PidsMax int
+	// HomePidsMax caps the tasks of all fibers together (process.Config;
+	// default sized from MaxFibers × PidsMax, capped).
+	HomePidsMax int
 	// FiberCPUMillis bounds each fiber's CPU (thousandths); default 1000.
 	FiberCPUMillis int
 	// UID is the handler's uid and gid inside its user namespace; default
@@ -326,6 +329,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
 		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state)),
 		PidsMax:      opts.PidsMax,
+		HomePidsMax:  opts.HomePidsMax,
 		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state)),
 		CPUMillis:    opts.FiberCPUMillis,
 		UID:          opts.UID,

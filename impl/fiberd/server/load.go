@@ -87,6 +87,13 @@ func (s *Server) syncGrant() {
 	s.mu.Unlock()
 	s.metrics.grantValid.Set(1)
 	s.metrics.grantExpiry.Set(float64(claims.ExpiresAt.Unix()))
+	// The Home-wide task bound follows the grant's maxFibers (a no-op
+	// while it is unchanged).
+	if ht, ok := s.cfg.Backend.(backend.HomeTasks); ok {
+		if _, err := ht.BoundHomeTasks(int(claims.MaxFibers)); err != nil {
+			s.cfg.Logf("%v", err)
+		}
+	}
 
 	if !needLoad {
 		cur.pool.SetMaxFibers(int(claims.MaxFibers))
