@@ -262,9 +262,17 @@ func (c *FiberdClient) Forget(home Home) {
 // ProxyTransport implements ProxyTransports: f's requests go over its
 // Home's own connections (TLS pinned to its key), HTTP/2 when h2.
 func (c *FiberdClient) ProxyTransport(f Fiber, h2 bool) (http.RoundTripper, error) {
-	_, conns, err := c.home(f.Home, false)
-	if err != nil {
-		return nil, err
+	// The Home of a fiber in use is nearly always known: no credential
+	// to mint for that (PrepareProxy did).
+	c.mu.Lock()
+	hc, known := c.homes[f.Home]
+	c.mu.Unlock()
+	conns := hc.conns
+	if !known {
+		var err error
+		if _, conns, err = c.home(f.Home, false); err != nil {
+			return nil, err
+		}
 	}
 	if h2 {
 		return conns.h2, nil
