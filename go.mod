@@ -7,6 +7,7 @@ require (
 	github.com/cilium/ebpf v0.19.0
 	github.com/cloudevents/sdk-go/v2 v2.16.1
 	github.com/elastic/go-seccomp-bpf v1.6.0
+	github.com/evanphx/json-patch/v5 v5.9.11
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.20.3
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674
@@ -56,7 +57,6 @@ require (
 	github.com/docker/distribution v2.8.3+incompatible // indirect
 	github.com/docker/docker-credential-helpers v0.8.2 // indirect
 	github.com/emicklei/go-restful/v3 v3.12.2 // indirect
-	github.com/evanphx/json-patch/v5 v5.9.11 // indirect
 	github.com/felixge/httpsnoop v1.0.4 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect

@@ -45,6 +45,15 @@ type Spec struct {
 	EtcdOnTmpfs bool `json:"etcdOnTmpfs,omitempty"`
 }
 
+// APIServerAdmissionPlugins are the admission plugins every cluster's
+// kube-apiserver enables beyond those on by default: kubeadm's own
+// NodeRestriction (naming the flag replaces kubeadm's value, so it is
+// repeated) and DenyServiceExternalIPs, which refuses any Service that sets
+// spec.externalIPs (CVE-2020-8554: with namespace edit a tenant could
+// otherwise have kube-proxy send every Pod's traffic for an IP:port, a
+// Home's or fiber-router's, to a Pod of its own; docs/security.md §5).
+const APIServerAdmissionPlugins = "NodeRestriction,DenyServiceExternalIPs"
+
 // Validate names the field that is wrong and how to fix it.
 func (s Spec) Validate() error {
 	if s.Name == "" || strings.ToLower(s.Name) != s.Name || strings.ContainsAny(s.Name, " _/.:") {
@@ -79,6 +88,12 @@ func (s Spec) KindConfig() ([]byte, error) {
 		Role              string        `json:"role"`
 		ExtraPortMappings []portMapping `json:"extraPortMappings,omitempty"`
 	}
+	type patchJSON6902 struct {
+		Group   string `json:"group"`
+		Version string `json:"version"`
+		Kind    string `json:"kind"`
+		Patch   string `json:"patch"`
+	}
 	type networking struct {
 		APIServerAddress  string `json:"apiServerAddress"`
 		DisableDefaultCNI bool   `json:"disableDefaultCNI,omitempty"`
@@ -91,6 +106,12 @@ func (s Spec) KindConfig() ([]byte, error) {
 		Networking           networking `json:"networking"`
 		Nodes                []node     `json:"nodes"`
 		KubeadmConfigPatches []string   `json:"kubeadmConfigPatches,omitempty"`
+		// JSON 6902 patches (kind applies each only to the kubeadm
+		// config of its group/version/kind), because a merge patch would
+		// replace kubeadm v1beta4's extraArgs list, and v1beta3's
+		// extraArgs is a map: one patch per version kind may render
+		// (v1beta3 up to Kubernetes 1.35, v1beta4 from 1.36).
+		KubeadmConfigPatchesJSON6902 []patchJSON6902 `json:"kubeadmConfigPatchesJSON6902,omitempty"`
 	}{
 		Kind:       "Cluster",
 		APIVersion: "kind.x-k8s.io/v1alpha4",
@@ -107,6 +128,13 @@ func (s Spec) KindConfig() ([]byte, error) {
 	if s.CgroupV1 {
 		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: KubeletConfiguration\nfailCgroupV1: false\n")
 	}
+	cfg.KubeadmConfigPatchesJSON6902 = []patchJSON6902{{
+		Group: "kubeadm.k8s.io", Version: "v1beta3", Kind: "ClusterConfiguration",
+		Patch: "- op: add\n  path: /apiServer/extraArgs/enable-admission-plugins\n  value: " + APIServerAdmissionPlugins + "\n",
+	}, {
+		Group: "kubeadm.k8s.io", Version: "v1beta4", Kind: "ClusterConfiguration",
+		Patch: "- op: add\n  path: /apiServer/extraArgs/-\n  value: {name: enable-admission-plugins, value: \"" + APIServerAdmissionPlugins + "\"}\n",
+	}}
 	if s.EtcdOnTmpfs {
 		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: ClusterConfiguration\netcd:\n  local:\n    dataDir: /tmp/lampyr-etcd\n")
 	}
@@ -116,7 +144,12 @@ func (s Spec) KindConfig() ([]byte, error) {
 // Hash identifies the configuration, so an existing cluster is reused only
 // when it was created from the same spec.
 func (s Spec) Hash() string {
-	b, _ := yaml.Marshal(s)
+	// What every cluster gets beyond its spec counts too: a cluster made
+	// before DenyServiceExternalIPs is not silently reused.
+	b, _ := yaml.Marshal(struct {
+		Spec      `json:",inline"`
+		Admission string `json:"admission"`
+	}{s, APIServerAdmissionPlugins})
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])[:16]
 }

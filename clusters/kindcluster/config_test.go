@@ -1,8 +1,16 @@
 package kindcluster
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	kindv1alpha4 "sigs.k8s.io/kind/pkg/apis/config/v1alpha4"
+	"sigs.k8s.io/yaml"
 )
 
 func TestKindConfig(t *testing.T) {
@@ -82,5 +90,66 @@ func TestRegistryHostsTOML(t *testing.T) {
 	}
 	if !strings.Contains(r.HostsTOML(), `[host."http://lampyr-registry:5000"]`) {
 		t.Errorf("hosts.toml = %s", r.HostsTOML())
+	}
+}
+
+// Every cluster's kube-apiserver refuses Services with spec.externalIPs
+// (DenyServiceExternalIPs, CVE-2020-8554) and keeps kubeadm's
+// NodeRestriction, whichever kubeadm config version kind renders: the
+// patches are applied here to the shapes kind v0.33 renders for v1beta3
+// (Kubernetes up to 1.35: extraArgs a map) and v1beta4 (a list).
+func TestKindConfigDeniesServiceExternalIPs(t *testing.T) {
+	b, err := Spec{Name: "x", NodeImage: "img"}.KindConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cluster kindv1alpha4.Cluster
+	if err := yaml.UnmarshalStrict(b, &cluster); err != nil {
+		t.Fatalf("kind config does not decode as kind's own type: %v\n%s", err, b)
+	}
+	kubeadm := map[string]string{
+		"v1beta3": `{"apiVersion":"kubeadm.k8s.io/v1beta3","kind":"ClusterConfiguration","apiServer":{"certSANs":["localhost"],"extraArgs":{"runtime-config":""}}}`,
+		"v1beta4": `{"apiVersion":"kubeadm.k8s.io/v1beta4","kind":"ClusterConfiguration","apiServer":{"certSANs":["localhost"],"extraArgs":[{"name":"runtime-config","value":""}]}}`,
+	}
+	applied := map[string]bool{}
+	for _, p := range cluster.KubeadmConfigPatchesJSON6902 {
+		doc, ok := kubeadm[p.Version]
+		if p.Group != "kubeadm.k8s.io" || p.Kind != "ClusterConfiguration" || !ok {
+			t.Fatalf("patch for %s/%s %s: not a kubeadm ClusterConfiguration kind renders", p.Group, p.Version, p.Kind)
+		}
+		ops, err := yaml.YAMLToJSON([]byte(p.Patch))
+		if err != nil {
+			t.Fatal(err)
+		}
+		patch, err := jsonpatch.DecodePatch(ops)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := patch.Apply([]byte(doc))
+		if err != nil {
+			t.Fatalf("%s: %v", p.Version, err)
+		}
+		var cfg struct {
+			APIServer struct {
+				ExtraArgs any `json:"extraArgs"`
+			} `json:"apiServer"`
+		}
+		if err := json.Unmarshal(out, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		args := fmt.Sprint(cfg.APIServer.ExtraArgs)
+		if !strings.Contains(args, "runtime-config") || !strings.Contains(args, "enable-admission-plugins") ||
+			!strings.Contains(args, "NodeRestriction,DenyServiceExternalIPs") {
+			t.Fatalf("%s extraArgs after the patch: %s", p.Version, args)
+		}
+		applied[p.Version] = true
+	}
+	if !applied["v1beta3"] || !applied["v1beta4"] {
+		t.Fatalf("patched versions %v, want v1beta3 and v1beta4", applied)
+	}
+	// A cluster made before the plugin is not reused as if it had it.
+	old, _ := yaml.Marshal(Spec{Name: "x", NodeImage: "img"})
+	if h := sha256.Sum256(old); hex.EncodeToString(h[:])[:16] == (Spec{Name: "x", NodeImage: "img"}).Hash() {
+		t.Fatal("the spec hash does not cover the admission plugins")
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // sealersConfigMap is where an administrator authorizes sealer identities
@@ -462,11 +463,14 @@ func homeCall(ctx context.Context, s *side, cred string) (int, string) {
 	defer stop()
 	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "http://"+addr+"/v1/fibers", nil)
+	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "https://"+addr+"/v1/fibers", nil)
 	if cred != "" {
 		req.Header.Set("Authorization", "Bearer "+cred)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	// fiberd speaks TLS only, with B's Home key (what fiber-router pins).
+	tlsConfig, err := homekey.ClientConfig(s.b.homeKey, "http/1.1")
+	must(err, "B's status.homeKeySHA256")
+	resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig}}).Do(req)
 	must(err, "calling B's Home through the port-forward")
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

@@ -152,6 +152,7 @@ type tenant struct {
 	snapshot name.Digest     // the handler's snapshot under <registry>/<ns>/handler-snapshot
 	template name.Digest     // the victim's sealed template
 	home     string          // status.home of the victim's CapacityGrant
+	homeKey  string          // its status.homeKeySHA256: the key fiberd serves TLS with
 }
 
 func sealerName(ns string) string { return ns + "-deployer" }
@@ -318,6 +319,8 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 		Expect(err).NotTo(HaveOccurred())
 		t.home, _, _ = unstructured.NestedString(g.Object, "status", "home")
 		Expect(t.home).NotTo(BeEmpty(), "CapacityGrant %s/%s has no status.home", t.ns, victimRev)
+		t.homeKey, _, _ = unstructured.NestedString(g.Object, "status", "homeKeySHA256")
+		Expect(t.homeKey).NotTo(BeEmpty(), "CapacityGrant %s/%s has no status.homeKeySHA256 (the Home's TLS key)", t.ns, victimRev)
 	}
 	homes, err := e2eutil.HomePods(ctx, lampyr.admin, nsB, victimRev)
 	Expect(err).NotTo(HaveOccurred())

@@ -81,6 +81,8 @@ type Reconciler struct {
 	now       func() time.Time
 	// grantID names a newly signed grant (newGrantID: random).
 	grantID func(*v1alpha1.CapacityGrant) string
+	// newHomeKey makes a new Home's TLS key (homekey.go; nil: random).
+	newHomeKey func() (resources.HomeKey, error)
 
 	// admission is serialised, and grants admitted here but not yet visible
 	// in the informer cache are remembered, so two grants reconciled back to
@@ -464,7 +466,11 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 		}
 	}
 	current := r.currentGrant(existing, now)
-	want := resources.MakeClaims(g, cfg, helper, "", metav1.NewTime(now))
+	homeKey, err := r.homeKeyFor(existing)
+	if err != nil {
+		return 0, fmt.Errorf("making the Home key of %s/%s: %w", g.Namespace, g.Name, err)
+	}
+	want := resources.MakeClaims(g, cfg, helper, homeKey.SHA256, "", metav1.NewTime(now))
 	renewAt := time.Time{}
 	if current != nil {
 		renewAt = current.ExpiresAt.Add(-cfg.RenewBefore())
@@ -475,7 +481,7 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 		if err != nil {
 			return 0, fmt.Errorf("signing grant for %s/%s: %w", g.Namespace, g.Name, err)
 		}
-		desired := resources.MakeHomeSecret(g, r.homesNamespace, signed, r.keys.SigningPubPEM, r.keys.RouterPubPEM)
+		desired := resources.MakeHomeSecret(g, r.homesNamespace, signed, r.keys.SigningPubPEM, r.keys.RouterPubPEM, homeKey)
 		if existing == nil {
 			_, err = r.kube.CoreV1().Secrets(r.homesNamespace).Create(ctx, desired, metav1.CreateOptions{})
 		} else {
@@ -490,6 +496,7 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 		renewAt = want.ExpiresAt.Add(-cfg.RenewBefore())
 	}
 	g.Status.GrantID = current.GrantID
+	g.Status.HomeKeySHA256 = current.HomeKeySHA256
 	exp := metav1.NewTime(current.ExpiresAt)
 	g.Status.ExpiresAt = &exp
 	return max(renewAt.Sub(now), time.Second), nil
@@ -514,7 +521,7 @@ func (r *Reconciler) currentGrant(s *corev1.Secret, now time.Time) *signedgrant.
 	if err != nil {
 		return nil
 	}
-	if string(s.Data[resources.SecretKeyRouterPubKeys]) != string(r.keys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(r.keys.SigningPubPEM) || len(s.Data) != 3 {
+	if string(s.Data[resources.SecretKeyRouterPubKeys]) != string(r.keys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(r.keys.SigningPubPEM) || len(s.Data) != 4 || !homeKeyBound(s, c) {
 		return nil
 	}
 	return &c

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -28,6 +29,7 @@ import (
 	fiberdclient "lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/grant/config"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 	"lampyr.dev/serving/impl/trust/seal"
 	"lampyr.dev/serving/impl/trust/signedgrant"
@@ -53,6 +55,11 @@ var (
 		return &Keys{Signing: priv, SigningPubPEM: pub, RouterPubPEM: rpem, ControllerSealer: testSealer.Public()}
 	}()
 	testHelper = signedgrant.Helper{Port: 8080, Protocol: "http1"}
+	// testHomeKey is the key every new Home gets in these tests (the
+	// reconciler's newHomeKey), so expected Secrets are exact.
+	testHomeKey, _ = resources.NewHomeKey()
+	// otherHomeKey is a key some Home already holds.
+	otherHomeKey, _ = resources.NewHomeKey()
 )
 
 // templateRef is the reference a grant of that name names; templateOf the
@@ -138,9 +145,9 @@ func ready(p *corev1.Pod) {
 }
 
 func homeSecret(g *v1alpha1.CapacityGrant, issued time.Time) *corev1.Secret {
-	c := resources.MakeClaims(g, testConfig(), testHelper, "old-grant", metav1.NewTime(issued))
+	c := resources.MakeClaims(g, testConfig(), testHelper, testHomeKey.SHA256, "old-grant", metav1.NewTime(issued))
 	b, _ := signedgrant.Sign(testKeys.Signing, c)
-	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM)
+	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM, testHomeKey)
 }
 
 func testConfig() *lampyrconfig.Config {
@@ -191,7 +198,7 @@ type fakeDiagnoser struct {
 	calls   int
 }
 
-func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (fiberdclient.Error, bool) {
+func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod, string) (fiberdclient.Error, bool) {
 	f.calls++
 	e := fiberdclient.Error{Reason: f.reason, Message: f.msg, Handler: f.handler}
 	if f.reason == "" {
@@ -200,9 +207,10 @@ func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod) (fiberdclient.Err
 	return e, f.ok
 }
 
-// TestHTTPHomeDiagnoser reads fiberd's /readyz error body.
+// TestHTTPHomeDiagnoser reads fiberd's /readyz error body, from a Home
+// holding the key the grant names only.
 func TestHTTPHomeDiagnoser(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/readyz" {
 			http.NotFound(w, r)
 			return
@@ -211,23 +219,39 @@ func TestHTTPHomeDiagnoser(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		json.NewEncoder(w).Encode(fiberdclient.Error{Reason: "NotReady", Message: "TemplateMismatch: no"})
 	}))
+	key, _ := homekey.ParsePrivateKey(testHomeKey.PEM)
+	cert, err := homekey.Certificate(key, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Served as fiberd serves (httptest's StartTLS would add its own
+	// certificate, which a client without SNI is given first).
+	srv.Listener = tls.NewListener(srv.Listener, homekey.ServerConfig(func() (*tls.Certificate, error) { return &cert, nil }))
+	srv.Start()
 	defer srv.Close()
 	// The diagnoser dials the Pod IP on fiberd's port; lead it here.
 	target := strings.TrimPrefix(srv.URL, "http://")
-	d := HTTPHomeDiagnoser{Client: &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			if addr != "10.244.0.7:9090" {
-				return nil, fmt.Errorf("dialled %s, want the Pod IP on fiberd's port", addr)
-			}
-			return (&net.Dialer{}).DialContext(ctx, network, target)
-		},
-	}}}
-	e, ok := d.Diagnose(context.Background(), &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}})
+	d := HTTPHomeDiagnoser{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if addr != "10.244.0.7:9090" {
+			return nil, fmt.Errorf("dialled %s, want the Pod IP on fiberd's port", addr)
+		}
+		return (&net.Dialer{}).DialContext(ctx, network, target)
+	}}
+	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}}
+	e, ok := d.Diagnose(context.Background(), pod, testHomeKey.SHA256)
 	if !ok || e.Reason != "NotReady" || e.Message != "TemplateMismatch: no" || e.Handler != nil {
 		t.Fatalf("Diagnose = %+v %v", e, ok)
 	}
-	if _, ok := d.Diagnose(context.Background(), &corev1.Pod{}); ok {
+	if _, ok := d.Diagnose(context.Background(), &corev1.Pod{}, testHomeKey.SHA256); ok {
 		t.Error("a Pod without an IP was diagnosed")
+	}
+	// Whoever answers at the Pod's address without the Home's key does not
+	// write the Revision's status.
+	if e, ok := d.Diagnose(context.Background(), pod, otherHomeKey.SHA256); ok {
+		t.Errorf("a peer without the Home's key was believed: %+v", e)
+	}
+	if _, ok := d.Diagnose(context.Background(), pod, ""); ok {
+		t.Error("a Home whose grant names no key was asked")
 	}
 }
 

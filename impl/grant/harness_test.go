@@ -25,6 +25,7 @@ import (
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/grant/resources"
 )
 
 // The TableTest rows of this package run the grant Reconciler behind the
@@ -105,12 +106,13 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 		sealersConfig: func() (*corev1.ConfigMap, error) {
 			return configMaps.ConfigMaps(systemNS).Get(contract.SealersConfigMap)
 		},
-		keys:      testKeys,
-		templates: h.templates,
-		config:    func() (*lampyrconfig.Config, error) { return testConfig(), nil },
-		now:       func() time.Time { return now },
-		grantID:   func(g *v1alpha1.CapacityGrant) string { return "grant-" + g.Name },
-		pending:   map[string]int64{},
+		keys:       testKeys,
+		templates:  h.templates,
+		config:     func() (*lampyrconfig.Config, error) { return testConfig(), nil },
+		now:        func() time.Time { return now },
+		grantID:    func(g *v1alpha1.CapacityGrant) string { return "grant-" + g.Name },
+		newHomeKey: func() (resources.HomeKey, error) { return testHomeKey, nil },
+		pending:    map[string]int64{},
 	}
 	h.ctx = logging.WithLogger(context.Background(), logtesting.TestLogger(t))
 	h.gen = grantreconciler.NewReconciler(h.ctx, logging.FromContext(h.ctx), h.fiberd, grants, h.recorder, h.r)

@@ -82,7 +82,8 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	}
 	srv, err := server.New(server.Config{
 		RouterKeyFile: filepath.Join(dir, resources.SecretKeyRouterPubKeys), GrantFile: filepath.Join(dir, resources.SecretKeyGrant),
-		GrantKey: grantKey, StateDir: filepath.Join(dir, "s"), Backend: be, WarmFibers: 1,
+		TLSKeyFile: filepath.Join(dir, resources.SecretKeyHomeKey),
+		GrantKey:   grantKey, StateDir: filepath.Join(dir, "s"), Backend: be, WarmFibers: 1,
 		GrantPollInterval: 100 * time.Millisecond, Logf: t.Logf,
 	})
 	if err != nil {
@@ -93,7 +94,12 @@ func TestHomeSecretRunsInFiberd(t *testing.T) {
 	t.Cleanup(func() { srv.Close(); be.Close() })
 
 	cred, _ := routercred.Mint(routerKey, resources.HomeName(g), time.Now(), time.Minute)
-	c, _ := client.New(ln.Addr().String(), cred)
+	// As fiber-router does: TLS accepting only the key the grant's status
+	// names.
+	c, err := client.NewTLS(ln.Addr().String(), cred, h.status().Status.HomeKeySHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	deadline := time.Now().Add(30 * time.Second)
 	for c.Ready(ctx) != nil {

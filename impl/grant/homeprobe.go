@@ -3,7 +3,6 @@ package grant
 import (
 	"context"
 	"encoding/json"
-
 	"io"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // HomeDiagnoser asks a running, not-ready Home's fiberd why it is not ready
@@ -26,23 +26,42 @@ import (
 type HomeDiagnoser interface {
 	// Diagnose returns fiberd's answer (reason, message and, for a
 	// handler that fails its starts, the details); ok is false when fiberd
-	// could not be asked or is ready.
-	Diagnose(ctx context.Context, pod *corev1.Pod) (answer client.Error, ok bool)
+	// could not be asked or is ready. homeKeySHA256 is the Home's TLS key
+	// (status.homeKeySHA256): only a peer holding it is asked.
+	Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Error, ok bool)
 }
 
-// HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP.
-type HTTPHomeDiagnoser struct{ Client *http.Client }
+// HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP, over TLS, from a
+// peer holding the Home's key only: what it answers lands in the
+// Revision's status, so whoever holds the Pod's address otherwise (a
+// Service's externalIPs) must not write it.
+type HTTPHomeDiagnoser struct {
+	// DialContext opens the TCP connection (nil: a net.Dialer); tests
+	// lead it elsewhere.
+	DialContext func(ctx context.Context, network, addr string) (net.Conn, error)
+}
 
 // Diagnose implements HomeDiagnoser.
-func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod) (client.Error, bool) {
-	if pod.Status.PodIP == "" {
+func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Error, bool) {
+	if pod.Status.PodIP == "" || homeKeySHA256 == "" {
+		// No key named yet (a grant not issued by this version): the
+		// Home cannot be told from an impostor, so it is not asked.
 		return client.Error{}, false
 	}
-	c := h.Client
-	if c == nil {
-		c = &http.Client{Timeout: time.Second}
+	tlsConfig, err := homekey.ClientConfig(homeKeySHA256, "http/1.1")
+	if err != nil {
+		return client.Error{}, false
 	}
-	u := "http://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
+	dial := h.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: time.Second}).DialContext
+	}
+	// One connection per question: each Home has its own key, and a Home
+	// is asked only every few seconds while it is not ready.
+	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		Proxy: nil, DialContext: dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
+	}}
+	u := "https://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return client.Error{}, false
@@ -76,7 +95,7 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	e, ok := r.diagnoser.Diagnose(ctx, pod)
+	e, ok := r.diagnoser.Diagnose(ctx, pod, g.Status.HomeKeySHA256)
 	if !ok {
 		return homeDiagnosisInterval
 	}

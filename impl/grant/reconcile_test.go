@@ -58,6 +58,8 @@ func atHome(g *v1alpha1.CapacityGrant) {
 func issued(id string, at time.Time) func(*v1alpha1.CapacityGrant) {
 	return func(g *v1alpha1.CapacityGrant) {
 		g.Status.GrantID = id
+		// Every grant issued names the Home's key (the tests' one key).
+		g.Status.HomeKeySHA256 = testHomeKey.SHA256
 		exp := metav1.NewTime(at.Add(10 * time.Minute))
 		g.Status.ExpiresAt = &exp
 	}
@@ -76,9 +78,18 @@ func homeReady(g *v1alpha1.CapacityGrant) { g.Status.MarkHomeReady() }
 // issuedSecret is the Home Secret holding the grant the reconciler signs
 // for g now (grant ID "grant-<name>", see newHarness).
 func issuedSecret(g *v1alpha1.CapacityGrant) *corev1.Secret {
-	c := resources.MakeClaims(g, testConfig(), testHelper, "grant-"+g.Name, metav1.NewTime(now))
+	c := resources.MakeClaims(g, testConfig(), testHelper, testHomeKey.SHA256, "grant-"+g.Name, metav1.NewTime(now))
 	b, _ := signedgrant.Sign(testKeys.Signing, c)
-	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM)
+	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM, testHomeKey)
+}
+
+// signedSecret is g's Home Secret holding grant id issued at issuedAt for
+// the Home key key (empty: a grant naming no key, as earlier versions
+// issued).
+func signedSecret(g *v1alpha1.CapacityGrant, id string, issuedAt time.Time, key resources.HomeKey) *corev1.Secret {
+	c := resources.MakeClaims(g, testConfig(), testHelper, key.SHA256, id, metav1.NewTime(issuedAt))
+	b, _ := signedgrant.Sign(testKeys.Signing, c)
+	return resources.MakeHomeSecret(g, homesNS, b, testKeys.SigningPubPEM, testKeys.RouterPubPEM, key)
 }
 
 func deleteHome(names ...string) []clientgotesting.DeleteActionImpl {
@@ -188,6 +199,43 @@ func TestReconcile(t *testing.T) {
 		Name:        "grant past half its life is renewed",
 		Key:         "default/hello-00001",
 		Objects:     running(grant("hello-00001", admitted), now.Add(-6*time.Minute), ready),
+		WantUpdates: []clientgotesting.UpdateActionImpl{{Object: issuedSecret(grant("hello-00001"))}},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("grant-hello-00001", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		// A renewal must not change what fiber-router accepts: the key
+		// stays for the Secret's life (newHomeKey would give testHomeKey).
+		Name: "renewal keeps the Home's key",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			objs := running(g, now.Add(-6*time.Minute), ready)
+			objs[1] = signedSecret(g, "old-grant", now.Add(-6*time.Minute), otherHomeKey)
+			return objs
+		}(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{{Object: signedSecret(grant("hello-00001"), "grant-hello-00001", now, otherHomeKey)}},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("grant-hello-00001", now), homeReady, func(g *v1alpha1.CapacityGrant) {
+				g.Status.HomeKeySHA256 = otherHomeKey.SHA256
+			}))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		// A Home Secret an earlier version wrote (no home-key.pem, a grant
+		// naming no key): its valid grant is not current; the Home gets a
+		// key and a grant that names it.
+		Name: "Home Secret of an earlier version gets a key and a grant naming it",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			objs := running(g, now.Add(-time.Minute), ready)
+			legacy := signedSecret(g, "old-grant", now.Add(-time.Minute), resources.HomeKey{})
+			delete(legacy.Data, resources.SecretKeyHomeKey)
+			objs[1] = legacy
+			return objs
+		}(),
 		WantUpdates: []clientgotesting.UpdateActionImpl{{Object: issuedSecret(grant("hello-00001"))}},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome, issued("grant-hello-00001", now), homeReady))),
@@ -324,15 +372,19 @@ func checkNewHome(t *testing.T, row *rtesting.TableRow) {
 	if c.GrantID != st.Status.GrantID || c.MaxFibers != 4 || c.MemoryPerFiberBytes != 128<<20 || c.Revision != "hello-00001" || c.Home != hn || c.Helper != testHelper {
 		t.Errorf("issued claims %+v", c)
 	}
-	// Only the grant and two public keys: nothing in a Home's Secret acts
-	// on another Home or opens another template.
-	if len(s.Data) != 3 || string(s.Data[resources.SecretKeyRouterPubKeys]) != string(testKeys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(testKeys.SigningPubPEM) {
+	// The grant, two public keys and the Home's own TLS key, which the
+	// grant and the status name: nothing in a Home's Secret acts on
+	// another Home or opens another template.
+	if len(s.Data) != 4 || string(s.Data[resources.SecretKeyRouterPubKeys]) != string(testKeys.RouterPubPEM) || string(s.Data[resources.SecretKeyGrantPubKey]) != string(testKeys.SigningPubPEM) {
 		t.Errorf("Home Secret keys %v", keysOf(s.Data))
 	}
 	for k, v := range s.Data {
-		if strings.Contains(string(v), "PRIVATE KEY") {
+		if strings.Contains(string(v), "PRIVATE KEY") && k != resources.SecretKeyHomeKey {
 			t.Errorf("Home Secret key %s holds a private key", k)
 		}
+	}
+	if hk, ok := resources.HomeKeyOf(s); !ok || c.HomeKeySHA256 != hk.SHA256 || st.Status.HomeKeySHA256 != hk.SHA256 {
+		t.Errorf("Home key %s (%v): the grant names %q, status.homeKeySHA256 %q", hk.SHA256, ok, c.HomeKeySHA256, st.Status.HomeKeySHA256)
 	}
 	p, _ := h.kube.CoreV1().Pods(homesNS).Get(ctx, hn, metav1.GetOptions{})
 	if *p.Spec.AutomountServiceAccountToken || len(p.OwnerReferences) != 0 || !resources.IsHomeOf(p, g) {

@@ -47,6 +47,8 @@ type options struct {
 	// Services a Home endpoint may name.
 	metadataNamespace, homesNamespace string
 	maxRevisions                      int
+	maxRevisionsPerNamespace          int
+	allowUnauthenticatedHomes         bool
 	resync                            time.Duration
 	proxy                             proxy.Config
 	drainDelay, drainTimeout          time.Duration
@@ -70,6 +72,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.metadataNamespace, "metadata-namespace", systemNamespace, "the only namespace whose router metadata ConfigMaps are read (Lampyr's own, where tenants cannot write); default $SYSTEM_NAMESPACE, else "+contract.SystemNamespace)
 	fs.StringVar(&o.homesNamespace, "homes-namespace", contract.HomesNamespace, "namespace of the Home Services; router metadata naming a Home endpoint that is neither an IP address nor a Service there is refused")
 	fs.IntVar(&o.maxRevisions, "max-revisions", 10000, "most Revisions the router holds; metadata of further Revisions is refused (logged, counted in lampyr_router_metadata_refused_total{reason=\"full\"}) until some are deleted")
+	fs.IntVar(&o.maxRevisionsPerNamespace, "max-revisions-per-namespace", 1000, "most Revisions of any one namespace the router holds, so one tenant cannot fill --max-revisions and leave the others' Revisions unknown (404); further Revisions of that namespace are refused (logged, counted in lampyr_router_metadata_refused_total{reason=\"namespace-full\"}) until some of its own are deleted, other namespaces unaffected. Keep --max-revisions at least tenant namespaces x this")
+	fs.BoolVar(&o.allowUnauthenticatedHomes, "allow-unauthenticated-homes", false, "also dial, in clear, Homes whose router metadata names no key (data.homeKeySHA256 empty: Homes of a Lampyr version before Home keys) during an upgrade; off, they are refused (503, logged) and sent no credential. Every Home the current grant controller runs has a key; turn this off once all do (docs/security.md §3)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for running outside a cluster; in-cluster config when empty")
 	fs.DurationVar(&o.resync, "resync", 10*time.Minute, "informer resync period for router metadata ConfigMaps")
 	fs.DurationVar(&o.proxy.DefaultTimeout, "default-timeout", def.DefaultTimeout, "request/stream/WebSocket lifetime for Revisions whose metadata has timeoutSeconds 0")
@@ -94,6 +98,8 @@ func parseFlags(args []string) (options, error) {
 		return o, errors.New("--homes-namespace is empty; pass the namespace of the Home Services")
 	case o.maxRevisions < 1:
 		return o, fmt.Errorf("--max-revisions %d: want at least 1", o.maxRevisions)
+	case o.maxRevisionsPerNamespace < 1 || o.maxRevisionsPerNamespace > o.maxRevisions:
+		return o, fmt.Errorf("--max-revisions-per-namespace %d: want 1 to --max-revisions (%d)", o.maxRevisionsPerNamespace, o.maxRevisions)
 	case o.routerKeyFile == "":
 		return o, errors.New("--router-key-file is empty; pass the mounted router key (Secret lampyr-system/fiber-router-key, key private.pem)")
 	}
@@ -126,17 +132,24 @@ func run() error {
 		return err
 	}
 
+	homes := fibers.NewFiberdClient(routercred.NewMinter(key))
+	homes.AllowUnauthenticatedHomes = o.allowUnauthenticatedHomes
+	if o.allowUnauthenticatedHomes {
+		logger.Warn("--allow-unauthenticated-homes: Homes whose metadata names no key are dialled in clear, and whoever holds their address is sent their credential")
+	}
 	srv := server.New(server.Options{
 		HTTPAddr:     fmt.Sprintf(":%d", o.httpPort),
 		H2CAddr:      fmt.Sprintf(":%d", o.h2cPort),
 		AdminAddr:    fmt.Sprintf(":%d", o.adminPort),
 		Proxy:        o.proxy,
 		Source:       revision.NewConfigMapSource(kube, o.metadataNamespace, o.homesNamespace, o.resync),
-		Client:       fibers.NewFiberdClient(routercred.NewMinter(key)),
+		Client:       homes,
 		Logger:       logger,
 		MaxRevisions: o.maxRevisions,
 		DrainDelay:   o.drainDelay,
 		DrainTimeout: o.drainTimeout,
+		// One tenant cannot fill the table for the others.
+		MaxRevisionsPerNamespace: o.maxRevisionsPerNamespace,
 	})
 	if err := srv.Start(); err != nil {
 		return err

@@ -166,7 +166,7 @@ func TestFlagDefaultsAndRefusals(t *testing.T) {
 		t.Fatal(err)
 	}
 	if o.metadataNamespace != "lampyr-system" || o.homesNamespace != "lampyr-homes" || o.maxRevisions != 10000 ||
-		o.routerKeyFile != "/var/run/lampyr/fiber-router-key/private.pem" {
+		o.maxRevisionsPerNamespace != 1000 || o.allowUnauthenticatedHomes || o.routerKeyFile != "/var/run/lampyr/fiber-router-key/private.pem" {
 		t.Fatalf("defaults %+v", o)
 	}
 	t.Setenv("SYSTEM_NAMESPACE", "lampyr-dev")
@@ -177,6 +177,8 @@ func TestFlagDefaultsAndRefusals(t *testing.T) {
 		{"--metadata-namespace="}, // "" would make the informer watch every namespace
 		{"--homes-namespace="},
 		{"--max-revisions=0"},
+		{"--max-revisions-per-namespace=0"},
+		{"--max-revisions=10", "--max-revisions-per-namespace=11"},
 		{"--router-key-file="},
 		{"--token-file=/x"}, // the shared token is gone
 	} {

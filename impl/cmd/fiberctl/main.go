@@ -61,10 +61,14 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	endpoint := fs.String("endpoint", os.Getenv("FIBERD_ENDPOINT"), "fiberd host:port (a CapacityGrant's status.homeEndpoint)")
 	routerKeyFile := fs.String("router-key-file", os.Getenv("FIBERD_ROUTER_KEY_FILE"), "router private key PEM (Secret lampyr-system/fiber-router-key, key private.pem); mints a credential for -home")
 	home := fs.String("home", os.Getenv("FIBERD_HOME"), "the Home's name (a CapacityGrant's status.home): the credential's audience")
+	homeKey := fs.String("home-key-sha256", os.Getenv("FIBERD_HOME_KEY_SHA256"), "the Home's TLS key fingerprint (a CapacityGrant's status.homeKeySHA256): fiberd is reached over TLS and only that key is accepted; empty: plain HTTP (a Home of an earlier version, or fiberd run without --tls-key-file)")
 	apiClient := func() (*client.Client, error) {
 		cred, err := mintCredential(*routerKeyFile, *home, time.Now())
 		if err != nil {
 			return nil, err
+		}
+		if *homeKey != "" {
+			return client.NewTLS(*endpoint, cred, *homeKey)
 		}
 		return client.New(*endpoint, cred)
 	}

@@ -38,6 +38,7 @@ func main() {
 		grantFile    = flag.String("grant-file", "/var/run/lampyr/home/grant", "signed grant (the Home Secret, mounted)")
 		grantKeyFile = flag.String("grant-key-file", "/var/run/lampyr/home/grant-key.pub", "grant controller's public key (PEM)")
 		routerKeys   = flag.String("router-keys-file", "/var/run/lampyr/home/router-keys.pub", "fiber-router's public key(s) (PEM), re-read with the grant: credentials must verify with one of them")
+		tlsKeyFile   = flag.String("tls-key-file", "", "the Home's TLS key (PEM; the Home Secret's home-key.pem), re-read with the grant: the API is served only over TLS with it, and only a grant naming it (homeKeySHA256) is used. Empty: plain HTTP/h2c, which fiber-router refuses unless run with --allow-unauthenticated-homes")
 		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
 		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
@@ -46,6 +47,7 @@ func main() {
 		sb           sandboxFlags
 		mirrors      multi
 	)
+	flag.IntVar(&sb.homePidsMax, "home-pids-max", 0, fmt.Sprintf("most tasks (processes and threads) all fibers of this Home hold together: pids.max of the pids cgroup every fiber's own is under (each fiber: at most 1024). 0: the grant's maxFibers x 1024, at most %d; -1: no Home-wide bound", process.DefaultHomePidsCap))
 	flag.IntVar(&sb.fiberCPUMillis, "fiber-cpu", 1000, "each fiber's CPU bound in millicores (CFS quota; fibers of a Home share its CPU with equal weights, and the Home's own limit bounds them all)")
 	flag.Var(&sb.idBase, "id-base", "first host uid/gid of the node's pool of per-fiber id ranges (65536 ids each); every Home on a node must agree")
 	flag.IntVar(&sb.idRanges, "id-ranges", process.DefaultIDRanges, "number of per-fiber id ranges in the node's pool")
@@ -63,7 +65,7 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *tlsKeyFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
@@ -71,6 +73,7 @@ func main() {
 // sandboxFlags configure the fibers' sandbox beyond memory.
 type sandboxFlags struct {
 	fiberCPUMillis int
+	homePidsMax    int
 	idBase         uint32Flag
 	idRanges       int
 	idLockDir      string
@@ -127,7 +130,7 @@ func (u *uint32Flag) Set(v string) error {
 	return err
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, tlsKeyFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -170,6 +173,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 		StateDir:     filepath.Join(stateDir, "f"),
 		CgroupParent: cgroupParent,
 		PidsParent:   filepath.Join(pidsOwn, "fibers"),
+		HomePidsMax:  sb.homePidsMax,
 		CPUParent:    filepath.Join(cpuOwn, "fibers"),
 		CPUMillis:    sb.fiberCPUMillis,
 		IDBase:       uint32(sb.idBase),
@@ -181,6 +185,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, h
 	}
 	srv, err := server.New(server.Config{
 		RouterKeyFile:   routerKeysFile,
+		TLSKeyFile:      tlsKeyFile,
 		GrantFile:       grantFile,
 		GrantKey:        grantKey,
 		StateDir:        filepath.Join(stateDir, "s"),

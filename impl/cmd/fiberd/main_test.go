@@ -15,6 +15,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -36,7 +37,14 @@ func TestFiberdFromFiles(t *testing.T) {
 		}
 		return p
 	}
-	signed, _ := signedgrant.Sign(inst.GrantKey, inst.Claims)
+	// The Home key, and a grant naming it, as the grant controller writes
+	// them: fiberd then serves TLS with that key only.
+	homeKey, _ := homekey.Generate()
+	homeKeyPEM, _ := homekey.MarshalPrivateKey(homeKey)
+	fp := homekey.Fingerprint(homeKey.Public().(ed25519.PublicKey))
+	claims := inst.Claims
+	claims.HomeKeySHA256 = fp
+	signed, _ := signedgrant.Sign(inst.GrantKey, claims)
 	pub, _ := signedgrant.MarshalPublicKey(inst.GrantKey.Public().(ed25519.PublicKey))
 	routerPub, _ := routercred.MarshalPublicKey(inst.RouterKey.Public().(ed25519.PublicKey))
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
@@ -48,10 +56,13 @@ func TestFiberdFromFiles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("router-keys.pub", routerPub),
+		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("router-keys.pub", routerPub), write("home-key.pem", homeKeyPEM),
 			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil, sandboxFlags{})
 	}()
-	c, _ := client.New(addr, inst.Token)
+	c, err := client.NewTLS(addr, inst.Token, fp)
+	if err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for c.Ready(ctx) != nil {
 		select {
@@ -74,6 +85,10 @@ func TestFiberdFromFiles(t *testing.T) {
 		t.Fatalf("request: %v %v", resp, err)
 	}
 	resp.Body.Close()
+	// The API speaks TLS only: a plain-HTTP caller gets nothing from it.
+	if plain, _ := client.New(addr, inst.Token); plain.Ready(ctx) == nil {
+		t.Error("fiberd with a home key answered plain HTTP")
+	}
 	cancel()
 	select {
 	case err := <-done:

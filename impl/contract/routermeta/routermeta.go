@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 const (
@@ -47,6 +48,12 @@ type Metadata struct {
 	// Home is the Home's name in the Homes namespace: the audience of the
 	// credentials fiber-router presents to it (impl/fiberd/routercred).
 	Home string
+	// HomeKeySHA256 is the fingerprint of the Home's TLS key (the grant's
+	// status.homeKeySHA256, impl/trust/homekey): fiber-router dials the
+	// Home over TLS and accepts no other key. Empty for a Home of a version
+	// before Home keys, which fiber-router dials only when told to
+	// (--allow-unauthenticated-homes).
+	HomeKeySHA256 string
 	// MaxFibers caps concurrent fibers (max-scale); 0 means the installation default.
 	MaxFibers int32
 	// TimeoutSeconds is the longest request/stream/WebSocket life.
@@ -85,6 +92,7 @@ func MakeConfigMap(systemNamespace string, m Metadata) *corev1.ConfigMap {
 			"ready":              strconv.FormatBool(m.Ready),
 			"homeEndpoint":       m.HomeEndpoint,
 			"home":               m.Home,
+			"homeKeySHA256":      m.HomeKeySHA256,
 			"maxFibers":          strconv.FormatInt(int64(m.MaxFibers), 10),
 			"timeoutSeconds":     strconv.FormatInt(m.TimeoutSeconds, 10),
 			"mode":               m.Mode,
@@ -112,8 +120,10 @@ func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 		Namespace:    d["namespace"],
 		HomeEndpoint: d["homeEndpoint"],
 		Home:         d["home"],
-		Mode:         d["mode"],
-		Protocol:     d["protocol"],
+		// Absent in metadata of an earlier controller: the same as empty.
+		HomeKeySHA256: d["homeKeySHA256"],
+		Mode:          d["mode"],
+		Protocol:      d["protocol"],
 	}
 	if m.Revision == "" || m.Namespace == "" {
 		return m, fmt.Errorf("configmap %s/%s: data.revision and data.namespace are required", cm.Namespace, cm.Name)
@@ -153,6 +163,11 @@ func FromConfigMap(cm *corev1.ConfigMap) (Metadata, error) {
 	case ProtocolHTTP1, ProtocolH2C:
 	default:
 		return m, fmt.Errorf("configmap %s/%s: data.protocol %q: want %s or %s", cm.Namespace, cm.Name, m.Protocol, ProtocolHTTP1, ProtocolH2C)
+	}
+	if m.HomeKeySHA256 != "" {
+		if err := homekey.CheckFingerprint(m.HomeKeySHA256); err != nil {
+			return m, fmt.Errorf("configmap %s/%s: data.homeKeySHA256: %w", cm.Namespace, cm.Name, err)
+		}
 	}
 	if m.Ready && (m.HomeEndpoint == "" || m.Home == "") {
 		return m, fmt.Errorf("configmap %s/%s: ready but data.homeEndpoint or data.home is empty", cm.Namespace, cm.Name)

@@ -11,7 +11,7 @@ import (
 func TestRoundTrip(t *testing.T) {
 	want := Metadata{
 		Revision: "hello-00001", Namespace: "demo", Ready: true,
-		HomeEndpoint: "10.244.0.7:9090", Home: "hello-00001-0123456789", MaxFibers: 3,
+		HomeEndpoint: "10.244.0.7:9090", Home: "hello-00001-0123456789", HomeKeySHA256: strings.Repeat("0f", 32), MaxFibers: 3,
 		TimeoutSeconds: 300, Mode: "reuse", IdleTimeoutSeconds: 30,
 		Protocol: ProtocolH2C, Generation: 1,
 	}
@@ -44,12 +44,24 @@ func TestFromConfigMapRefuses(t *testing.T) {
 			d["padding"] = strings.Repeat("x", MaxBytes)
 		},
 		"data.home is empty": func(_ *Metadata, d map[string]string, _ *string, _ map[string]string) { d["home"] = "" },
+		"data.homeKeySHA256": func(_ *Metadata, d map[string]string, _ *string, _ map[string]string) { d["homeKeySHA256"] = "ABC" },
 	} {
 		cm := MakeConfigMap("lampyr-system", good())
 		mut(nil, cm.Data, &cm.Name, cm.Labels)
 		if _, err := FromConfigMap(cm); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want an error saying %q, got %v", want, err)
 		}
+	}
+}
+
+// Metadata an earlier controller wrote has no homeKeySHA256 at all: it
+// decodes, with no key (fiber-router then decides whether to dial it).
+func TestMetadataWithoutHomeKey(t *testing.T) {
+	cm := MakeConfigMap("lampyr-system", Metadata{Revision: "r", Namespace: "n", Mode: "fresh", Protocol: ProtocolHTTP1, Ready: true, HomeEndpoint: "10.0.0.1:9090", Home: "r-1"})
+	delete(cm.Data, "homeKeySHA256")
+	m, err := FromConfigMap(cm)
+	if err != nil || m.HomeKeySHA256 != "" {
+		t.Fatalf("metadata of an earlier version: %+v %v", m, err)
 	}
 }
 

@@ -48,6 +48,17 @@ type Backend interface {
 	Name() string
 }
 
+// HomeTasks is implemented by a backend that bounds the tasks (processes
+// and threads) of all of a Home's fibers together, beside each fiber's own
+// bound: a Home of many fibers, each under its own bound, must still not
+// take a node's PIDs (issue 31). fiberd sizes it from each grant.
+type HomeTasks interface {
+	// BoundHomeTasks sets the bound for a grant of maxFibers fibers and
+	// returns it (0: no bound). Calling it again with the same value is
+	// cheap.
+	BoundHomeTasks(maxFibers int) (int, error)
+}
+
 // Fiber is one running fiber.
 type Fiber interface {
 	ID() string

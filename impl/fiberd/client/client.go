@@ -8,6 +8,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // FiberHeader names the fiber a proxied request is for. fiberd removes it
@@ -176,6 +178,31 @@ type Client struct {
 	// Dialer opens tunnel connections (Tunnel); nil means a 5s-timeout
 	// dialer with TCP keep-alive.
 	Dialer *net.Dialer
+	// TLS is the configuration a tunnel's connection is wrapped in when the
+	// endpoint is https:// (NewTLS: only the Home's own key is accepted).
+	// HTTP's transport must carry the same for API calls.
+	TLS *tls.Config
+}
+
+// NewTLS returns a client for the fiberd at endpoint (host:port) that
+// serves its API over TLS with the Home key whose fingerprint is
+// homeKeySHA256 (status.homeKeySHA256; impl/trust/homekey), and accepts no
+// other: a peer without that key is never sent the token.
+func NewTLS(endpoint, token, homeKeySHA256 string) (*Client, error) {
+	tlsConfig, err := homekey.ClientConfig(homeKeySHA256, "h2", "http/1.1")
+	if err != nil {
+		return nil, fmt.Errorf("fiberd client: %w", err)
+	}
+	c, err := New("https://"+endpoint, token)
+	if err != nil {
+		return nil, err
+	}
+	t := &http.Transport{Proxy: nil, TLSClientConfig: tlsConfig.Clone(), ForceAttemptHTTP2: true}
+	c.HTTP = &http.Client{Transport: t}
+	// A tunnel is an HTTP/1.1 upgrade: offer nothing else.
+	c.TLS = tlsConfig.Clone()
+	c.TLS.NextProtos = []string{"http/1.1"}
+	return c, nil
 }
 
 // New returns a client for the fiberd at endpoint ("host:port" as in a
@@ -292,6 +319,19 @@ func (c *Client) Tunnel(ctx context.Context, id string) (net.Conn, error) {
 	conn, err := d.DialContext(ctx, "tcp", c.base.Host)
 	if err != nil {
 		return nil, fmt.Errorf("fiberd POST %s: %w", path, err)
+	}
+	if c.base.Scheme == "https" {
+		if c.TLS == nil {
+			conn.Close()
+			return nil, fmt.Errorf("fiberd POST %s: an https endpoint without a TLS configuration (use NewTLS)", path)
+		}
+		tc := tls.Client(conn, c.TLS)
+		// The handshake proves the Home's key before the token is sent.
+		if err := tc.HandshakeContext(ctx); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("fiberd POST %s: %w", path, err)
+		}
+		conn = tc
 	}
 	// The handshake is bounded by ctx; the tunnel itself is not.
 	if dl, ok := ctx.Deadline(); ok {

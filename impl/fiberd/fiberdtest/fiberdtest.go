@@ -36,6 +36,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/server"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -84,6 +85,9 @@ type Options struct {
 	RouterKey ed25519.PrivateKey
 	// PidsMax caps each fiber's tasks (threads included); default 1024.
 	PidsMax int
+	// HomePidsMax caps the tasks of all fibers together (process.Config;
+	// default sized from MaxFibers × PidsMax, capped).
+	HomePidsMax int
 	// FiberCPUMillis bounds each fiber's CPU (thousandths); default 1000.
 	FiberCPUMillis int
 	// UID is the handler's uid and gid inside its user namespace; default
@@ -91,6 +95,10 @@ type Options struct {
 	UID uint32
 	// Egress gives the fibers service bindings (nil: loopback only).
 	Egress *process.Egress
+	// HomeKey, if set, is the Home's TLS key: fiberd serves TLS with it
+	// (server.Config.TLSKeyFile), the grant names it, and Client dials
+	// TLS accepting that key only, as in a cluster.
+	HomeKey ed25519.PrivateKey
 }
 
 // Instance is a running fiberd under test.
@@ -115,6 +123,8 @@ type Instance struct {
 	TemplateRef string
 	// Claims is the grant last written.
 	Claims signedgrant.Claims
+	// HomeKeySHA256 is the fingerprint of Options.HomeKey ("" without).
+	HomeKeySHA256 string
 }
 
 // Start starts fiberd and returns its endpoint and router token. Everything
@@ -298,6 +308,19 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		IssuedAt:            now,
 		ExpiresAt:           now.Add(time.Hour),
 	}
+	var tlsKeyFile string
+	if opts.HomeKey != nil {
+		i.HomeKeySHA256 = homekey.Fingerprint(opts.HomeKey.Public().(ed25519.PublicKey))
+		i.Claims.HomeKeySHA256 = i.HomeKeySHA256
+		b, err := homekey.MarshalPrivateKey(opts.HomeKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tlsKeyFile = filepath.Join(state, "home-key.pem")
+		if err := os.WriteFile(tlsKeyFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	i.WriteGrant(t, i.Claims)
 
 	be, err := process.New(process.Config{
@@ -306,6 +329,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
 		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state)),
 		PidsMax:      opts.PidsMax,
+		HomePidsMax:  opts.HomePidsMax,
 		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state)),
 		CPUMillis:    opts.FiberCPUMillis,
 		UID:          opts.UID,
@@ -322,6 +346,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	}
 	srv, err := server.New(server.Config{
 		RouterKeys:        []ed25519.PublicKey{routerPub},
+		TLSKeyFile:        tlsKeyFile,
 		GrantFile:         i.GrantFile,
 		GrantKey:          pub,
 		StateDir:          filepath.Join(state, "s"),
@@ -345,7 +370,12 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		be.Close()
 	})
 	i.Endpoint = ln.Addr().String()
-	if i.Client, err = client.New(i.Endpoint, i.Token); err != nil {
+	if i.HomeKeySHA256 != "" {
+		i.Client, err = client.NewTLS(i.Endpoint, i.Token, i.HomeKeySHA256)
+	} else {
+		i.Client, err = client.New(i.Endpoint, i.Token)
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	if !opts.NoWait {
@@ -497,9 +527,12 @@ func (g *guardedLog) close() {
 // with prefix; 0 when none does.
 func (i *Instance) Metric(t testing.TB, prefix string) float64 {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+i.Endpoint+client.MetricsPath, nil)
+	u := i.Client.URL()
+	u.Path = client.MetricsPath
+	req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
 	req.Header.Set("Authorization", "Bearer "+i.Token)
-	resp, err := http.DefaultClient.Do(req)
+	// i.Client's transport: plain, or TLS to the Home key.
+	resp, err := i.Client.HTTP.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,11 +50,19 @@ func (s *Server) syncGrant() {
 			s.mu.Unlock()
 		}
 	}
+	if s.cfg.TLSKeyFile != "" {
+		if err := s.loadTLSKey(); err != nil {
+			s.cfg.Logf("keeping the previous home key: %v", err)
+		}
+	}
 	raw, err := os.ReadFile(s.cfg.GrantFile)
 	now := s.cfg.Now()
 	var claims signedgrant.Claims
 	if err == nil {
 		claims, err = signedgrant.Verify(s.cfg.GrantKey, bytes.TrimSpace(raw), now)
+		if err == nil {
+			err = s.checkHomeKey(claims)
+		}
 	} else if errors.Is(err, os.ErrNotExist) {
 		err = fmt.Errorf("no grant yet at %s (the grant controller writes it once the CapacityGrant is admitted)", s.cfg.GrantFile)
 	}
@@ -79,6 +87,13 @@ func (s *Server) syncGrant() {
 	s.mu.Unlock()
 	s.metrics.grantValid.Set(1)
 	s.metrics.grantExpiry.Set(float64(claims.ExpiresAt.Unix()))
+	// The Home-wide task bound follows the grant's maxFibers (a no-op
+	// while it is unchanged).
+	if ht, ok := s.cfg.Backend.(backend.HomeTasks); ok {
+		if _, err := ht.BoundHomeTasks(int(claims.MaxFibers)); err != nil {
+			s.cfg.Logf("%v", err)
+		}
+	}
 
 	if !needLoad {
 		cur.pool.SetMaxFibers(int(claims.MaxFibers))

@@ -211,6 +211,51 @@ func TestSandboxBombs(t *testing.T) {
 	}
 }
 
+// Issue 31: a Home's fibers are bounded together, not only each alone. A
+// fork bomb in each of two fibers (each under a 128-task bound) stops at
+// the Home's 160: the second fiber gets what the first left, and the two
+// together never hold more than the Home bound. Without it each would reach
+// its own ~128 (256 together).
+func TestSandboxHomeTaskBound(t *testing.T) {
+	const perFiber, home = 128, 160
+	inst := evil(t, fiberdtest.Options{Mode: "reuse", MaxFibers: 2, WarmFibers: 2, MemoryPerFiber: 96 << 20, PidsMax: perFiber, HomePidsMax: home})
+	c := inst.Client
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hold := func() int {
+		t.Helper()
+		f, err := c.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://app/hold?what=procs&ms=30000", nil)
+		resp, err := c.Do(req, f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		var p probe
+		line, _ := bufio.NewReader(resp.Body).ReadBytes('\n')
+		if err := json.Unmarshal(line, &p); err != nil {
+			t.Fatalf("hold: %q: %v", line, err)
+		}
+		t.Logf("fiber %s: %s", f.ID, p.Result)
+		n, _ := p.Details["held"].(float64)
+		return int(n)
+	}
+	a := hold()
+	b := hold()
+	if a == 0 || a >= perFiber {
+		t.Fatalf("the first fiber held %d processes: want some, under its own bound %d", a, perFiber)
+	}
+	if a+b >= home {
+		t.Errorf("two fibers held %d+%d processes, past the Home's bound of %d tasks", a, b, home)
+	}
+	if b >= a {
+		t.Errorf("the second fiber held %d processes, as many as the first (%d): the Home bound did not hold it", b, a)
+	}
+}
+
 // Issue #22 (6): one spinning fiber must not starve another fiber's
 // requests. Both fibers are in one Home here (CPU shares); across Homes the
 // Home's CPU limit bounds each (impl/grant/resources).

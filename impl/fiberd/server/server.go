@@ -15,6 +15,7 @@ package server
 import (
 	"context"
 	"crypto/ed25519"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log"
@@ -32,6 +33,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
@@ -43,6 +45,13 @@ type Config struct {
 	RouterKeyFile string
 	// RouterKeys are used when RouterKeyFile is empty (tests).
 	RouterKeys []ed25519.PublicKey
+	// TLSKeyFile holds the Home's TLS key (PEM, the Home Secret's
+	// home-key.pem), re-read with the grant. When set, the API is served
+	// only over TLS with a self-signed certificate of that key, and only
+	// a grant naming that key (homeKeySHA256) is used: fiber-router
+	// accepts no other key from this Home (docs/security.md §3). Empty:
+	// plain HTTP and h2c (tests, and fiberd run by hand).
+	TLSKeyFile string
 	// GrantFile holds the signed grant (the grant controller's Secret, mounted).
 	GrantFile string
 	// GrantKey verifies the grant's signature.
@@ -87,16 +96,21 @@ type Server struct {
 	// audience router credentials must name.
 	home       string
 	routerKeys []ed25519.PublicKey
-	grantErr   error
-	loaded     *loaded // template opened, snapshot unpacked, pool running
-	loadErr    error
-	loadKey    string
-	lastTry    time.Time
-	stopOnce   sync.Once
-	stop       chan struct{}
-	loopDone   chan struct{}
-	httpSrv    *http.Server
-	listeners  []net.Listener
+	// tlsCert is the certificate of the Home key (TLSKeyFile), tlsKeyPEM
+	// what it was made from, tlsKeySHA256 its fingerprint.
+	tlsCert      *tls.Certificate
+	tlsKeyPEM    []byte
+	tlsKeySHA256 string
+	grantErr     error
+	loaded       *loaded // template opened, snapshot unpacked, pool running
+	loadErr      error
+	loadKey      string
+	lastTry      time.Time
+	stopOnce     sync.Once
+	stop         chan struct{}
+	loopDone     chan struct{}
+	httpSrv      *http.Server
+	listeners    []net.Listener
 
 	spliceOnce sync.Once
 	splicer    *sockmap.Splicer
@@ -150,6 +164,11 @@ func New(cfg Config) (*Server, error) {
 		}
 		s.routerKeys = keys
 	}
+	if cfg.TLSKeyFile != "" {
+		if err := s.loadTLSKey(); err != nil {
+			return nil, fmt.Errorf("fiberd config: %w", err)
+		}
+	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET "+client.HealthzPath, func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("ok\n")) })
 	s.mux.HandleFunc("GET "+client.ReadyzPath, s.readyz)
@@ -166,8 +185,9 @@ func New(cfg Config) (*Server, error) {
 // Handler is fiberd's HTTP handler (API and fiber proxy).
 func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.serveHTTP) }
 
-// Serve serves on ln until Close. HTTP/1.1 and h2c are both accepted so
-// fiber-router can carry gRPC through.
+// Serve serves on ln until Close. HTTP/1.1 and HTTP/2 are both accepted so
+// fiber-router can carry gRPC through: over TLS with the Home key (h2 by
+// ALPN) when TLSKeyFile is set, else in clear (h2c).
 func (s *Server) Serve(ln net.Listener) error {
 	s.mu.Lock()
 	if s.httpSrv == nil {
@@ -177,11 +197,22 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.httpSrv = &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		s.httpSrv.Protocols = new(http.Protocols)
 		s.httpSrv.Protocols.SetHTTP1(true)
-		s.httpSrv.Protocols.SetUnencryptedHTTP2(true)
+		if s.cfg.TLSKeyFile != "" {
+			s.httpSrv.Protocols.SetHTTP2(true)
+			s.httpSrv.TLSConfig = homekey.ServerConfig(s.certificate)
+		} else {
+			s.httpSrv.Protocols.SetUnencryptedHTTP2(true)
+		}
 	}
 	srv := s.httpSrv
 	s.mu.Unlock()
-	err := srv.Serve(ln)
+	var err error
+	if srv.TLSConfig != nil {
+		// The certificate comes from TLSConfig.GetCertificate.
+		err = srv.ServeTLS(ln, "", "")
+	} else {
+		err = srv.Serve(ln)
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

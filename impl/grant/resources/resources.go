@@ -11,6 +11,7 @@
 package resources
 
 import (
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -28,6 +29,7 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
 
@@ -37,12 +39,14 @@ const (
 	Component    = "lampyr-home"
 )
 
-// Keys of the Home Secret, mounted at SecretMountPath. Nothing secret to
-// anyone but this Home: its grant and two public keys.
+// Keys of the Home Secret, mounted at SecretMountPath: its grant, two
+// public keys, and the Home's own TLS key (the one private key, which
+// lets its holder be this Home to fiber-router and nothing else).
 const (
 	SecretKeyGrant         = "grant"
 	SecretKeyGrantPubKey   = "grant-key.pub"
 	SecretKeyRouterPubKeys = "router-keys.pub"
+	SecretKeyHomeKey       = "home-key.pem"
 	SecretMountPath        = "/var/run/lampyr/home"
 	StateMountPath         = "/var/lib/fiberd"
 	HelperMountPath        = "/var/lib/lampyr-helper"
@@ -161,9 +165,46 @@ func meta(g *v1alpha1.CapacityGrant, homesNamespace string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Name: HomeName(g), Namespace: homesNamespace, Labels: Labels(g)}
 }
 
+// HomeKey is a Home's TLS key (impl/trust/homekey) as the Home Secret keeps
+// it, with its fingerprint.
+type HomeKey struct {
+	// PEM is the PKCS#8 private key (Secret key home-key.pem).
+	PEM []byte
+	// SHA256 is the fingerprint bound into the grant and status.
+	SHA256 string
+}
+
+// NewHomeKey makes a Home key: once per Home Secret, kept for its life, so
+// a re-created Secret (a new Home) has a new key.
+func NewHomeKey() (HomeKey, error) {
+	k, err := homekey.Generate()
+	if err != nil {
+		return HomeKey{}, err
+	}
+	pemKey, err := homekey.MarshalPrivateKey(k)
+	if err != nil {
+		return HomeKey{}, err
+	}
+	return HomeKey{PEM: pemKey, SHA256: homekey.Fingerprint(k.Public().(ed25519.PublicKey))}, nil
+}
+
+// HomeKeyOf is the Home key a Home Secret holds; ok is false when it holds
+// none that parses (a Secret of an earlier version, or damaged).
+func HomeKeyOf(s *corev1.Secret) (HomeKey, bool) {
+	if s == nil {
+		return HomeKey{}, false
+	}
+	k, err := homekey.ParsePrivateKey(s.Data[SecretKeyHomeKey])
+	if err != nil {
+		return HomeKey{}, false
+	}
+	return HomeKey{PEM: s.Data[SecretKeyHomeKey], SHA256: homekey.Fingerprint(k.Public().(ed25519.PublicKey))}, true
+}
+
 // MakeClaims is the content of the signed grant for g, whose template the
-// grant controller opened (helper: what it says about the handler).
-func MakeClaims(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper signedgrant.Helper, grantID string, now metav1.Time) signedgrant.Claims {
+// grant controller opened (helper: what it says about the handler), issued
+// to the Home whose TLS key has fingerprint homeKeySHA256.
+func MakeClaims(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper signedgrant.Helper, homeKeySHA256, grantID string, now metav1.Time) signedgrant.Claims {
 	mode := string(g.Spec.Execution.Mode)
 	if mode == "" {
 		mode = string(v1alpha1.ExecutionFresh)
@@ -179,6 +220,7 @@ func MakeClaims(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper sign
 	return signedgrant.Claims{
 		GrantID:             grantID,
 		Home:                HomeName(g),
+		HomeKeySHA256:       homeKeySHA256,
 		Namespace:           g.Namespace,
 		Revision:            g.Spec.RevisionName,
 		Template:            g.Spec.Template,
@@ -195,10 +237,13 @@ func MakeClaims(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper sign
 }
 
 // MakeHomeSecret carries the signed grant (with the opened template's
-// facts), the grant verification key and fiber-router's public key into the
-// Home. It holds no private key and no shared token: read by anyone, it
-// acts on nothing (docs/security.md §1).
-func MakeHomeSecret(g *v1alpha1.CapacityGrant, homesNamespace string, signedGrant, grantPubKey, routerPubKeys []byte) *corev1.Secret {
+// facts), the grant verification key, fiber-router's public key and the
+// Home's own TLS key into the Home. No shared token and no key of the
+// installation: read by anyone, it lets them be this one Home to
+// fiber-router (serve its Revision's requests, which NetworkPolicy and the
+// Home's address keep from reaching them) and act on nothing else
+// (docs/security.md §1, §3).
+func MakeHomeSecret(g *v1alpha1.CapacityGrant, homesNamespace string, signedGrant, grantPubKey, routerPubKeys []byte, key HomeKey) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: meta(g, homesNamespace),
 		Type:       corev1.SecretTypeOpaque,
@@ -206,6 +251,7 @@ func MakeHomeSecret(g *v1alpha1.CapacityGrant, homesNamespace string, signedGran
 			SecretKeyGrant:         signedGrant,
 			SecretKeyGrantPubKey:   grantPubKey,
 			SecretKeyRouterPubKeys: routerPubKeys,
+			SecretKeyHomeKey:       key.PEM,
 		},
 	}
 }
@@ -217,10 +263,11 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{contract.GrantUIDLabel: string(g.UID), ComponentKey: Component},
 			Ports: []corev1.ServicePort{{
-				Name:        "http",
-				Port:        APIPort,
-				TargetPort:  intstr.FromInt32(APIPort),
-				AppProtocol: ptr.To("kubernetes.io/h2c"),
+				Name:       "https",
+				Port:       APIPort,
+				TargetPort: intstr.FromInt32(APIPort),
+				// TLS with the Home's own key (HTTP/1.1 or h2 by ALPN).
+				AppProtocol: ptr.To("https"),
 			}},
 		},
 	}
@@ -262,6 +309,9 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 		"--grant-file=" + SecretMountPath + "/" + SecretKeyGrant,
 		"--grant-key-file=" + SecretMountPath + "/" + SecretKeyGrantPubKey,
 		"--router-keys-file=" + SecretMountPath + "/" + SecretKeyRouterPubKeys,
+		// The API is served over TLS with the Home's key only (the grant
+		// names its fingerprint; fiber-router accepts no other).
+		"--tls-key-file=" + SecretMountPath + "/" + SecretKeyHomeKey,
 		"--helper=" + helperPath,
 		"--state-dir=" + StateMountPath,
 		"--warm-fibers=" + strconv.Itoa(cfg.HomeWarmFibers),
@@ -295,14 +345,16 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 	// the liveness probe of healthy Homes, and a restarted fiberd loses
 	// every fiber it ran. Readiness is checked every 2 s (it gates
 	// routing); liveness only every 10 s, and after 30 s of failures.
+	// HTTPS: fiberd's port speaks only TLS (kubelet does not check the
+	// certificate, and needs nothing of it).
 	readiness := &corev1.Probe{
-		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(APIPort)}},
+		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(APIPort), Scheme: corev1.URISchemeHTTPS}},
 		PeriodSeconds:    2,
 		TimeoutSeconds:   5,
 		FailureThreshold: 3,
 	}
 	liveness := &corev1.Probe{
-		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(APIPort)}},
+		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(APIPort), Scheme: corev1.URISchemeHTTPS}},
 		PeriodSeconds:    10,
 		TimeoutSeconds:   5,
 		FailureThreshold: 3,
@@ -321,7 +373,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 				Command:         []string{"/fiberd"},
 				Args:            args,
 				Env:             env,
-				Ports:           []corev1.ContainerPort{{Name: "http", ContainerPort: APIPort}},
+				Ports:           []corev1.ContainerPort{{Name: "https", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources: corev1.ResourceRequirements{
 					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},

@@ -46,8 +46,8 @@ func TestMakeClaims(t *testing.T) {
 		{"maxFibers 0 takes the default", grant(v1alpha1.ExecutionFresh, 0), cfg.DefaultMaxFibers, "fresh", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := MakeClaims(tc.g, cfg, signedgrant.Helper{Port: 8080}, "id", now)
-			if c.Home != HomeName(tc.g) || c.Helper.Port != 8080 || c.MaxFibers != tc.wantMax || c.Execution.Mode != tc.wantMode || c.Execution.IdleTimeoutSeconds != tc.wantIdle {
+			c := MakeClaims(tc.g, cfg, signedgrant.Helper{Port: 8080}, strings.Repeat("f", 64), "id", now)
+			if c.Home != HomeName(tc.g) || c.HomeKeySHA256 != strings.Repeat("f", 64) || c.Helper.Port != 8080 || c.MaxFibers != tc.wantMax || c.Execution.Mode != tc.wantMode || c.Execution.IdleTimeoutSeconds != tc.wantIdle {
 				t.Fatalf("claims %+v", c)
 			}
 			if c.MemoryPerFiberBytes != 64<<20 || !c.ExpiresAt.Equal(now.Add(cfg.GrantTTL)) || c.Env["K_REVISION"] != "hello-00001" || c.Namespace != "demo" {
@@ -75,8 +75,15 @@ func TestMakeHomePod(t *testing.T) {
 	if got := c.Resources.Limits.Memory().String(); got != "512Mi" { // 4×64Mi + 256Mi
 		t.Errorf("memory limit %s, want 512Mi", got)
 	}
-	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.ReadinessProbe.HTTPGet.Port.IntVal != APIPort {
+	// fiberd's port speaks TLS only: plain-HTTP probes would fail every Home.
+	if c.ReadinessProbe.HTTPGet.Path != "/readyz" || c.ReadinessProbe.HTTPGet.Port.IntVal != APIPort || c.ReadinessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
 		t.Errorf("readiness probe %+v", c.ReadinessProbe.HTTPGet)
+	}
+	if c.LivenessProbe.HTTPGet.Scheme != corev1.URISchemeHTTPS {
+		t.Errorf("liveness probe %+v", c.LivenessProbe.HTTPGet)
+	}
+	if !strings.Contains(strings.Join(c.Args, " "), "--tls-key-file="+SecretMountPath+"/"+SecretKeyHomeKey) {
+		t.Errorf("fiberd is not given the Home key: %v", c.Args)
 	}
 	args := strings.Join(c.Args, " ")
 	for _, want := range []string{"--grant-file=" + SecretMountPath + "/grant", "--router-keys-file=" + SecretMountPath + "/router-keys.pub", "--helper=/lampyr-helper", "--listen=:9090"} {
@@ -133,9 +140,23 @@ func TestMakeHomeServiceAndSecret(t *testing.T) {
 			t.Fatalf("Service selector %s=%s does not select the Home Pod (labels %v)", k, v, pod.Labels)
 		}
 	}
-	sec := MakeHomeSecret(g, "lampyr-homes", []byte("g"), []byte("p"), []byte("r"))
-	if sec.Type != corev1.SecretTypeOpaque || string(sec.Data[SecretKeyRouterPubKeys]) != "r" || len(sec.Data) != 3 || !IsHomeOf(sec, g) || sec.Namespace != "lampyr-homes" {
+	key, err := NewHomeKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := MakeHomeSecret(g, "lampyr-homes", []byte("g"), []byte("p"), []byte("r"), key)
+	if sec.Type != corev1.SecretTypeOpaque || string(sec.Data[SecretKeyRouterPubKeys]) != "r" || len(sec.Data) != 4 || !IsHomeOf(sec, g) || sec.Namespace != "lampyr-homes" {
 		t.Fatalf("secret %+v", sec)
+	}
+	if got, ok := HomeKeyOf(sec); !ok || got.SHA256 != key.SHA256 {
+		t.Fatalf("the Secret's Home key reads back as %+v %v, want fingerprint %s", got, ok, key.SHA256)
+	}
+	if other, _ := NewHomeKey(); other.SHA256 == key.SHA256 {
+		t.Fatal("two Homes got the same key")
+	}
+	delete(sec.Data, SecretKeyHomeKey)
+	if _, ok := HomeKeyOf(sec); ok {
+		t.Fatal("a Secret without home-key.pem has a Home key")
 	}
 }
 

@@ -43,13 +43,16 @@ import (
 )
 
 const (
-	testNS        = "default"
-	testRevName   = "hello-00001"
-	testUID       = "7d1a2b3c-0000-4000-8000-000000000001"
-	testImage     = "registry.example/hello@sha256:1111111111111111111111111111111111111111111111111111111111111111"
-	testArtifact  = "registry.example/hello-snapshot@sha256:2222222222222222222222222222222222222222222222222222222222222222"
-	testTemplate  = "registry.example/lampyr/templates@sha256:3333333333333333333333333333333333333333333333333333333333333333"
-	testHome      = "10.244.0.9:9090"
+	testNS       = "default"
+	testRevName  = "hello-00001"
+	testUID      = "7d1a2b3c-0000-4000-8000-000000000001"
+	testImage    = "registry.example/hello@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	testArtifact = "registry.example/hello-snapshot@sha256:2222222222222222222222222222222222222222222222222222222222222222"
+	testTemplate = "registry.example/lampyr/templates@sha256:3333333333333333333333333333333333333333333333333333333333333333"
+	testHome     = "10.244.0.9:9090"
+	// testHomeKey is the fingerprint of the Home's TLS key in the grant's
+	// status, which the router metadata must carry.
+	testHomeKey   = "5e2d1c7a0b9f8e6d4c3b2a1908f7e6d5c4b3a29180f7e6d5c4b3a2918070605f"
 	testHomeName  = "hello-00001-0123456789"
 	finalizerName = "revisions.serving.knative.dev"
 )
@@ -270,6 +273,7 @@ func grantAdmitted(g *fiberdv1alpha1.CapacityGrant) {
 	// status.homeEndpoint is set once admitted (docs/contracts.md §1).
 	g.Status.HomeEndpoint = testHome
 	g.Status.Home = testHomeName
+	g.Status.HomeKeySHA256 = testHomeKey
 }
 
 func grantReady(g *fiberdv1alpha1.CapacityGrant) {
@@ -322,11 +326,11 @@ func apiServerDefaults(s *corev1.Service) *corev1.Service {
 // metadata is the router metadata the reconciler publishes, in the Lampyr
 // namespace; endpoint "" means not pointed at a Home yet.
 func metadata(t *resources.Template, endpoint string, isReady bool) *corev1.ConfigMap {
-	home := ""
+	var home resources.Home
 	if endpoint != "" {
-		home = testHomeName
+		home = resources.Home{Name: testHomeName, Endpoint: endpoint, KeySHA256: testHomeKey}
 	}
-	return resources.MakeRouterMetadata(rev(), t, "lampyr-system", home, endpoint, isReady)
+	return resources.MakeRouterMetadata(rev(), t, "lampyr-system", home, isReady)
 }
 
 func routerSlice(name string, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {

@@ -373,7 +373,7 @@ func (r *Reconciler) metadataKind(rev *v1.Revision) ownedKind[*corev1.ConfigMap]
 func (r *Reconciler) publishRouterMetadata(ctx context.Context, rev *v1.Revision, p *progress) error {
 	p.routerReady = p.readyForRouting()
 	ns := p.cfg.RouterNamespace
-	want := resources.MakeRouterMetadata(rev, p.tmpl, ns, p.home(), p.homeEndpoint(), p.routerReady)
+	want := resources.MakeRouterMetadata(rev, p.tmpl, ns, p.home(), p.routerReady)
 	_, did, err := ensure(ctx, rev, r.metadataKind(rev), want)
 	switch {
 	case err != nil:

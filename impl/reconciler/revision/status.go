@@ -80,20 +80,14 @@ func (p *progress) grantCondition(t apis.ConditionType) *apis.Condition {
 	return p.grant.Status.GetCondition(t)
 }
 
-// homeEndpoint and home are set only while the grant is Ready: fiber-router
-// must not be pointed at a Home that has not loaded the Revision.
-func (p *progress) homeEndpoint() string {
+// home is what router metadata says of the Home: set only while the grant
+// is Ready, since fiber-router must not be pointed at a Home that has not
+// loaded the Revision.
+func (p *progress) home() resources.Home {
 	if !p.grantCondition(fiberdv1alpha1.GrantConditionReady).IsTrue() {
-		return ""
+		return resources.Home{}
 	}
-	return p.grant.Status.HomeEndpoint
-}
-
-func (p *progress) home() string {
-	if !p.grantCondition(fiberdv1alpha1.GrantConditionReady).IsTrue() {
-		return ""
-	}
-	return p.grant.Status.Home
+	return resources.Home{Name: p.grant.Status.Home, Endpoint: p.grant.Status.HomeEndpoint, KeySHA256: p.grant.Status.HomeKeySHA256}
 }
 
 // backendReady is the backend Service plus, in the endpointslice strategy,
@@ -111,7 +105,7 @@ func (p *progress) readyForRouting() bool {
 	return p.artifactMissing == "" && p.artifactUnverified == "" && len(p.notOwned) == 0 && p.grantInvalid == "" &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionAdmitted).IsTrue() &&
 		p.grantCondition(fiberdv1alpha1.GrantConditionHomeReady).IsTrue() &&
-		p.homeEndpoint() != "" && p.home() != "" && p.backendReady()
+		p.home().Endpoint != "" && p.home().Name != "" && p.backendReady()
 }
 
 // markConditions maps what was observed onto the stock Revision conditions:

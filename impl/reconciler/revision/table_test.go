@@ -368,7 +368,7 @@ func TestReconcile(t *testing.T) {
 				t.MaxFibers = 7
 				t.TimeoutSeconds = 900
 				t.Execution = fiberdv1alpha1.ExecutionPolicy{Mode: fiberdv1alpha1.ExecutionReuse, IdleTimeoutSeconds: 30, IdleAction: "release"}
-			}), "lampyr-system", "", "", false),
+			}), "lampyr-system", resources.Home{}, false),
 		},
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(

@@ -451,7 +451,7 @@ func FuzzValidate(f *testing.F) {
 			resources.MakeCapacityGrant(r, tmpl, lampyr)
 			resources.MakeService(r, tmpl, lampyr)
 			resources.MakeEndpointSlice(r, tmpl, nil)
-			resources.MakeRouterMetadata(r, tmpl, "lampyr-system", "", "", false)
+			resources.MakeRouterMetadata(r, tmpl, "lampyr-system", resources.Home{}, false)
 		}
 		check(r)
 		// And as the reconciler sees it, after defaulting.

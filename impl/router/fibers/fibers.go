@@ -29,6 +29,11 @@ type Home struct {
 	// accepts only credentials minted for its own name, so the router needs
 	// it to be let in at all (docs/security.md §3).
 	Name string
+	// KeySHA256 is the fingerprint of the Home's TLS key (metadata
+	// homeKeySHA256; impl/trust/homekey): the router dials the Home over
+	// TLS and accepts no other key. Empty for a Home of a version before
+	// Home keys, dialled in clear only when the router is told to.
+	KeySHA256 string
 }
 
 // String is the endpoint: what logs and errors about a Home need, and what
@@ -71,6 +76,15 @@ type Tunnels interface {
 	TunnelTransport() http.RoundTripper
 }
 
+// ProxyTransports is implemented by a Client whose Homes are each reached
+// over connections of their own (TLS pinned to each Home's key): the proxy
+// sends a fiber's requests, prepared by PrepareProxy, through the transport
+// ProxyTransport gives for it (HTTP/2 when h2, else HTTP/1.1). Its error
+// says why the fiber's Home cannot be reached at all.
+type ProxyTransports interface {
+	ProxyTransport(f Fiber, h2 bool) (http.RoundTripper, error)
+}
+
 // Forgetter is implemented by a Client that keeps per-Home state (a client
 // and a credential). Forget drops it once no Revision uses home any more, so
 // a long-lived router does not keep state for every Home it ever served; a
@@ -108,11 +122,16 @@ func (e *CapacityError) Error() string {
 type UnavailableError struct {
 	Home   Home
 	Reason string
+	// Err is the cause when there is one (a transport error, a Home that
+	// did not prove its key), for errors.Is.
+	Err error
 }
 
 func (e *UnavailableError) Error() string {
 	return fmt.Sprintf("fiberd %s unavailable: %s", e.Home, e.Reason)
 }
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
 
 // IsCapacity reports whether err is a CapacityError and returns it.
 func IsCapacity(err error) (*CapacityError, bool) {

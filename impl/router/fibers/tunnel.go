@@ -3,6 +3,7 @@ package fibers
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -142,7 +143,13 @@ func quiet(tc *tunnelConn) bool {
 	if tc.br.Buffered() > 0 {
 		return false
 	}
-	sc, ok := tc.conn.(syscall.Conn)
+	raw := tc.conn
+	if t, ok := raw.(*tls.Conn); ok {
+		// Bytes on the socket under TLS are bytes the Home sent: a record
+		// of unsolicited data, or its close_notify.
+		raw = t.NetConn()
+	}
+	sc, ok := raw.(syscall.Conn)
 	if !ok {
 		return true // cannot look without blocking; the response read still checks framing
 	}

@@ -23,6 +23,7 @@ import (
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
 	"lampyr.dev/serving/impl/router/server"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 )
 
@@ -59,12 +60,18 @@ func startEnv(t testing.TB, o envOptions) *env {
 		// only when the test fails (or always with ROUTER_TEST_DEBUG).
 		o.fiberd.Logf = failureLog(t)
 	}
+	if o.fiberd.HomeKey == nil {
+		// As in a cluster: fiberd serves TLS with its Home key and the
+		// metadata names it.
+		o.fiberd.HomeKey, _ = homekey.Generate()
+	}
 	fd := fiberdtest.StartInstance(t, o.fiberd)
 	meta := routermeta.Metadata{
 		Revision:           fd.Claims.Revision,
 		Namespace:          fd.Claims.Namespace,
 		Ready:              true,
 		HomeEndpoint:       fd.Endpoint,
+		HomeKeySHA256:      fd.HomeKeySHA256,
 		Home:               fd.Home,
 		MaxFibers:          fd.Claims.MaxFibers,
 		TimeoutSeconds:     fd.Claims.MaxRequestSeconds,

@@ -11,6 +11,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/router/proxy"
 	"lampyr.dev/serving/impl/router/revision"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // Two Revisions, each with its own Home (a real fiberd) of one installation
@@ -20,12 +21,13 @@ import (
 // must reach no fiber at all.
 func TestSelectionNeverCrossesRevisions(t *testing.T) {
 	e := startEnv(t, envOptions{})
+	otherKey, _ := homekey.Generate()
 	other := fiberdtest.StartInstance(t, fiberdtest.Options{
 		Namespace: "team-b", Revision: "other-00001", HandlerPackage: handlerPackage, Logf: func(string, ...any) {},
-		RouterKey: e.fd.RouterKey,
+		RouterKey: e.fd.RouterKey, HomeKey: otherKey,
 	})
 	b := e.meta
-	b.Namespace, b.Revision, b.HomeEndpoint, b.Home = "team-b", "other-00001", other.Endpoint, other.Home
+	b.Namespace, b.Revision, b.HomeEndpoint, b.Home, b.HomeKeySHA256 = "team-b", "other-00001", other.Endpoint, other.Home, other.HomeKeySHA256
 	e.srv.Table.Upsert(b)
 	down := e.meta
 	down.Revision, down.Ready = "down-00001", false

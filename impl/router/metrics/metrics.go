@@ -81,7 +81,7 @@ func New() *Metrics {
 		}),
 		MetadataRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lampyr_router_metadata_refused_total",
-			Help: "Router metadata not used, once per Revision and cause, by reason: malformed (or name, labels and data disagree, or too big), endpoint (a Home endpoint the router does not dial), full (--max-revisions reached).",
+			Help: "Router metadata not used, once per Revision and cause, by reason: malformed (or name, labels and data disagree, or too big), endpoint (a Home endpoint the router does not dial), full (--max-revisions reached), namespace-full (--max-revisions-per-namespace reached for the Revision's namespace).",
 		}, []string{"reason"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.FibersReleased, m.FibersLeaked,

@@ -81,7 +81,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 		}
 		ids := make(chan string, conc)
 		for i := 0; i < conc; i++ {
-			f, err := c.Acquire(context.Background(), fibers.Home{Endpoint: fd.Endpoint(), Name: fd.Home})
+			f, err := c.Acquire(context.Background(), fibers.Home{Endpoint: fd.Endpoint(), Name: fd.Home, KeySHA256: fd.KeySHA256})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -105,7 +105,7 @@ func BenchmarkRouterOverhead(b *testing.B) {
 			fd.Tunnels.Store(true) // reuse goes through a tunnel per fiber
 			rt := proxy.New(proxy.DefaultConfig(), fibers.NewFiberdClient(minter), metrics.New(), nil)
 			revision.NewTable(rt).Upsert(routermeta.Metadata{
-				Revision: "bench-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
+				Revision: "bench-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), HomeKeySHA256: fd.KeySHA256, Home: fd.Home,
 				MaxFibers: 64, TimeoutSeconds: 60, Mode: mode, IdleTimeoutSeconds: 60, Protocol: routermeta.ProtocolHTTP1,
 			})
 			front := httptest.NewServer(rt)

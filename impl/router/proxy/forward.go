@@ -43,6 +43,28 @@ func (t tunnelTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.fallback.RoundTrip(out)
 }
 
+// homeTransport sends a proxied request over the connections of its
+// fiber's Home (fibers.ProxyTransports): TLS that accepts only the key the
+// Home's metadata names.
+type homeTransport struct {
+	homes fibers.ProxyTransports
+	h2    bool
+}
+
+func (t homeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	lease, _ := req.Context().Value(leaseKey{}).(*pool.Lease)
+	if lease == nil {
+		return nil, errors.New("proxied request without a fiber lease")
+	}
+	rt, err := t.homes.ProxyTransport(lease.Fiber, t.h2)
+	if err != nil {
+		return nil, err
+	}
+	return rt.RoundTrip(req)
+}
+
+// newHTTP1Transport and newH2CTransport carry proxied requests for a
+// Client without per-Home connections (tests' fakes), in clear.
 func newHTTP1Transport() *http.Transport {
 	return &http.Transport{
 		Proxy:               nil,

@@ -52,10 +52,10 @@ func startTwoHomes(t *testing.T, creds fibers.Credentials, pub ed25519.PublicKey
 }
 
 // revisionAt is the metadata of Revision demo/rev served by the Home at
-// endpoint named home.
-func revisionAt(rev, mode, endpoint, home string) routermeta.Metadata {
+// at's endpoint (and with its key), named home.
+func revisionAt(rev, mode string, at *fakefiberd.Server, home string) routermeta.Metadata {
 	return routermeta.Metadata{
-		Revision: rev, Namespace: "demo", Ready: true, HomeEndpoint: endpoint, Home: home,
+		Revision: rev, Namespace: "demo", Ready: true, HomeEndpoint: at.Endpoint(), HomeKeySHA256: at.KeySHA256, Home: home,
 		MaxFibers: 5, TimeoutSeconds: 30, Mode: mode, IdleTimeoutSeconds: 30, Protocol: routermeta.ProtocolHTTP1, Generation: 1,
 	}
 }
@@ -83,8 +83,8 @@ func TestEachHomeGetsOnlyItsOwnCredential(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			pub, minter := routerKey(t)
 			h := startTwoHomes(t, minter, pub)
-			h.table.Upsert(revisionAt("a-00001", mode, h.a.Endpoint(), h.a.Home))
-			h.table.Upsert(revisionAt("b-00001", mode, h.b.Endpoint(), h.b.Home))
+			h.table.Upsert(revisionAt("a-00001", mode, h.a, h.a.Home))
+			h.table.Upsert(revisionAt("b-00001", mode, h.b, h.b.Home))
 			for i := 0; i < 3; i++ {
 				for _, rev := range []string{"a-00001", "b-00001"} {
 					if code, body := h.get(t, rev); code != 200 || body != "ok" {
@@ -121,7 +121,7 @@ func TestEachHomeGetsOnlyItsOwnCredential(t *testing.T) {
 func TestCredentialForAnotherHomeIsRefused(t *testing.T) {
 	pub, minter := routerKey(t)
 	h := startTwoHomes(t, minter, pub)
-	h.table.Upsert(revisionAt("x-00001", "fresh", h.a.Endpoint(), h.b.Home))
+	h.table.Upsert(revisionAt("x-00001", "fresh", h.a, h.b.Home))
 	if code, body := h.get(t, "x-00001"); code != http.StatusBadGateway {
 		t.Fatalf("%d %q, want 502", code, body)
 	}
@@ -139,8 +139,8 @@ func TestRouterForgetsHomesNoRevisionUses(t *testing.T) {
 	pub, minter := routerKey(t)
 	creds := &fakefiberd.RecordingCreds{Minter: minter}
 	h := startTwoHomes(t, creds, pub)
-	r1 := revisionAt("r1-00001", "fresh", h.a.Endpoint(), h.a.Home)
-	r2 := revisionAt("r2-00001", "fresh", h.a.Endpoint(), h.a.Home)
+	r1 := revisionAt("r1-00001", "fresh", h.a, h.a.Home)
+	r2 := revisionAt("r2-00001", "fresh", h.a, h.a.Home)
 	h.table.Upsert(r1)
 	h.table.Upsert(r2)
 	for _, rev := range []string{"r1-00001", "r2-00001"} {
@@ -155,7 +155,7 @@ func TestRouterForgetsHomesNoRevisionUses(t *testing.T) {
 		}
 	}
 	// r1's Home is replaced; r2 still uses the old one.
-	r1.HomeEndpoint, r1.Home = h.b.Endpoint(), h.b.Home
+	r1.HomeEndpoint, r1.HomeKeySHA256, r1.Home = h.b.Endpoint(), h.b.KeySHA256, h.b.Home
 	h.table.Upsert(r1)
 	if code, _ := h.get(t, "r1-00001"); code != 200 {
 		t.Fatalf("r1 on its new Home: %d", code)

@@ -47,7 +47,7 @@ func TestNoFiberLeaks10k(t *testing.T) {
 	m := metrics.New()
 	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), m, nil)
 	revision.NewTable(rt).Upsert(routermeta.Metadata{
-		Revision: "leak-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
+		Revision: "leak-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), HomeKeySHA256: fd.KeySHA256, Home: fd.Home,
 		MaxFibers: 8, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1,
 	})
 	front := httptest.NewServer(rt)

@@ -97,12 +97,16 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 		routes: map[revision.Key]*route{}, homes: map[fibers.Home]int{},
 		hardStop: ctx, stopAll: cancel,
 	}
-	h1 := busyRetry{newHTTP1Transport()}
+	h1, h2 := busyRetry{newHTTP1Transport()}, busyRetry{newH2CTransport()}
+	if pt, ok := client.(fibers.ProxyTransports); ok {
+		// Each Home over its own connections, TLS pinned to its key.
+		h1, h2 = busyRetry{homeTransport{pt, false}}, busyRetry{homeTransport{pt, true}}
+	}
 	// A closure, not the method value: a Router without a client (tests of
 	// the probe path) must still construct.
 	viaFiberd := func(out *http.Request, f fibers.Fiber) { r.client.PrepareProxy(out, f) }
 	r.http1 = r.newReverseProxy(h1, viaFiberd)
-	r.h2c = r.newReverseProxy(busyRetry{newH2CTransport()}, viaFiberd)
+	r.h2c = r.newReverseProxy(h2, viaFiberd)
 	if tc, ok := client.(fibers.Tunnels); ok && cfg.FiberTunnels {
 		r.tunnel = r.newReverseProxy(tunnelTransport{tunnels: tc, client: client, fallback: h1}, tc.PrepareTunnel)
 	}

@@ -53,7 +53,7 @@ func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata))
 	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), metrics.New(), nil)
 	tbl := revision.NewTable(rt)
 	m := routermeta.Metadata{
-		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), Home: fd.Home,
+		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), HomeKeySHA256: fd.KeySHA256, Home: fd.Home,
 		MaxFibers: 5, TimeoutSeconds: 30, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1, Generation: 1,
 	}
 	if mutate != nil {
@@ -71,7 +71,7 @@ func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata))
 }
 
 func (f *fixture) home() fibers.Home {
-	return fibers.Home{Endpoint: f.meta.HomeEndpoint, Name: f.meta.Home}
+	return fibers.Home{Endpoint: f.meta.HomeEndpoint, Name: f.meta.Home, KeySHA256: f.meta.HomeKeySHA256}
 }
 
 func (f *fixture) get(t *testing.T, path string, hdr map[string]string) (*http.Response, string) {

@@ -80,7 +80,7 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 
 // homeOf is the Home a Revision's metadata names.
 func homeOf(m routermeta.Metadata) fibers.Home {
-	return fibers.Home{Endpoint: m.HomeEndpoint, Name: m.Home}
+	return fibers.Home{Endpoint: m.HomeEndpoint, Name: m.Home, KeySHA256: m.HomeKeySHA256}
 }
 
 // useHome counts rt's use of its Home; r.mu is held.

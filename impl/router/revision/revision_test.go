@@ -3,6 +3,8 @@ package revision
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -109,6 +111,74 @@ func TestTableBoundsRevisions(t *testing.T) {
 	tbl.Upsert(b)
 	if len(refusals) != 2 {
 		t.Fatalf("%d refusals, want a second one for b after it was refused anew", len(refusals))
+	}
+}
+
+// One namespace cannot fill the table for the others (issue 31): beyond
+// MaxRevisionsPerNamespace its new Revisions are refused with their own
+// reason, another namespace's are still taken, nothing known is evicted,
+// and a deletion in the namespace frees a slot for it alone.
+func TestTableBoundsRevisionsPerNamespace(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		global, per int
+		// the hog's Revisions, then the victim's; want says which of the
+		// victim's are taken and why the refused ones are refused.
+		hog, victim int
+		wantVictim  int
+		wantReasons map[string]int
+	}{
+		{name: "namespace bound only", global: 0, per: 3, hog: 10, victim: 3, wantVictim: 3,
+			wantReasons: map[string]int{RefusedNamespaceFull: 7}},
+		{name: "both bounds: the hog hits its own first", global: 5, per: 3, hog: 10, victim: 3, wantVictim: 2,
+			wantReasons: map[string]int{RefusedNamespaceFull: 7, RefusedFull: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			tbl := NewTable(rec)
+			tbl.MaxRevisions, tbl.MaxRevisionsPerNamespace = tc.global, tc.per
+			reasons := map[string]int{}
+			var last *RefusedError
+			tbl.OnRefused = func(e *RefusedError) { reasons[e.Reason]++; last = e }
+			for i := range tc.hog {
+				tbl.Upsert(meta("hog", fmt.Sprintf("r%d-00001", i)))
+			}
+			if last == nil || last.Reason != RefusedNamespaceFull || !strings.Contains(last.Error(), "--max-revisions-per-namespace=3") || !strings.Contains(last.Error(), "hog") {
+				t.Fatalf("last refusal %v, want one naming the flag and the namespace", last)
+			}
+			for i := range tc.victim {
+				tbl.Upsert(meta("victim", fmt.Sprintf("r%d-00001", i)))
+			}
+			if got := tbl.NamespaceLen("hog"); got != tc.per {
+				t.Fatalf("hog holds %d Revisions, bound %d", got, tc.per)
+			}
+			if got := tbl.NamespaceLen("victim"); got != tc.wantVictim {
+				t.Fatalf("victim holds %d Revisions, want %d", got, tc.wantVictim)
+			}
+			if !maps.Equal(reasons, tc.wantReasons) {
+				t.Fatalf("refusals by reason %v, want %v", reasons, tc.wantReasons)
+			}
+			// The hog's known Revisions still take updates; a refused one
+			// is taken once the hog deletes one of its own.
+			m := meta("hog", "r0-00001")
+			m.Ready = false
+			tbl.Upsert(m)
+			if got, _ := tbl.Lookup(Key{"hog", "r0-00001"}); got.Ready {
+				t.Fatal("an update of a known Revision of a namespace at its bound was refused")
+			}
+			tbl.Delete(Key{"hog", "r1-00001"})
+			tbl.Upsert(meta("hog", "r9-00001"))
+			if _, ok := tbl.Lookup(Key{"hog", "r9-00001"}); !ok {
+				t.Fatal("the slot the hog freed was not used for its refused Revision")
+			}
+			// Deleting every Revision of a namespace forgets it.
+			for i := range tc.victim {
+				tbl.Delete(Key{"victim", fmt.Sprintf("r%d-00001", i)})
+			}
+			if tbl.NamespaceLen("victim") != 0 || tbl.Len() != tc.per {
+				t.Fatalf("after deletions: victim %d, len %d", tbl.NamespaceLen("victim"), tbl.Len())
+			}
+		})
 	}
 }
 

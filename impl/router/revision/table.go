@@ -30,7 +30,13 @@ const (
 	RefusedEndpoint = "endpoint"
 	// RefusedFull: the table already holds MaxRevisions Revisions.
 	RefusedFull = "full"
+	// RefusedNamespaceFull: the table already holds
+	// MaxRevisionsPerNamespace Revisions of the Revision's namespace.
+	RefusedNamespaceFull = "namespace-full"
 )
+
+// Reasons lists every refusal reason (metric labels are created up front).
+var Reasons = []string{RefusedMalformed, RefusedEndpoint, RefusedFull, RefusedNamespaceFull}
 
 // RefusedError says why a Revision's metadata is not used.
 type RefusedError struct {
@@ -83,6 +89,13 @@ type Table struct {
 	// Revision refused so is taken at its next update or informer resync
 	// once a deletion has freed a slot.
 	MaxRevisions int
+	// MaxRevisionsPerNamespace bounds the Revisions of any one namespace,
+	// so one tenant cannot fill the table and leave the others' Revisions
+	// Ready yet unknown to the router (404); 0 means no bound. Beyond it
+	// that namespace's new Revisions are refused (RefusedNamespaceFull)
+	// and taken once one of its own is deleted, as for MaxRevisions;
+	// other namespaces are not affected, and nothing known is evicted.
+	MaxRevisionsPerNamespace int
 	// OnRefused is told about refusals, once per Revision and cause: an
 	// informer's resync repeats them, an operator needs each once. Calls
 	// are serialized with the listener's; neither may call back into the
@@ -91,6 +104,7 @@ type Table struct {
 
 	mu       sync.RWMutex
 	m        map[Key]routermeta.Metadata
+	perNS    map[string]int // Revisions held per namespace
 	listener Listener
 	changeMu sync.Mutex // serializes listener calls in Upsert/Delete order
 	// refused holds the last reported refusal of each Revision whose
@@ -100,7 +114,7 @@ type Table struct {
 
 // NewTable returns an empty table that tells l (may be nil) about changes.
 func NewTable(l Listener) *Table {
-	return &Table{m: map[Key]routermeta.Metadata{}, listener: l, refused: map[Key]string{}}
+	return &Table{m: map[Key]routermeta.Metadata{}, perNS: map[string]int{}, listener: l, refused: map[Key]string{}}
 }
 
 // Lookup returns the metadata of a Revision.
@@ -118,11 +132,22 @@ func (t *Table) Upsert(m routermeta.Metadata) {
 	k := Key{m.Namespace, m.Revision}
 	t.mu.Lock()
 	old, had := t.m[k]
-	if !had && t.MaxRevisions > 0 && len(t.m) >= t.MaxRevisions {
-		t.mu.Unlock()
-		t.report(&RefusedError{Key: k, Reason: RefusedFull, Err: fmt.Errorf(
-			"fiber-router already holds --max-revisions=%d Revisions; raise it, or delete Revisions", t.MaxRevisions)})
-		return
+	if !had {
+		// The namespace's own bound first: a tenant at its bound hears
+		// about its own Revisions, whatever the rest of the table holds.
+		if t.MaxRevisionsPerNamespace > 0 && t.perNS[k.Namespace] >= t.MaxRevisionsPerNamespace {
+			t.mu.Unlock()
+			t.report(&RefusedError{Key: k, Reason: RefusedNamespaceFull, Err: fmt.Errorf(
+				"fiber-router already holds --max-revisions-per-namespace=%d Revisions of namespace %s; delete some of them (or raise the flag)", t.MaxRevisionsPerNamespace, k.Namespace)})
+			return
+		}
+		if t.MaxRevisions > 0 && len(t.m) >= t.MaxRevisions {
+			t.mu.Unlock()
+			t.report(&RefusedError{Key: k, Reason: RefusedFull, Err: fmt.Errorf(
+				"fiber-router already holds --max-revisions=%d Revisions; raise it, or delete Revisions", t.MaxRevisions)})
+			return
+		}
+		t.perNS[k.Namespace]++
 	}
 	t.m[k] = m
 	t.mu.Unlock()
@@ -159,7 +184,12 @@ func (t *Table) Refuse(e *RefusedError) {
 func (t *Table) remove(k Key) {
 	t.mu.Lock()
 	old, had := t.m[k]
-	delete(t.m, k)
+	if had {
+		delete(t.m, k)
+		if t.perNS[k.Namespace]--; t.perNS[k.Namespace] <= 0 {
+			delete(t.perNS, k.Namespace)
+		}
+	}
 	t.mu.Unlock()
 	if had && t.listener != nil {
 		t.listener.Changed(&old, nil)
@@ -177,6 +207,13 @@ func (t *Table) report(e *RefusedError) {
 	if t.OnRefused != nil {
 		t.OnRefused(e)
 	}
+}
+
+// NamespaceLen is the number of known Revisions of namespace.
+func (t *Table) NamespaceLen(namespace string) int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.perNS[namespace]
 }
 
 // Len is the number of known Revisions.

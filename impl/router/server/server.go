@@ -37,6 +37,9 @@ type Options struct {
 	// MaxRevisions bounds the Revisions the router holds (revision.Table);
 	// 0 means no bound.
 	MaxRevisions int
+	// MaxRevisionsPerNamespace bounds the Revisions of one namespace
+	// (revision.Table); 0 means no bound.
+	MaxRevisionsPerNamespace int
 
 	// DrainDelay keeps serving after SIGTERM while readiness already fails,
 	// so endpoints (and EndpointSlice mirrors) drop this pod before it stops
@@ -73,10 +76,11 @@ func New(opts Options) *Server {
 	rt := proxy.New(opts.Proxy, opts.Client, m, opts.Logger)
 	s := &Server{opts: opts, Router: rt, Table: revision.NewTable(rt), Metrics: m}
 	s.Table.MaxRevisions = opts.MaxRevisions
+	s.Table.MaxRevisionsPerNamespace = opts.MaxRevisionsPerNamespace
 	s.Table.OnRefused = s.metadataRefused
 	// Every reason from the start, so an alert on a rate sees 0 rather
 	// than no series.
-	for _, reason := range []string{revision.RefusedMalformed, revision.RefusedEndpoint, revision.RefusedFull} {
+	for _, reason := range revision.Reasons {
 		m.MetadataRefused.WithLabelValues(reason)
 	}
 	return s

@@ -26,7 +26,7 @@ func refusedTotal(t *testing.T, s *Server, reason string) float64 {
 // reason has a series from the start.
 func TestMetadataRefusalsAreLoggedAndCounted(t *testing.T) {
 	var log bytes.Buffer
-	s := New(Options{Proxy: proxy.DefaultConfig(), Source: revision.NewStatic(), MaxRevisions: 1,
+	s := New(Options{Proxy: proxy.DefaultConfig(), Source: revision.NewStatic(), MaxRevisions: 2, MaxRevisionsPerNamespace: 1,
 		Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	mfs, err := s.Metrics.Registry.Gather()
 	if err != nil {
@@ -38,19 +38,27 @@ func TestMetadataRefusalsAreLoggedAndCounted(t *testing.T) {
 			series = len(mf.GetMetric())
 		}
 	}
-	if series != 3 {
-		t.Fatalf("%d refusal series before any refusal, want malformed, endpoint and full", series)
+	if series != 4 {
+		t.Fatalf("%d refusal series before any refusal, want malformed, endpoint, full and namespace-full", series)
 	}
-	m := func(rev string) routermeta.Metadata {
-		return routermeta.Metadata{Revision: rev, Namespace: "demo", Mode: "fresh", Protocol: routermeta.ProtocolHTTP1}
+	m := func(ns, rev string) routermeta.Metadata {
+		return routermeta.Metadata{Revision: rev, Namespace: ns, Mode: "fresh", Protocol: routermeta.ProtocolHTTP1}
 	}
-	s.Table.Upsert(m("a-00001"))
-	s.Table.Upsert(m("b-00001"))
-	s.Table.Upsert(m("b-00001"))
+	s.Table.Upsert(m("demo", "a-00001"))
+	s.Table.Upsert(m("demo", "b-00001"))
+	s.Table.Upsert(m("demo", "b-00001"))
+	if n := refusedTotal(t, s, revision.RefusedNamespaceFull); n != 1 {
+		t.Fatalf("namespace-full refusals counted %v, want 1", n)
+	}
+	if !strings.Contains(log.String(), "demo/b-00001") || !strings.Contains(log.String(), "--max-revisions-per-namespace=1") {
+		t.Fatalf("log %q does not name the Revision and the flag", log.String())
+	}
+	s.Table.Upsert(m("other", "a-00001"))
+	s.Table.Upsert(m("third", "a-00001"))
 	if n := refusedTotal(t, s, revision.RefusedFull); n != 1 {
 		t.Fatalf("full refusals counted %v, want 1", n)
 	}
-	if !strings.Contains(log.String(), "demo/b-00001") || !strings.Contains(log.String(), "--max-revisions=1") {
-		t.Fatalf("log %q does not name the Revision and the flag", log.String())
+	if !strings.Contains(log.String(), "--max-revisions=2") {
+		t.Fatalf("log %q does not name --max-revisions", log.String())
 	}
 }

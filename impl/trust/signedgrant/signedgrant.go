@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/trust/edpem"
+	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // Claims is the grant's content.
@@ -23,9 +24,14 @@ type Claims struct {
 	// Home is the name of the Home the grant is issued to (its Pod, Service
 	// and Secret in the Homes namespace): the only audience of router
 	// credentials this fiberd accepts (impl/fiberd/routercred).
-	Home      string `json:"home"`
-	Namespace string `json:"namespace"`
-	Revision  string `json:"revision"`
+	Home string `json:"home"`
+	// HomeKeySHA256 is the fingerprint (impl/trust/homekey) of the Home's
+	// TLS key, kept in its Secret: fiberd serves its API with that key
+	// only, and fiber-router accepts no other (docs/security.md §3).
+	// Empty in grants of controllers that predate Home keys.
+	HomeKeySHA256 string `json:"homeKeySHA256,omitempty"`
+	Namespace     string `json:"namespace"`
+	Revision      string `json:"revision"`
 	// Template and SnapshotArtifact are digest-pinned references. The grant
 	// controller opened the template (fiberd never holds the fleet key) and
 	// checked it against the Revision; what fiberd needs of it is Helper.
@@ -114,6 +120,11 @@ func (c *Claims) validate() error {
 	}
 	if c.Home == "" {
 		errs = append(errs, "home is empty")
+	}
+	if c.HomeKeySHA256 != "" {
+		if err := homekey.CheckFingerprint(c.HomeKeySHA256); err != nil {
+			errs = append(errs, "homeKeySHA256: "+err.Error())
+		}
 	}
 	if c.Helper.Port <= 0 || c.Helper.Port > 65535 {
 		errs = append(errs, fmt.Sprintf("helper.port %d: want 1-65535", c.Helper.Port))

@@ -64,4 +64,9 @@ func TestSignRejectsInvalidClaims(t *testing.T) {
 	if _, err := Sign(priv, c); err == nil || !strings.Contains(err.Error(), "maxFibers") {
 		t.Fatalf("maxFibers 0: %v", err)
 	}
+	c = claims(time.Now())
+	c.HomeKeySHA256 = "not-a-fingerprint"
+	if _, err := Sign(priv, c); err == nil || !strings.Contains(err.Error(), "homeKeySHA256") {
+		t.Fatalf("malformed homeKeySHA256: %v", err)
+	}
 }

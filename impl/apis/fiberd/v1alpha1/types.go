@@ -103,6 +103,11 @@ type CapacityGrantStatus struct {
 	// Home names the Home's Pod, Service and Secret in the Homes namespace
 	// (lampyr-homes): the audience of the credentials fiber-router presents.
 	Home string `json:"home,omitempty"`
+	// HomeKeySHA256 is the fingerprint (hex SHA-256 of the
+	// SubjectPublicKeyInfo, impl/trust/homekey) of the Home's TLS key, also
+	// bound into its signed grant: fiber-router dials the Home over TLS and
+	// accepts only this key (docs/security.md §3). Set with status.home.
+	HomeKeySHA256 string `json:"homeKeySHA256,omitempty"`
 	// HandlerFailure is set while HomeReady is False because the Revision's
 	// handler fails its fiber starts (MarkHandlerFailed): the typed facts
 	// the Revision reconciler turns into ContainerHealthy=False.

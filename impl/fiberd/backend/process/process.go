@@ -54,6 +54,12 @@ type Config struct {
 	PidsParent string
 	// PidsMax is each fiber's task limit (threads count); default 1024.
 	PidsMax int
+	// HomePidsMax bounds the tasks of all fibers of the Home together:
+	// pids.max of PidsParent, the one cgroup every fiber's pids cgroup is
+	// under. 0 sizes it from the grant (BoundHomeTasks): maxFibers ×
+	// PidsMax, at most DefaultHomePidsCap; below 0, no Home-wide bound
+	// (each fiber's own still holds).
+	HomePidsMax int
 	// CPUParent is a cgroup v1 cpu directory under which each fiber gets a
 	// cgroup of equal cpu.shares (so busy fibers of a Home split its CPU
 	// evenly) capped at CPUMillis. Required: without it New refuses.
@@ -110,6 +116,9 @@ type Backend struct {
 	// cpuQuotaOnce: the Home's own CPU limit is below CPUMillis; fibers
 	// inherit it instead (logged once).
 	cpuQuotaOnce sync.Once
+	// homePids is the Home-wide task bound last written (homePidsMu).
+	homePidsMu sync.Mutex
+	homePids   int
 }
 
 // Egress configures fibers' service bindings.
@@ -130,6 +139,14 @@ const DefaultCgroupParent = "/sys/fs/cgroup/memory/lampyr-fiberd"
 
 // DefaultPidsRoot is the cgroup v1 pids hierarchy.
 const DefaultPidsRoot = "/sys/fs/cgroup/pids"
+
+// DefaultHomePidsCap caps the sized Home-wide task bound (Config.HomePidsMax
+// 0): 4096 tasks, an eighth of the 32768 a node's pid_max often is, so a
+// few hostile Homes on a node cannot take its PIDs while a Home's fibers
+// keep a few hundred threads each on average (a fiber alone stays under
+// PidsMax, 1024). Raise it with fiberd --home-pids-max for Revisions whose
+// fibers run many threads.
+const DefaultHomePidsCap = 4096
 
 // DefaultCPURoot is the cgroup v1 cpu hierarchy.
 const DefaultCPURoot = "/sys/fs/cgroup/cpu"
@@ -243,6 +260,12 @@ func New(cfg Config) (*Backend, error) {
 		host.Close()
 		return nil, fmt.Errorf("process backend: writing the fibers' resolv.conf: %w", err)
 	}
+	// Until a grant sizes it, the Home-wide bound is the cap (or the
+	// configured bound): fibers are never without it.
+	if _, err := b.BoundHomeTasks(0); err != nil {
+		host.Close()
+		return nil, err
+	}
 	b.pidsGroups = &cgPool{parent: cfg.PidsParent, setup: func(dir string) error {
 		return os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.Itoa(cfg.PidsMax)), 0)
 	}}
@@ -351,6 +374,35 @@ func (b *Backend) Close() error {
 		}
 	}
 	return nil
+}
+
+// BoundHomeTasks implements backend.HomeTasks: pids.max of PidsParent,
+// above every fiber's pids cgroup, so the fibers of this Home hold at most
+// that many tasks together whatever each one's own bound. maxFibers 0
+// (not known yet) gives the cap.
+func (b *Backend) BoundHomeTasks(maxFibers int) (int, error) {
+	n := b.cfg.HomePidsMax
+	if n == 0 {
+		n = DefaultHomePidsCap
+		if maxFibers > 0 {
+			n = min(maxFibers*b.cfg.PidsMax, DefaultHomePidsCap)
+		}
+	}
+	b.homePidsMu.Lock()
+	defer b.homePidsMu.Unlock()
+	if n == b.homePids {
+		return max(n, 0), nil
+	}
+	v := strconv.Itoa(n)
+	if n < 0 {
+		v = "max"
+	}
+	if err := os.WriteFile(filepath.Join(b.cfg.PidsParent, "pids.max"), []byte(v), 0); err != nil {
+		return 0, fmt.Errorf("process backend: bounding the Home's fibers to %s tasks (%s/pids.max): %w", v, b.cfg.PidsParent, err)
+	}
+	fmt.Fprintf(b.cfg.Log, "process backend: the fibers of this Home may hold %s tasks together (each at most %d)\n", v, b.cfg.PidsMax)
+	b.homePids = n
+	return max(n, 0), nil
 }
 
 // Name implements backend.Backend.

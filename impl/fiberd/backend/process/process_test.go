@@ -343,3 +343,50 @@ func TestNewRefusesWithoutPids(t *testing.T) {
 		t.Fatalf("no PidsParent: %v", err)
 	}
 }
+
+// The Home-wide task bound (pids.max above every fiber's pids cgroup) is
+// there from New on, sized from the grant's maxFibers × the per-fiber
+// bound and capped, or fixed, or off (issue 31).
+func TestHomeTaskBoundSizing(t *testing.T) {
+	if err := process.Supported(); err != nil {
+		t.Skip(err)
+	}
+	helperBin := fiberdtest.Build(t, fiberdtest.HelperPackage)
+	for _, tc := range []struct {
+		name      string
+		home      int
+		maxFibers int
+		atNew     string
+		want      string
+	}{
+		{"sized from the grant", 0, 3, "4096", "300"},
+		{"sized, capped", 0, 100, "4096", "4096"},
+		{"fixed", 500, 100, "500", "500"},
+		{"off", -1, 3, "max", "max"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			state, _ := os.MkdirTemp("/tmp", "pb")
+			t.Cleanup(func() { os.RemoveAll(state) })
+			cfg := fiberdtest.BackendConfig(t, helperBin, state)
+			cfg.PidsMax, cfg.HomePidsMax = 100, tc.home
+			be, err := process.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { be.Close() })
+			read := func() string {
+				b, _ := os.ReadFile(filepath.Join(cfg.PidsParent, "pids.max"))
+				return strings.TrimSpace(string(b))
+			}
+			if got := read(); got != tc.atNew {
+				t.Fatalf("pids.max before any grant: %s, want %s", got, tc.atNew)
+			}
+			if _, err := be.BoundHomeTasks(tc.maxFibers); err != nil {
+				t.Fatal(err)
+			}
+			if got := read(); got != tc.want {
+				t.Fatalf("pids.max for maxFibers %d: %s, want %s", tc.maxFibers, got, tc.want)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package resources
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -155,14 +156,15 @@ func TestMakeCapacityGrant(t *testing.T) {
 func ptr64Quantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
 
 func TestMakeRouterMetadataRoundTrips(t *testing.T) {
-	cm := MakeRouterMetadata(testRev(), testTemplate(routermeta.ProtocolH2C), "lampyr-system", "hello-00002-0123456789", "10.244.0.7:9090", true)
+	cm := MakeRouterMetadata(testRev(), testTemplate(routermeta.ProtocolH2C), "lampyr-system",
+		Home{Name: "hello-00002-0123456789", Endpoint: "10.244.0.7:9090", KeySHA256: strings.Repeat("ab", 32)}, true)
 	got, err := routermeta.FromConfigMap(cm)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := routermeta.Metadata{
 		Revision: "hello-00002", Namespace: "apps", Ready: true, HomeEndpoint: "10.244.0.7:9090", Home: "hello-00002-0123456789",
-		MaxFibers: 4, TimeoutSeconds: 60, Mode: "reuse", IdleTimeoutSeconds: 30, Protocol: "h2c", Generation: 3,
+		HomeKeySHA256: strings.Repeat("ab", 32), MaxFibers: 4, TimeoutSeconds: 60, Mode: "reuse", IdleTimeoutSeconds: 30, Protocol: "h2c", Generation: 3,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
@@ -189,7 +191,7 @@ func TestLabelsAreValid(t *testing.T) {
 		"grant":         MakeCapacityGrant(rev, tmpl, cfg).Labels,
 		"service":       MakeService(rev, tmpl, cfg).Labels,
 		"endpointslice": MakeEndpointSlice(rev, tmpl, nil).Labels,
-		"metadata":      MakeRouterMetadata(rev, tmpl, "lampyr-system", "", "", false).Labels,
+		"metadata":      MakeRouterMetadata(rev, tmpl, "lampyr-system", Home{}, false).Labels,
 	} {
 		for k, v := range l {
 			if errs := validation.IsQualifiedName(k); len(errs) > 0 {

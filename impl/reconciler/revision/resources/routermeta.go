@@ -15,13 +15,18 @@ import (
 // routes on it. No owner reference can reach across namespaces: the
 // Revision's finalizer deletes it, and a sweep removes any whose Revision is
 // gone.
-func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace, home, homeEndpoint string, ready bool) *corev1.ConfigMap {
+//
+// home names the Home to fiber-router; homeKeySHA256 is its TLS key's
+// fingerprint (the grant's status.homeKeySHA256), the only key fiber-router
+// accepts from whatever answers at homeEndpoint (docs/security.md §3).
+func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace string, home Home, ready bool) *corev1.ConfigMap {
 	cm := routermeta.MakeConfigMap(systemNamespace, routermeta.Metadata{
 		Revision:           rev.Name,
 		Namespace:          rev.Namespace,
 		Ready:              ready,
-		HomeEndpoint:       homeEndpoint,
-		Home:               home,
+		HomeEndpoint:       home.Endpoint,
+		Home:               home.Name,
+		HomeKeySHA256:      home.KeySHA256,
 		MaxFibers:          t.MaxFibers,
 		TimeoutSeconds:     t.TimeoutSeconds,
 		Mode:               string(t.Execution.Mode),
@@ -35,6 +40,14 @@ func MakeRouterMetadata(rev *v1.Revision, t *Template, systemNamespace, home, ho
 		}
 	}
 	return cm
+}
+
+// Home is what router metadata says of a Revision's Home: all from the
+// grant's status, and all empty until the grant is Ready.
+type Home struct {
+	// Name is status.home, Endpoint status.homeEndpoint, KeySHA256
+	// status.homeKeySHA256.
+	Name, Endpoint, KeySHA256 string
 }
 
 // IsRouterMetadataOf reports whether a router metadata ConfigMap (by its

@@ -5,7 +5,9 @@
 // answers that are hard to provoke (429, 503), and router overhead measured
 // without process-sandbox costs.
 //
-// Like the real fiberd it lets in only router credentials minted for its own
+// Like the real fiberd it serves TLS with a Home key (Start; StartPlain
+// serves in clear, as a Home of a version before Home keys) and lets in
+// only router credentials minted for its own
 // Home name with the router key it trusts (impl/fiberd/routercred), on API
 // calls, tunnels and proxied requests, and answers 401 otherwise; so every
 // router test that gets a fiber proves the router sent that Home's
@@ -14,6 +16,7 @@ package fakefiberd
 
 import (
 	"crypto/ed25519"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -28,6 +31,7 @@ import (
 
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/client"
+	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 )
 
@@ -47,6 +51,10 @@ type Server struct {
 	// Tunnels serves fiberd's tunnel call (off: answers 404 as a fiberd
 	// that predates it does).
 	Tunnels atomic.Bool
+	// Key is the Home key it serves TLS with (nil: StartPlain), KeySHA256
+	// its fingerprint, as router metadata names it.
+	Key       ed25519.PrivateKey
+	KeySHA256 string
 
 	mu     sync.Mutex
 	fibers map[string]*fiber
@@ -68,19 +76,70 @@ type fiber struct {
 }
 
 // Start serves a fake fiberd for the Home named home, trusting credentials
-// signed with routerKey's private half, on 127.0.0.1 with h2c enabled.
+// signed with routerKey's private half, on 127.0.0.1, over TLS with a new
+// Home key (HTTP/1.1 and h2 by ALPN), as fiberd serves in a Home.
 func Start(home string, routerKey ed25519.PublicKey, h http.Handler) *Server {
-	s := &Server{Home: home, RouterKey: routerKey, Handler: h, fibers: map[string]*fiber{}}
-	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
-	s.Server.Config.Protocols = new(http.Protocols)
-	s.Server.Config.Protocols.SetHTTP1(true)
+	key, err := homekey.Generate()
+	if err != nil {
+		panic(err)
+	}
+	return StartWithKey(home, routerKey, h, key)
+}
+
+// StartWithKey is Start with a given Home key (a Home whose address another
+// Home's key now answers at, say).
+func StartWithKey(home string, routerKey ed25519.PublicKey, h http.Handler, key ed25519.PrivateKey) *Server {
+	return StartAt("127.0.0.1:0", home, routerKey, h, key)
+}
+
+// StartAt is StartWithKey listening on addr: another server at an address
+// a Home had (a captured address).
+func StartAt(addr, home string, routerKey ed25519.PublicKey, h http.Handler, key ed25519.PrivateKey) *Server {
+	s := newServer(home, routerKey, h)
+	if addr != "127.0.0.1:0" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			panic(fmt.Sprintf("fakefiberd: listen %s: %v", addr, err))
+		}
+		s.Server.Listener.Close()
+		s.Server.Listener = ln
+	}
+	cert, err := homekey.Certificate(key, home)
+	if err != nil {
+		panic(err)
+	}
+	s.Key, s.KeySHA256 = key, homekey.Fingerprint(key.Public().(ed25519.PublicKey))
+	s.Server.Config.Protocols.SetHTTP2(true)
+	// fiberd's own TLS configuration (homekey.ServerConfig), with the
+	// certificate given directly: httptest would otherwise add its own,
+	// which a client that sends no SNI (an IP endpoint) is given first.
+	s.Server.TLS = homekey.ServerConfig(nil)
+	s.Server.TLS.GetCertificate = nil
+	s.Server.TLS.Certificates = []tls.Certificate{cert}
+	s.Server.TLS.NextProtos = []string{"h2", "http/1.1"}
+	s.Server.StartTLS()
+	return s
+}
+
+// StartPlain serves a fake fiberd in clear (HTTP/1.1 and h2c), as a Home of
+// a Lampyr version before Home keys does.
+func StartPlain(home string, routerKey ed25519.PublicKey, h http.Handler) *Server {
+	s := newServer(home, routerKey, h)
 	s.Server.Config.Protocols.SetUnencryptedHTTP2(true)
 	s.Server.Start()
 	return s
 }
 
+func newServer(home string, routerKey ed25519.PublicKey, h http.Handler) *Server {
+	s := &Server{Home: home, RouterKey: routerKey, Handler: h, fibers: map[string]*fiber{}}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.Server.Config.Protocols = new(http.Protocols)
+	s.Server.Config.Protocols.SetHTTP1(true)
+	return s
+}
+
 // Endpoint is host:port, as in router metadata.
-func (s *Server) Endpoint() string { return strings.TrimPrefix(s.URL, "http://") }
+func (s *Server) Endpoint() string { return s.Listener.Addr().String() }
 
 // authorized checks a "Bearer <credential>" header value as fiberd does, and
 // answers 401 itself when the credential is not for this Home.
