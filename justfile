@@ -29,6 +29,15 @@ tools:
 cluster-inputs: tools
     {{bin}}/lampyr-clusters inputs
 
+# Start building the cluster inputs in the background while the next recipe
+# compiles its test binary (lampyr-inputs links no Kubernetes or Knative, so
+# it starts in seconds); the suite's harness waits for it (a lock on the
+# cache) and finds them built. Seconds when the cache is warm.
+_inputs-background:
+    @mkdir -p {{artifacts}}
+    @nohup go run ./clusters/cmd/lampyr-inputs > {{artifacts}}/inputs-background.log 2>&1 &
+    @echo "cluster inputs: building in the background while the suite compiles (log: {{artifacts}}/inputs-background.log)"
+
 # Create (or reuse) Kind clusters, in parallel; default: the stock/lampyr pair.
 # LAMPYR_EVENTING=1 adds Knative Eventing to each (off by default).
 cluster-up *NAMES="stock lampyr": tools
@@ -55,24 +64,24 @@ test-unit:
     go test -run '^$' -fuzz '^FuzzValidate$' -fuzztime 20000x -fuzzminimizetime 200x ./impl/reconciler/revision/
 
 # Cluster suites on real Kind clusters.
-test-clusters *GINKGO_ARGS: tools
+test-clusters *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json {{GINKGO_ARGS}}
 
 # Stock Knative Serving on the offline "stock" cluster: helloworld, scale to zero, split, tags.
-test-stock *GINKGO_ARGS: tools
+test-stock *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json {{GINKGO_ARGS}}
 
 # The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster
 # (each provider that runs here installed in turn; the default one last, so the cluster is left on it).
-test-feasibility *GINKGO_ARGS: tools
+test-feasibility *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json {{GINKGO_ARGS}}
 
 # Side-by-side performance of stock Knative and Lampyr on the paired clusters
 # (report in _artifacts/bench/report.{json,md,html}). Knobs: LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES.
-bench-portability *GINKGO_ARGS: tools
+bench-portability *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
 
@@ -117,25 +126,25 @@ test-conformance: tools
 #   just test-lampyr-conformance -lampyr.declarations=their.yaml
 # Labels: install routing template refusal scaling readiness capacity
 # execution restart keys tenancy finalization.
-test-lampyr-conformance *ARGS: tools
+test-lampyr-conformance *ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json {{ARGS}}
 
 # Two tenants holding only namespace `edit`, under Pod Security restricted, try
 # every attack of docs/security.md against Lampyr, stock Knative as a reference.
 # The hostile-tenant suite on the paired clusters (table: _artifacts/tenancy/report.md).
-test-tenancy *GINKGO_ARGS: tools
+test-tenancy *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 100m ./conformance/tenancy/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json {{GINKGO_ARGS}}
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
+test: _inputs-background test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.
 # Extra arguments go to Ginkgo, e.g. `just test-knative-portability -ginkgo.label-filter=bindings`.
-test-knative-portability *GINKGO_ARGS:
+test-knative-portability *GINKGO_ARGS: _inputs-background
     @mkdir -p {{artifacts}}/portability
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}
 
@@ -146,6 +155,6 @@ test-knative-portability *GINKGO_ARGS:
 # compares what each received: filtered delivery, retries and backoff,
 # dead letters, status and addresses, and Lampyr's wake, max-scale burst and
 # crash cases (report: _artifacts/eventing/report.md).
-test-eventing-portability *GINKGO_ARGS: tools
+test-eventing-portability *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}/eventing
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/eventing/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/eventing-junit.xml -ginkgo.json-report={{artifacts}}/eventing.json {{GINKGO_ARGS}}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"lampyr.dev/serving/clusters"
+	"lampyr.dev/serving/clusters/environ/inputsenv"
 	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/install"
 )
@@ -28,13 +29,13 @@ const (
 	// Artifacts is the folder reports and failure dumps go to.
 	Artifacts = "LAMPYR_ARTIFACTS"
 	// CacheDir holds everything built from pinned versions.
-	CacheDir = "LAMPYR_CACHE_DIR"
+	CacheDir = inputsenv.CacheDir
 	// StateDir holds the clusters' kubeconfigs and records.
 	StateDir = "LAMPYR_STATE_DIR"
 	// EtcdOnDisk=1 keeps a test cluster's etcd on disk instead of tmpfs.
 	EtcdOnDisk = "LAMPYR_ETCD_ON_DISK"
 	// DebianMirror is where the node image's packages come from.
-	DebianMirror = "LAMPYR_DEBIAN_MIRROR"
+	DebianMirror = inputsenv.DebianMirror
 	// Networking names the networking provider installs use.
 	Networking = "LAMPYR_NETWORKING"
 	// Eventing=1 adds Knative Eventing to what `lampyr-clusters up` installs.
@@ -64,7 +65,7 @@ func Set(k string) bool { return os.Getenv(k) == "1" }
 // mirror, LAMPYR_ONLINE and where the lampyr profile's components come
 // from.
 func Clusters() clusters.Settings {
-	cache := cacheDir()
+	cache := inputsenv.Cache()
 	state := os.Getenv(StateDir)
 	if state == "" {
 		state = filepath.Join(cache, "clusters")
@@ -73,7 +74,7 @@ func Clusters() clusters.Settings {
 		Cache:        cache,
 		StateDir:     state,
 		EtcdOnDisk:   Set(EtcdOnDisk),
-		DebianMirror: os.Getenv(DebianMirror),
+		DebianMirror: inputsenv.Mirror(),
 		Online:       Set(Online),
 		LampyrSources: install.LampyrSources{
 			InputsDir:          os.Getenv(ClusterInputs),
@@ -82,20 +83,6 @@ func Clusters() clusters.Settings {
 			HelperImage:        os.Getenv(HelperImage),
 		},
 	}
-}
-
-func cacheDir() string {
-	if d := os.Getenv(CacheDir); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "lampyr")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "lampyr-cache")
-	}
-	return filepath.Join(home, ".cache", "lampyr")
 }
 
 // Provider is the networking provider to install (LAMPYR_NETWORKING; unset,

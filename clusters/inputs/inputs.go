@@ -13,6 +13,7 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
+	"lampyr.dev/serving/clusters/build/filelock"
 	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/build/image"
 	"lampyr.dev/serving/clusters/build/nodeimage"
@@ -67,12 +68,22 @@ func (b *Builder) GoBuild(ctx context.Context, spec gobuild.Spec) ([]gobuild.Bin
 
 // Build makes (or finds in the cache) the node image and the registry image,
 // and loads both into Docker, as a list of actions (buildActions): the
-// rootfs (network-bound) runs beside the Go builds (CPU-bound); the Go
-// builds run one at a time since two cores are easily saturated.
+// rootfs (network-bound) runs beside the Go builds (CPU-bound), which run
+// gobuild.Jobs() at a time.
 func (b *Builder) Build(ctx context.Context) (*Result, error) {
 	if err := os.MkdirAll(b.Cache, 0o755); err != nil {
 		return nil, err
 	}
+	// One process at a time builds the inputs into a cache: the justfile
+	// starts a build in the background while a suite compiles, and the
+	// suite's harness then waits for it here and finds everything built.
+	lock, err := filelock.Acquire(ctx, filepath.Join(b.Cache, "inputs.lock"), func(holder string) {
+		b.Log.Printf("   waiting for process %s, which is building the cluster inputs into %s", holder, b.Cache)
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Unlock()
 	s := &buildState{b: b, res: &Result{ControlPlaneImages: map[string]string{}}}
 	if err := runActions(ctx, b.Log, s, buildActions()); err != nil {
 		return nil, err

@@ -29,6 +29,8 @@ import (
 	"time"
 
 	"golang.org/x/mod/modfile"
+
+	"lampyr.dev/serving/clusters/build/filelock"
 )
 
 // Spec says what to build.
@@ -376,6 +378,27 @@ func (b *Builder) Build(ctx context.Context, s Spec, extraKey string) ([]Binary,
 		inflight.Unlock()
 		close(c.done)
 	}()
+	// Another process (a background build of the inputs, another
+	// terminal) may be building the same thing: wait for it, then use
+	// what it made.
+	if err := os.MkdirAll(b.WorkDir, 0o755); err != nil {
+		c.err = err
+		return nil, err
+	}
+	lock, err := filelock.Acquire(ctx, dir+".lock", func(holder string) {
+		if b.Log != nil {
+			fmt.Fprintf(b.Log, "   %s: waiting for process %s, which is building it\n", s.Name, holder)
+		}
+	})
+	if err != nil {
+		c.err = err
+		return nil, err
+	}
+	defer lock.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil && s.Module != "" {
+		c.bins = bins
+		return bins, nil
+	}
 	t0 := time.Now()
 	release, err := acquire(ctx)
 	if err != nil {
