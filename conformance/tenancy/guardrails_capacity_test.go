@@ -338,7 +338,7 @@ func registryTarpit(ctx context.Context, s *side) (string, bool) {
 	moves := len(expiries) - 1
 	wantMoves := max(int(d/(cfg.GrantTTL/2))-1, 0)
 	table := tarpitTable(minutes)
-	writeTarpitRecord(s, d, table)
+	writeTarpitRecord(s, d, minutes)
 	grantText := fmt.Sprintf("A's grant expiresAt moved %d times (want >= %d at TTL %s): %s; seen in the past %d times", moves, wantMoves, cfg.GrantTTL, strings.Join(expiries, " → "), past)
 	if lastGrantErr != nil && len(expiries) == 0 {
 		grantText = "A's grant never read: " + lastGrantErr.Error()
@@ -366,14 +366,24 @@ func tarpitTable(minutes []*tarpitMinute) string {
 	return strings.Join(parts, " ")
 }
 
-// writeTarpitRecord keeps the row's record beside the report.
-func writeTarpitRecord(s *side, d time.Duration, table string) {
+// writeTarpitRecord keeps the row's minute-by-minute record beside the
+// report (_artifacts/tenancy/tarpit-<cluster>.md).
+func writeTarpitRecord(s *side, d time.Duration, minutes []*tarpitMinute) {
 	dir := suite.Artifacts()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return
 	}
-	text := fmt.Sprintf("# Registry tarpit (%s, %s)\n\nA's requests per minute, answered/failed: %s\n", s.name, d, table)
-	_ = os.WriteFile(filepath.Join(dir, "tarpit-"+s.name+".md"), []byte(text), 0o644)
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Registry tarpit on %s, %s\n\nTenant B's %d Revisions name a registry that never answers; tenant A's Service meanwhile.\n\n", s.name, d, tarpitRevisions)
+	b.WriteString("| minute | A answered | A failed | failures | A's grant expiresAt (last read) | tarpit connections accepted (so far) |\n|---|---|---|---|---|---|\n")
+	for i, m := range minutes {
+		acc := "-"
+		if m.accepted > 0 {
+			acc = fmt.Sprint(m.accepted)
+		}
+		fmt.Fprintf(&b, "| %d | %d | %d | %s | %s | %s |\n", i+1, m.ok, m.failed, cell(tallyText(m.errs)), m.expiresAt, acc)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "tarpit-"+s.name+".md"), []byte(b.String()), 0o644)
 }
 
 // ---- G5 router table ----
@@ -427,20 +437,19 @@ func setRouterArgs(ctx context.Context, s *side, args []string) error {
 	if err != nil {
 		return fmt.Errorf("updating Deployment %s/fiber-router: %w", contract.SystemNamespace, err)
 	}
+	// A Pod of the new template whose router exited or restarted.
 	crashed := func(ctx context.Context) bool {
 		pods, err := s.admin.Kube.CoreV1().Pods(contract.SystemNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=fiber-router"})
 		if err != nil {
 			return false
 		}
 		for _, p := range pods.Items {
-			for i, c := range p.Spec.Containers {
-				if c.Name != "fiber-router" || !slices.Equal(c.Args, args) || i >= len(p.Status.ContainerStatuses) {
-					continue
-				}
-				for _, cs := range p.Status.ContainerStatuses {
-					if cs.Name == c.Name && (cs.RestartCount > 0 || cs.State.Terminated != nil) {
-						return true
-					}
+			if !slices.ContainsFunc(p.Spec.Containers, func(c corev1.Container) bool { return c.Name == "fiber-router" && slices.Equal(c.Args, args) }) {
+				continue
+			}
+			for _, cs := range p.Status.ContainerStatuses {
+				if cs.Name == "fiber-router" && (cs.RestartCount > 0 || cs.State.Terminated != nil) {
+					return true
 				}
 			}
 		}
@@ -505,7 +514,9 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 		must(err, "rolling fiber-router out with small table bounds")
 	}
 
-	nB := routerNSBound + 2 + routerSlack
+	// More than the room left without a per-namespace bound, with a margin
+	// for metadata the table holds fewer of than there are ConfigMaps.
+	nB := routerNSBound + 2 + 2*routerSlack
 	for i := range nB {
 		applyAs(ctx, b, handlerService(s, nsRTB, fmt.Sprintf("fill-%d", i+1), "64Mi", 1))
 	}

@@ -79,7 +79,11 @@ func quotaSix(ctx context.Context, s *side) (string, string, bool) {
 		l, err := s.admin.Kube.CoreV1().Pods(nsQuota).List(ctx, metav1.ListOptions{LabelSelector: quotaComponentLabel})
 		must(err, "listing the quota Pods")
 		quotaPods = len(l.Items)
-		counted = fmt.Sprintf("%d Lampyr quota Pods", quotaPods)
+		var pods []string
+		for _, p := range l.Items {
+			pods = append(pods, p.Name)
+		}
+		counted = fmt.Sprintf("%d Lampyr quota Pods %v", quotaPods, pods)
 	}
 	answered := 0
 	for _, n := range ready {
