@@ -4,14 +4,21 @@ package tenancy
 // not LAMPYR_E2E is set, so a broken verdict is caught without a cluster.
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/impl/contract"
 )
 
 func TestClassify(t *testing.T) {
@@ -352,5 +359,39 @@ func TestTarpitTable(t *testing.T) {
 	got := tarpitTable([]*tarpitMinute{{ok: 30, errs: map[string]int{}}, {ok: 12, failed: 18, errs: map[string]int{`503 "no valid grant"`: 18}}})
 	if got != `30/0 12/18 [503 "no valid grant" ×18]` {
 		t.Errorf("tarpitTable = %q", got)
+	}
+}
+
+// Attack 11 puts back only its own mapping: the guard-rail rows' mapping,
+// made by the setup, stays until the finish step puts everything back.
+func TestRestoreImageSnapshotsByImage(t *testing.T) {
+	ctx := context.Background()
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: contract.ConfigMapName, Namespace: contract.SystemNamespace},
+		Data: map[string]string{imageSnapshotsKey: "reg/admin@sha256:1: reg/snap@sha256:9\n"}}
+	c := &e2eutil.Clients{Kube: fake.NewSimpleClientset(cm)}
+	read := func() string {
+		got, err := c.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Get(ctx, contract.ConfigMapName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Data[imageSnapshotsKey]
+	}
+	rows, attack11 := "reg/"+rowRepo+"/handler@sha256:2", "reg/tenancy-b/handler@sha256:2"
+	for _, img := range []string{rows, attack11} {
+		if err := mapImageSnapshot(ctx, c, img, "reg/snap@sha256:3"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := restoreImageSnapshots(ctx, c, attack11); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); strings.Contains(got, attack11) || !strings.Contains(got, rows) || !strings.Contains(got, "reg/admin@sha256:1") {
+		t.Errorf("after attack 11's restore: %q; want the rows' and the administrator's entries, not attack 11's", got)
+	}
+	if err := restoreImageSnapshots(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got != "reg/admin@sha256:1: reg/snap@sha256:9\n" {
+		t.Errorf("after the finish step's restore: %q; want only the administrator's entry", got)
 	}
 }
