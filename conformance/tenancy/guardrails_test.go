@@ -161,7 +161,7 @@ var guardRails = []attack{
 	},
 	{
 		name:      "G5 router table: B creates Revisions past its per-namespace bound; A's new Revision",
-		appliesTo: onLampyr, tags: []string{"guardrails", "router-table"}, timeout: 25 * time.Minute,
+		appliesTo: onLampyr, tags: []string{"guardrails", "router-table"}, timeout: 35 * time.Minute,
 		expected:       "A's new Revision answers (no 404); B's beyond its bound 404",
 		withoutDefence: "a global table only (no --max-revisions-per-namespace, detected by fiber-router refusing the flag): B's Revisions fill --max-revisions and A's new Revision is Ready but answers 404, failing the row.",
 		run:            routerTable,
