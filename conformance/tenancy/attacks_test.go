@@ -54,6 +54,19 @@ type attack struct {
 	// timeout bounds the It (default 8 minutes).
 	timeout time.Duration
 	run     func(ctx context.Context, s *side) (observed string, refused bool)
+
+	// Guard-rail rows (guardrails_test.go) also say:
+	// parity: stock must come to the same verdict as Lampyr; a difference
+	// fails the row instead of being reported. runParity replaces run
+	// where the verdict is more than refused or not (which Services were
+	// Ready).
+	parity    bool
+	runParity func(ctx context.Context, s *side) (observed, verdict string, refused bool)
+	// tags are extra Ginkgo labels (guardrails, tarpit, quota ...).
+	tags []string
+	// withoutDefence says how the row fails when its defence is removed
+	// (printed with the row and under the report's table).
+	withoutDefence string
 }
 
 // labels select an attack by its row (attack-7c), by what it tries (a
@@ -70,7 +83,10 @@ func (a attack) labels(fiber bool) Labels {
 	if a.appliesTo&onStock != 0 {
 		ls = append(ls, "stock-reference")
 	}
-	return ls
+	if a.parity {
+		ls = append(ls, "parity")
+	}
+	return append(ls, a.tags...)
 }
 
 // B's selection headers: how fiber-router and Knative's activator pick a
@@ -233,46 +249,60 @@ var attacks = []attack{
 
 var _ = Describe("hostile tenant", Label("cluster", "tenancy"), Ordered, ContinueOnFailure, func() {
 	for i, a := range append(append([]attack{}, attacks...), fiberAttacks...) {
-		timeout := a.timeout
-		if timeout == 0 {
-			timeout = 8 * time.Minute
-		}
-		It(a.name, a.labels(i >= len(attacks)), func(ctx SpecContext) {
-			r := &result{attack: a}
-			addResult(r)
-			var wg sync.WaitGroup
-			lampyr, stock := the().lampyr, the().stock
-			if a.appliesTo&onLampyr != 0 {
-				wg.Go(func() { r.lampyr = attempt(ctx, a, lampyr) })
-			}
-			if a.appliesTo&onStock != 0 {
-				if stock.err != nil {
-					r.stock = outcome{ran: true, err: "stock not set up: " + stock.err.Error()}
-				} else {
-					wg.Go(func() { r.stock = attempt(ctx, a, stock) })
-				}
-			}
-			wg.Wait()
-			fmt.Fprintf(GinkgoWriter, "%s\n  expected: %s\n  lampyr:   %s\n  stock:    %s\n", a.name, a.expected, r.lampyrCell(), r.stockCell())
-			if err := writeReport(); err != nil {
-				fmt.Fprintf(GinkgoWriter, "writing the report: %v\n", err)
-			}
-			if a.appliesTo&onLampyr == 0 {
-				return
-			}
-			Expect(r.lampyr.err).To(BeEmpty(), "%s: could not be carried out on Lampyr, so it proves nothing", a.name)
-			if a.control {
-				Expect(r.lampyr.refused).To(BeFalse(), "control %q failed on Lampyr (%s): the refusals it backs prove nothing", a.name, r.lampyr.observed)
-			} else {
-				Expect(r.lampyr.refused).To(BeTrue(), "attack %q succeeded on Lampyr: %s (expected %s)", a.name, r.lampyr.observed, a.expected)
-			}
-		}, NodeTimeout(timeout))
+		It(a.name, a.labels(i >= len(attacks)), func(ctx SpecContext) { runRow(ctx, a) }, NodeTimeout(a.nodeTimeout()))
 	}
 
 	AfterAll(func() {
 		fmt.Fprint(GinkgoWriter, "\n"+renderReport(reportHeader(), snapshotResults()))
 	})
 })
+
+func (a attack) nodeTimeout() time.Duration {
+	if a.timeout == 0 {
+		return 8 * time.Minute
+	}
+	return a.timeout
+}
+
+// runRow tries a on each side it applies to, adds it to the report, and
+// judges Lampyr: refused (a control: not refused), and for a parity row
+// the same verdict as stock.
+func runRow(ctx SpecContext, a attack) {
+	r := &result{attack: a}
+	addResult(r)
+	var wg sync.WaitGroup
+	lampyr, stock := the().lampyr, the().stock
+	if a.appliesTo&onLampyr != 0 {
+		wg.Go(func() { r.lampyr = attempt(ctx, a, lampyr) })
+	}
+	if a.appliesTo&onStock != 0 {
+		if stock.err != nil {
+			r.stock = outcome{ran: true, err: "stock not set up: " + stock.err.Error()}
+		} else {
+			wg.Go(func() { r.stock = attempt(ctx, a, stock) })
+		}
+	}
+	wg.Wait()
+	fmt.Fprintf(GinkgoWriter, "%s\n  expected: %s\n  lampyr:   %s\n  stock:    %s\n", a.name, a.expected, r.lampyrCell(), r.stockCell())
+	if a.withoutDefence != "" {
+		fmt.Fprintf(GinkgoWriter, "  without its defence: %s\n", a.withoutDefence)
+	}
+	if err := writeReport(); err != nil {
+		fmt.Fprintf(GinkgoWriter, "writing the report: %v\n", err)
+	}
+	if a.appliesTo&onLampyr == 0 {
+		return
+	}
+	Expect(r.lampyr.err).To(BeEmpty(), "%s: could not be carried out on Lampyr, so it proves nothing", a.name)
+	if a.control {
+		Expect(r.lampyr.refused).To(BeFalse(), "control %q failed on Lampyr (%s): the refusals it backs prove nothing", a.name, r.lampyr.observed)
+	} else {
+		Expect(r.lampyr.refused).To(BeTrue(), "attack %q succeeded on Lampyr: %s (expected %s)", a.name, r.lampyr.observed, a.expected)
+	}
+	if differs, why := r.parityDiffers(); differs {
+		Fail(fmt.Sprintf("parity row %q: %s", a.name, why))
+	}
+}
 
 // attempt runs a on s, turning an abortf (or any panic: this runs on its
 // own goroutine) into a "not run" outcome.
@@ -288,6 +318,10 @@ func attempt(ctx context.Context, a attack, s *side) (o outcome) {
 			fmt.Fprintf(GinkgoWriter, "%s on %s panicked: %v\n%s", a.name, s.name, p, debug.Stack())
 		}
 	}()
+	if a.runParity != nil {
+		o.observed, o.verdict, o.refused = a.runParity(ctx, s)
+		return o
+	}
 	o.observed, o.refused = a.run(ctx, s)
 	return o
 }
@@ -783,14 +817,14 @@ func sealForB(ctx context.Context, s *side) (string, bool) {
 // ---- 11 ----
 
 func copyMappedImage(ctx context.Context, s *side) (string, bool) {
+	imageB := s.b.runnable // <registry>/tenancy-b/handler@sha256:D
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if err := restoreImageSnapshots(rctx, s.admin); err != nil {
+		if err := restoreImageSnapshots(rctx, s.admin, imageB); err != nil {
 			fmt.Fprintf(GinkgoWriter, "restoring config-lampyr image-snapshots: %v\n", err)
 		}
 	}()
-	imageB := s.b.runnable // <registry>/tenancy-b/handler@sha256:D
 	must(mapImageSnapshot(ctx, s.admin, imageB, s.b.snapshot.String()), "administrator mapping B's image in config-lampyr")
 
 	// Control first: B's own image, mapped, runs. It also proves the

@@ -16,6 +16,20 @@ type outcome struct {
 	refused  bool
 	// err: the attack could not be carried out (or its control failed).
 	err string
+	// verdict is what a parity row compares between the sides (which
+	// Services were Ready, whether the call answered): empty, refused.
+	verdict string
+}
+
+// verdictOf is o's verdict for a parity comparison.
+func (o outcome) verdictOf() string {
+	if o.verdict != "" {
+		return o.verdict
+	}
+	if o.refused {
+		return "refused"
+	}
+	return "not refused"
 }
 
 // result is one row of the report.
@@ -46,9 +60,24 @@ func snapshotResults() []result {
 	return out
 }
 
-// lampyrCell: Lampyr must refuse every attack and pass every control.
+// parityDiffers: a parity row whose stock side ran came to another verdict
+// than Lampyr (a stock side that did not run compares nothing).
+func (r result) parityDiffers() (bool, string) {
+	if !r.parity || r.appliesTo&onStock == 0 || !r.stock.ran || r.stock.err != "" || !r.lampyr.ran || r.lampyr.err != "" {
+		return false, ""
+	}
+	l, s := r.lampyr.verdictOf(), r.stock.verdictOf()
+	if l == s {
+		return false, ""
+	}
+	return true, fmt.Sprintf("Lampyr %s, stock %s", l, s)
+}
+
+// lampyrCell: Lampyr must refuse every attack and pass every control, and
+// agree with stock on a parity row.
 func (r result) lampyrCell() string {
 	o := r.lampyr
+	differs, why := r.parityDiffers()
 	switch {
 	case r.appliesTo&onLampyr == 0:
 		return "n/a"
@@ -56,6 +85,8 @@ func (r result) lampyrCell() string {
 		return "not run"
 	case o.err != "":
 		return "NOT RUN: " + o.err
+	case differs:
+		return "PARITY FAILED (" + why + "): " + o.observed
 	case r.control && o.refused:
 		return "CONTROL FAILED: " + o.observed
 	case r.control:
@@ -103,17 +134,25 @@ func renderReport(header []string, rows []result) string {
 		if r.appliesTo&onLampyr == 0 {
 			continue
 		}
+		differs, _ := r.parityDiffers()
 		switch {
 		case r.lampyr.err != "":
 			notRun++
-		case r.control == r.lampyr.refused:
+		case r.control == r.lampyr.refused || differs:
 			escaped++
 		}
 	}
-	fmt.Fprintf(&b, "\n%d rows; on Lampyr %d not refused (or control failed), %d not run.\n\n", len(rows), escaped, notRun)
+	fmt.Fprintf(&b, "\n%d rows; on Lampyr %d not refused (or control failed, or parity failed), %d not run.\n\n", len(rows), escaped, notRun)
 	b.WriteString("| attack | expected | Lampyr observed | stock observed |\n|---|---|---|---|\n")
+	var without []string
 	for _, r := range rows {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", cell(r.name), cell(r.expected), cell(r.lampyrCell()), cell(r.stockCell()))
+		if r.withoutDefence != "" {
+			without = append(without, fmt.Sprintf("- **%s**: %s", strings.Fields(r.name)[0], strings.Join(strings.Fields(r.withoutDefence), " ")))
+		}
+	}
+	if len(without) > 0 {
+		b.WriteString("\nHow each guard-rail row fails when its defence is removed:\n\n" + strings.Join(without, "\n") + "\n")
 	}
 	return b.String()
 }
@@ -136,7 +175,7 @@ func reportHeader() []string {
 		}
 		h = append(h, line)
 	}
-	h = append(h, "", "Lampyr must refuse every attack (a control row must pass); the stock column is a reference and never fails the suite.")
+	h = append(h, "", "Lampyr must refuse every attack (a control row must pass); the stock column is a reference and never fails the suite, except on a parity row, where Lampyr must come to stock's verdict.")
 	return h
 }
 

@@ -57,7 +57,7 @@ var suite = harness.New(harness.Config{
 	Name:     "tenancy",
 	Recipe:   "just test-tenancy",
 	Clusters: harness.Paired(),
-	Knobs:    []string{clustersVar},
+	Knobs:    []string{clustersVar, tarpitVar},
 	Choose: func(o harness.Options) ([]harness.Cluster, error) {
 		return chooseClusters(o.Knobs[clustersVar])
 	},
@@ -104,6 +104,9 @@ type tenancyRun struct {
 	// The fixture handler as a Lampyr project and its snapshot build.
 	project *ly.Project
 	built   *ly.Built
+	// rowSealer is authorized for the guard-rail rows that deploy a sealed
+	// project (G6).
+	rowSealer *seal.SealerKey
 }
 
 // the is the suite's state.
@@ -137,6 +140,13 @@ type side struct {
 	homeB     corev1.Pod
 	// Stock only: a Pod of B's victim (min-scale 1 keeps one).
 	victimPodB corev1.Pod
+
+	// The guard-rail rows' handler image (guardrails_test.go, rowRepo),
+	// or why it is missing (stock only: Lampyr fails the setup), and on
+	// Lampyr its snapshot, mapped in config-lampyr.
+	rowImage    string
+	rowImageErr error
+	rowSnapshot name.Digest
 }
 
 // tenant is one hostile (or victim) user of one side.
@@ -299,6 +309,9 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 		}
 	})).To(Succeed())
 
+	By("guard-rail rows: the handler image under " + rowRepo + " on each cluster, mapped to its snapshot in config-lampyr; their sealer authorized")
+	Expect(setupGuardRails(ctx, r)).To(Succeed())
+
 	By(fmt.Sprintf("setting the suite's CPU operating point in config-lampyr (home-cpu-limit %s, fiber-cpu-limit %s; put back after)", suiteHomeCPULimit, suiteFiberCPULimit))
 	Expect(setSuiteCPULimits(ctx, lampyr.admin)).To(Succeed())
 
@@ -391,6 +404,7 @@ func finishTenancy(ctx context.Context, _ *envconf.Config) (context.Context, err
 		return ctx, nil
 	}
 	lampyr := r.lampyr
+	finishGuardRails(ctx, r)
 	if len(snapshotResults()) > 0 {
 		if err := writeReport(); err != nil {
 			fmt.Fprintf(GinkgoWriter, "writing the report: %v\n", err)
