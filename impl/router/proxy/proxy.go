@@ -139,6 +139,10 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// Like queue-proxy's probe handler: the hash is routing state, not the
 	// handler's business.
 	req.Header.Del(header.HashKey)
+	// Like queue-proxy (pkg/queue/handler.go): a gateway that rewrote the
+	// host (a DomainMapping's KIngress, RewriteHost) sent the client's in
+	// K-Original-Host; the handler sees the host the client used.
+	header.RewriteHostOut(req)
 
 	k, rt, status, msg := r.resolve(nsVals, revVals)
 	if rt == nil || rt.pool == nil {

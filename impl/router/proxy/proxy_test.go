@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"crypto/ed25519"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -400,5 +401,23 @@ func TestFiberdAnswersBecomeRouterErrors(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestOriginalHostRestored: behind a DomainMapping the gateway rewrites the
+// host to the Route's and sends the client's in K-Original-Host; the handler
+// sees the client's host and not the header, as behind queue-proxy
+// (knative.dev/networking header.RewriteHostOut).
+func TestOriginalHostRestored(t *testing.T) {
+	f := newFixture(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s|%s", r.Host, r.Header.Get(header.OriginalHostKey))
+	}), nil)
+	_, body := f.get(t, "/", map[string]string{header.OriginalHostKey: "app.example.org"})
+	if body != "app.example.org|" {
+		t.Errorf("handler saw %q, want host app.example.org and no %s", body, header.OriginalHostKey)
+	}
+	_, body = f.get(t, "/", nil)
+	if strings.HasSuffix(body, "|") && strings.HasPrefix(body, "app.example.org") {
+		t.Errorf("without %s the host changed: %q", header.OriginalHostKey, body)
 	}
 }
