@@ -7,11 +7,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	"knative.dev/pkg/logging"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/trust/seal"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -119,4 +123,60 @@ func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant
 		h.Protocol = g.Spec.Protocol
 	}
 	return h, nil
+}
+
+// reconcileTemplate opens and checks g's sealed template. A template that
+// cannot be trusted stops the Home (a revoked sealer, a replayed
+// template); one the registry cannot give right now keeps a running Home on
+// the facts of the grant it already holds for that template, and is asked
+// for again shortly.
+//
+// run says whether the Home may run; when it may not, again says when to
+// look again (0: when something changes).
+func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (helper signedgrant.Helper, run bool, again time.Duration, err error) {
+	fleetSecret, err := r.fleetSecret()
+	if err != nil {
+		return helper, false, 0, fmt.Errorf("reading the fleet key Secret %s/%s: %w", r.systemNamespace, contract.FleetKeyName, err)
+	}
+	fleet, err := r.fleet.keysOf(fleetSecret)
+	if err != nil {
+		return helper, false, 0, err
+	}
+	mirrors, err := artifact.ParseMirrors(cfg.HomeRegistryMirrors)
+	if err != nil {
+		return helper, false, 0, err
+	}
+	opts := append([]remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}, mirrors.RemoteOptions()...)
+	helper, refusal := r.openTemplate(ctx, g, fleet, r.trust(ctx), opts)
+	if refusal == nil {
+		return helper, true, 0, nil
+	}
+	if refusal.retry {
+		if cur := r.currentGrantOf(g); cur != nil && cur.Template == g.Spec.Template {
+			logging.FromContext(ctx).Warnw("Keeping the running Home on its current grant", "grant", g.Namespace+"/"+g.Name, "cause", refusal.message)
+			return cur.Helper, true, 0, nil
+		}
+		g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
+		return helper, false, templateRetry, nil
+	}
+	g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
+	return helper, false, 0, r.deleteHome(ctx, g.Namespace, g.Name, "")
+}
+
+// trust is who may seal templates: the controller (every namespace) and the
+// identities in lampyr-template-sealers. An entry that does not parse is
+// left out and logged; the others still count.
+func (r *Reconciler) trust(ctx context.Context) *seal.Trust {
+	var sealers []seal.TrustedSealer
+	if cm, err := r.sealersConfig(); err == nil && cm != nil {
+		var perr error
+		sealers, perr = seal.ParseSealers(cm.Data)
+		if perr != nil {
+			logging.FromContext(ctx).Errorw("Ignoring unusable entries of ConfigMap "+contract.SealersConfigMap, "error", perr)
+		}
+	} else if err != nil && !apierrs.IsNotFound(err) {
+		logging.FromContext(ctx).Errorw("Reading ConfigMap "+contract.SealersConfigMap, "error", err)
+	}
+	sealers = append(sealers, seal.TrustedSealer{Name: contract.ControllerName, Key: r.keys.ControllerSealer, Namespaces: []string{seal.AllNamespaces}})
+	return seal.NewTrust(sealers...)
 }

@@ -1,0 +1,212 @@
+// The Home: its images, Service and Pod, and what the Pod says.
+
+package grant
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
+	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/grant/resources"
+)
+
+// reconcileImages marks the Home failed when its images cannot be used;
+// false: they cannot.
+func reconcileImages(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) bool {
+	if reason, msg := checkImages(cfg); reason != "" {
+		g.Status.MarkHomeFailed(reason, "%s", msg)
+		return false
+	}
+	return true
+}
+
+// checkImages refuses Home images that are not pinned by digest: whoever
+// can move a tag would otherwise choose what runs privileged in every Home.
+func checkImages(cfg *lampyrconfig.Config) (reason contract.Reason, message string) {
+	if cfg.HomeImage == "" {
+		return contract.ReasonHomeImageMissing, fmt.Sprintf("no Home image configured: set %s in ConfigMap %s or %s on the grant controller", lampyrconfig.KeyHomeImage, contract.ConfigMapName, config.EnvGrantImage)
+	}
+	for key, img := range map[string]string{lampyrconfig.KeyHomeImage: cfg.HomeImage, lampyrconfig.KeyHelperImage: cfg.HelperImage} {
+		if img == "" {
+			continue
+		}
+		if _, err := artifact.ParseDigestRef(img); err != nil {
+			return contract.ReasonHomeImageNotPinned, fmt.Sprintf("%s %q in ConfigMap %s is not pinned by digest (%v); use repository@sha256:<digest>", key, img, contract.ConfigMapName, err)
+		}
+	}
+	return "", ""
+}
+
+// deleteHome deletes the Home objects of grant namespace/name (keep: a UID
+// whose objects stay, "" for none). Only objects labelled as that grant's
+// Home are touched.
+func (r *Reconciler) deleteHome(ctx context.Context, namespace, name string, keepUID string) error {
+	homeName := resources.HomeNameFor(namespace, name)
+	mine := func(o metav1.Object) bool {
+		ns, n, ok := resources.GrantKeyOf(o)
+		return ok && ns == namespace && n == name && (keepUID == "" || o.GetLabels()[contract.GrantUIDLabel] != keepUID)
+	}
+	var errs []error
+	if p, err := r.pods.Pods(r.homesNamespace).Get(homeName); err == nil && mine(p) && p.DeletionTimestamp == nil {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if s, err := r.services.Services(r.homesNamespace).Get(homeName); err == nil && mine(s) {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Services(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if s, err := r.secrets.Secrets(r.homesNamespace).Get(homeName); err == nil && mine(s) {
+		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Secrets(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("deleting the Home of CapacityGrant %s/%s: %w", namespace, name, err)
+	}
+	return nil
+}
+
+func ignoreNotFound(err error) error {
+	if apierrs.IsNotFound(err) {
+		return nil
+	}
+	return err
+}
+
+// ownership of an existing Home object for g: ours, a leftover of an
+// earlier grant of the same name (replaced), or someone else's (refused).
+type ownership int
+
+const (
+	ownedByGrant ownership = iota
+	leftover
+	foreign
+)
+
+func ownershipOf(obj metav1.Object, g *v1alpha1.CapacityGrant) ownership {
+	if resources.IsHomeOf(obj, g) {
+		return ownedByGrant
+	}
+	if ns, name, ok := resources.GrantKeyOf(obj); ok && ns == g.Namespace && name == g.Name {
+		return leftover
+	}
+	return foreign
+}
+
+// taken marks the grant's Home name taken by obj and stops the reconcile.
+func (r *Reconciler) taken(g *v1alpha1.CapacityGrant, kind string, obj metav1.Object) error {
+	g.Status.MarkHomeFailed(contract.ReasonHomeNameTaken, "%s %s/%s exists and was not made for this CapacityGrant; delete it", kind, r.homesNamespace, obj.GetName())
+	return errHomeNameTaken
+}
+
+func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityGrant) error {
+	want := resources.MakeHomeService(g, r.homesNamespace)
+	have, err := r.services.Services(r.homesNamespace).Get(want.Name)
+	if apierrs.IsNotFound(err) {
+		if _, err := r.kube.CoreV1().Services(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("creating Service %s/%s: %w", r.homesNamespace, want.Name, err)
+		}
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if ownershipOf(have, g) == foreign {
+		return r.taken(g, "Service", have)
+	}
+	if equality.Semantic.DeepEqual(have.Spec.Selector, want.Spec.Selector) && equality.Semantic.DeepEqual(have.Spec.Ports, want.Spec.Ports) && equality.Semantic.DeepEqual(have.Labels, want.Labels) {
+		return nil
+	}
+	upd := have.DeepCopy()
+	upd.Labels, upd.Spec.Selector, upd.Spec.Ports = want.Labels, want.Spec.Selector, want.Spec.Ports
+	_, err = r.kube.CoreV1().Services(r.homesNamespace).Update(ctx, upd, metav1.UpdateOptions{})
+	return err
+}
+
+// reconcilePod runs the Home Pod and returns it once it is this grant's
+// and current (nil while it is being created or replaced).
+func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
+	want := resources.MakeHomePod(g, cfg, r.homesNamespace)
+	have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
+	if apierrs.IsNotFound(err) {
+		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
+		}
+		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch ownershipOf(have, g) {
+	case foreign:
+		return nil, ignoreTaken(r.taken(g, "Pod", have))
+	case leftover:
+		if have.DeletionTimestamp == nil {
+			if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+				return nil, fmt.Errorf("replacing a leftover Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
+			}
+		}
+		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, have.Name)
+		return nil, nil
+	}
+	// Pods are immutable where it matters, so a Home that failed or runs an
+	// outdated image is replaced rather than updated.
+	if have.DeletionTimestamp == nil && (have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image) {
+		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
+		}
+		g.Status.MarkHomeFailed(contract.ReasonHomeFailed, "Home Pod %s/%s %s; replacing it. %s", r.homesNamespace, have.Name, phaseOrImage(have, want), have.Status.Message)
+		return nil, nil
+	}
+	markHome(g, have)
+	return have, nil
+}
+
+// ignoreTaken: a taken name is reported in the condition, not retried.
+func ignoreTaken(err error) error {
+	if errors.Is(err, errHomeNameTaken) {
+		return nil
+	}
+	return err
+}
+
+func phaseOrImage(have, want *corev1.Pod) string {
+	if have.Spec.Containers[0].Image != want.Spec.Containers[0].Image {
+		return "runs an outdated image"
+	}
+	return "is " + string(have.Status.Phase)
+}
+
+// markHome translates the Home Pod's status into HomeReady.
+func markHome(g *v1alpha1.CapacityGrant, p *corev1.Pod) {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			g.Status.MarkHomeReady()
+			return
+		}
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is not scheduled: %s", p.Namespace, p.Name, c.Message)
+			return
+		}
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil {
+			g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s container %s: %s %s", p.Name, cs.Name, w.Reason, w.Message)
+			return
+		}
+		if t := cs.LastTerminationState.Terminated; t != nil && cs.RestartCount > 0 {
+			g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s container %s restarted %d times, last exit %d (%s); see its logs", p.Name, cs.Name, cs.RestartCount, t.ExitCode, t.Reason)
+			return
+		}
+	}
+	g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s is %s and not ready yet (fiberd /readyz: valid grant, template opened, snapshot verified, pool warm).", p.Name, p.Status.Phase)
+}
