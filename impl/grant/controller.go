@@ -5,7 +5,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
@@ -28,6 +27,9 @@ import (
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
+// Workers is how many grants the controller reconciles at once.
+const Workers = 4
+
 // Options are what the grant controller takes besides its informers; the
 // zero value is production's.
 type Options struct {
@@ -48,7 +50,7 @@ func NewController(ctx context.Context, cmw configmap.Watcher) *controller.Impl 
 	return newController(ctx, cmw, Options{})
 }
 
-func newController(ctx context.Context, _ configmap.Watcher, o Options) *controller.Impl {
+func newController(ctx context.Context, cmw configmap.Watcher, o Options) *controller.Impl {
 	logger := logging.FromContext(ctx)
 	kube := kubeclient.Get(ctx)
 	systemNS, homesNS := system.Namespace(), homes.Namespace(ctx)
@@ -89,34 +91,37 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 		pending:   map[string]int64{},
 	}
 	ranges := &clusterRanges{kube: kube}
-	r.config = func() (*lampyrconfig.Config, error) {
-		cm, err := cmInformer.Lister().ConfigMaps(systemNS).Get(contract.ConfigMapName)
-		if apierrs.IsNotFound(err) {
-			cm, err = nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		cfg, err := config.FromConfigMap(cm)
-		if err != nil {
-			return nil, err
-		}
-		ranges.withEgressDefaults(ctx, cfg, logger.Warnf)
-		return cfg, nil
+	r.config = func(ctx context.Context) (*lampyrconfig.Config, error) {
+		// A copy: the store's value is shared by every reconcile, and the
+		// cluster's egress ranges are filled in per use.
+		cfg := *config.FromContext(ctx)
+		ranges.withEgressDefaults(ctx, &cfg, logger.Warnf)
+		return &cfg, nil
 	}
 
 	var impl *controller.Impl
-	impl = grantreconciler.NewImpl(ctx, r, func(*controller.Impl) controller.Options {
+	impl = grantreconciler.NewImpl(ctx, r, func(impl *controller.Impl) controller.Options {
+		// config-lampyr is parsed once per change, by Knative's config
+		// store, and a change may admit grants refused for capacity.
+		resync := func(string, any) { impl.GlobalResync(grantInformer.Informer()) }
+		store := config.NewStore(logger.Named("config-store"), resync)
+		if w, ok := cmw.(config.DefaultingWatcher); ok {
+			store.WatchConfigs(w, systemNS)
+		} else {
+			logger.Warnw("The configmap watcher cannot stand in a default: config-lampyr is not watched, its defaults apply")
+		}
 		return controller.Options{
+			ConfigStore: store,
 			// On promotion (the generated reconciler then enqueues every
 			// grant), also look at every Home: one whose grant went while
 			// no replica led is deleted by its grant's key.
 			PromoteFunc: func(pkgreconciler.Bucket) { enqueueHomes(impl, r) },
 		}
 	})
-	// One worker: admission is a decision over all grants, best made one at
-	// a time; the work per grant is small.
-	impl.Concurrency = 1
+	// Several workers, so that renewals never wait behind another grant's
+	// work (a template fetch used to hold the one worker for up to 30 s);
+	// admission itself stays one decision at a time (admitMu).
+	impl.Concurrency = Workers
 
 	grantInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    impl.Enqueue,
@@ -143,11 +148,8 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 	podInformer.Informer().AddEventHandler(toGrant)
 	serviceInformer.Informer().AddEventHandler(toGrant)
 	secretInformer.Informer().AddEventHandler(toGrant)
-	// A configuration, trust or fleet key change may admit grants refused
-	// for capacity, or change which templates open.
+	// A trust or fleet key change may change which templates open.
 	resyncAll := controller.HandleAll(func(any) { impl.GlobalResync(grantInformer.Informer()) })
-	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
-		FilterFunc: controller.FilterWithName(contract.ConfigMapName), Handler: resyncAll})
 	cmInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
 		FilterFunc: controller.FilterWithName(contract.SealersConfigMap), Handler: resyncAll})
 	systemSecretInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{

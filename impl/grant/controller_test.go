@@ -9,7 +9,7 @@ import (
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	fakekubeclient "knative.dev/pkg/client/injection/kube/client/fake"
-	"knative.dev/pkg/configmap"
+	cminformer "knative.dev/pkg/configmap/informer"
 	"knative.dev/pkg/controller"
 	_ "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/configmap/fake"
 	_ "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/secret/fake"
@@ -66,8 +66,14 @@ func TestControllerWiring(t *testing.T) {
 	mustCreate(err)
 
 	templates := &fakeTemplates{m: map[string][]byte{templateRef("wired-00001"): sealFor(t, testSealer, "default", "wired-00001")}}
-	impl := newController(ctx, configmap.NewStaticWatcher(), Options{Keys: testKeys, Templates: templates})
+	// As sharedmain's: an informed watcher of the system namespace, where
+	// config-lampyr is read through the config store.
+	cmw := cminformer.NewInformedWatcher(kube, ns)
+	impl := newController(ctx, cmw, Options{Keys: testKeys, Templates: templates})
 	if err := controller.StartInformers(ctx.Done(), informers...); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmw.Start(ctx.Done()); err != nil {
 		t.Fatal(err)
 	}
 	go impl.RunContext(ctx, 1)

@@ -59,8 +59,10 @@ type Reconciler struct {
 	blobs           templateBlobs
 	// diagnoser asks a running, not-ready Home's fiberd why (nil: not asked).
 	diagnoser HomeDiagnoser
-	config    func() (*lampyrconfig.Config, error)
-	now       func() time.Time
+	// config is this reconcile's config-lampyr (the config store's, with
+	// the cluster's egress ranges filled in).
+	config func(context.Context) (*lampyrconfig.Config, error)
+	now    func() time.Time
 	// grantID names a newly signed grant (newGrantID: random).
 	grantID func(*v1alpha1.CapacityGrant) string
 	// newHomeKey makes a new Home's TLS key (homekey.go; nil: random).
@@ -98,7 +100,7 @@ func (r *Reconciler) forget(key string) {
 // writes the status (with status.observedGeneration) after, also when a
 // step fails.
 func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGrant) pkgreconciler.Event {
-	cfg, err := r.config()
+	cfg, err := r.config(ctx)
 	if err != nil {
 		return err
 	}

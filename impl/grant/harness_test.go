@@ -108,7 +108,7 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 		},
 		keys:       testKeys,
 		templates:  h.templates,
-		config:     func() (*lampyrconfig.Config, error) { return testConfig(), nil },
+		config:     func(context.Context) (*lampyrconfig.Config, error) { return testConfig(), nil },
 		now:        func() time.Time { return now },
 		grantID:    func(g *v1alpha1.CapacityGrant) string { return "grant-" + g.Name },
 		newHomeKey: func() (resources.HomeKey, error) { return testHomeKey, nil },
@@ -154,7 +154,7 @@ func (h *harness) actions() []string {
 func factory(t *testing.T, row *rtesting.TableRow) (controller.Reconciler, rtesting.ActionRecorderList, rtesting.EventList) {
 	h := newHarness(t, row.Objects, row.WithReactors...)
 	if f, ok := row.OtherTestData[configKey].(func(*lampyrconfig.Config)); ok {
-		h.r.config = func() (*lampyrconfig.Config, error) {
+		h.r.config = func(context.Context) (*lampyrconfig.Config, error) {
 			c := testConfig()
 			f(c)
 			return c, nil

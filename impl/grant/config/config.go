@@ -5,10 +5,13 @@
 package config
 
 import (
+	"context"
 	"os"
 
 	corev1 "k8s.io/api/core/v1"
+	"knative.dev/pkg/configmap"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
@@ -50,3 +53,57 @@ func withImageEnv(c *lampyrconfig.Config) {
 		c.HelperImage = os.Getenv(EnvHelperImage)
 	}
 }
+
+type cfgKey struct{}
+
+// ToContext attaches c to ctx, frozen for one reconcile.
+func ToContext(ctx context.Context, c *lampyrconfig.Config) context.Context {
+	return context.WithValue(ctx, cfgKey{}, c)
+}
+
+// FromContext is the configuration attached by the Store (or ToContext);
+// the defaults when none is.
+func FromContext(ctx context.Context) *lampyrconfig.Config {
+	if c, ok := ctx.Value(cfgKey{}).(*lampyrconfig.Config); ok && c != nil {
+		return c
+	}
+	return Defaults()
+}
+
+// Store is the grant controller's view of config-lampyr, parsed once per
+// change by Knative's config store (not per reconcile) and attached to each
+// reconcile's context (controller.Options.ConfigStore).
+type Store struct {
+	untyped *configmap.UntypedStore
+}
+
+// NewStore makes a Store; onAfterStore runs after config-lampyr changes.
+func NewStore(logger configmap.Logger, onAfterStore ...func(name string, value interface{})) *Store {
+	return &Store{untyped: configmap.NewUntypedStore("grant-controller", logger,
+		configmap.Constructors{contract.ConfigMapName: FromConfigMap}, onAfterStore...)}
+}
+
+// DefaultingWatcher is a configmap.Watcher that can stand in a default
+// ConfigMap while the real one does not exist (sharedmain's InformedWatcher).
+type DefaultingWatcher interface {
+	WatchWithDefault(cm corev1.ConfigMap, o ...configmap.Observer)
+}
+
+// WatchConfigs watches config-lampyr in namespace, where it may be absent
+// (then the defaults apply).
+func (s *Store) WatchConfigs(w DefaultingWatcher, namespace string) {
+	empty := corev1.ConfigMap{}
+	empty.Name, empty.Namespace = contract.ConfigMapName, namespace
+	w.WatchWithDefault(empty, s.untyped.OnConfigChanged)
+}
+
+// Load is the current configuration; the defaults until one was stored.
+func (s *Store) Load() *lampyrconfig.Config {
+	if c, ok := s.untyped.UntypedLoad(contract.ConfigMapName).(*lampyrconfig.Config); ok && c != nil {
+		return c
+	}
+	return Defaults()
+}
+
+// ToContext implements controller.ConfigStore.
+func (s *Store) ToContext(ctx context.Context) context.Context { return ToContext(ctx, s.Load()) }
