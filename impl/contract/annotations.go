@@ -54,3 +54,22 @@ const RevisionLabel = "serving.knative.dev/revision"
 // ManagedByLabel marks every object the Revision controller creates
 // (value ControllerName), so a person (or `kubectl get -l`) can find them.
 const ManagedByLabel = "app.kubernetes.io/managed-by"
+
+// Objects the grant controller keeps in a tenant's own namespace, where the
+// tenant's guard rails act on them (docs/security.md, "What a tenant's
+// Kubernetes objects still mean").
+const (
+	// ComponentLabel is app.kubernetes.io/component; QuotaPodComponent its
+	// value on quota Pods.
+	ComponentLabel    = "app.kubernetes.io/component"
+	QuotaPodComponent = "lampyr-quota"
+	// QuotaPodGate keeps a quota Pod from ever being scheduled: it exists
+	// to be counted by the namespace's ResourceQuota and checked by its
+	// LimitRange, as the Revision's Home, not to run.
+	QuotaPodGate = "lampyr.dev/quota-only"
+	// FiberMemoryShareAnnotation on a Namespace gives its grants another
+	// share of the installation's fiber memory than config-lampyr's
+	// namespace-fiber-memory-share ("4Gi", "25%"). Namespace objects are not
+	// writable with the namespace edit role, so only an administrator sets it.
+	FiberMemoryShareAnnotation = "lampyr.dev/fiber-memory-share"
+)

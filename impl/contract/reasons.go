@@ -81,6 +81,17 @@ const (
 	// ReasonInsufficientMemory: memoryPerFiber × maxFibers does not fit in
 	// what is left of the installation's fiber memory.
 	ReasonInsufficientMemory Reason = "InsufficientMemory"
+	// ReasonNamespaceShareExceeded: the grant does not fit its namespace's
+	// share of the installation's fiber memory.
+	ReasonNamespaceShareExceeded Reason = "NamespaceShareExceeded"
+	// ReasonFailedCreate: the Revision's quota Pod could not be created in
+	// its namespace (ResourceQuota or LimitRange refused it); the message is
+	// the API server's, as stock Knative shows a Deployment's ReplicaFailure
+	// (reason FailedCreate) on the Revision.
+	ReasonFailedCreate Reason = "FailedCreate"
+	// ReasonQuotaPodNameTaken: a Pod the grant controller did not make holds
+	// the quota Pod's name.
+	ReasonQuotaPodNameTaken Reason = "QuotaPodNameTaken"
 	// ReasonMemoryPerFiberTooLarge: one fiber asks more than the per-fiber cap.
 	ReasonMemoryPerFiberTooLarge Reason = "MemoryPerFiberTooLarge"
 	// ReasonTooManyFibers: maxFibers is above the per-grant cap.
@@ -111,6 +122,10 @@ const (
 
 	// ReasonTemplateUnavailable: the registry does not give the template.
 	ReasonTemplateUnavailable Reason = "TemplateUnavailable"
+	// ReasonTemplatePending: the sealed template and the snapshot artifact
+	// are being fetched and checked (off the reconcile workers, one at a
+	// time per namespace).
+	ReasonTemplatePending Reason = "TemplatePending"
 	// ReasonTemplateUnsealable: no fleet key of the installation opens it, or
 	// it was altered.
 	ReasonTemplateUnsealable Reason = "TemplateUnsealable"

@@ -175,14 +175,15 @@ func TestTemplateChecks(t *testing.T) {
 		return map[string]any{templatesKey: template(sealed), requeueKey: requeue}
 	}
 	refusedNew := func(reason contract.Reason, msg string) []clientgotesting.UpdateActionImpl {
-		return statusUpdate(grant("hello-00001", reconciled(markAdmitted("512Mi"), reserve(512<<20), atHome, homeFailed(reason, msg))))
+		// Nothing is booked before the template and snapshot pass.
+		return statusUpdate(grant("hello-00001", reconciled(homeFailed(reason, msg))))
 	}
 
 	table := rtesting.TableTest{{
 		Name:    "replayed from another namespace, with a Home running: the Home stops",
 		Key:     "default/hello-00001",
 		Objects: running(),
-		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(reserve(512<<20), atHome,
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			homeFailed(contract.ReasonTemplateMismatch, `template was sealed for namespace "victim" but the Revision is in "default": a template cannot be replayed into another namespace; deploy the Service with `+"`ly deploy`"+` in this namespace`)))),
 		WantDeletes:             deleteHome(hn),
 		SkipNamespaceValidation: true,
@@ -228,7 +229,7 @@ func TestTemplateChecks(t *testing.T) {
 		Name:              "registry does not answer, nothing running yet: asked again shortly",
 		Key:               "default/hello-00001",
 		Objects:           []runtime.Object{fresh},
-		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnavailable, "cannot fetch the sealed template "+templateRef("hello-00001")+": GET "+templateRef("hello-00001")+": connection refused"),
+		WantStatusUpdates: refusedNew(contract.ReasonTemplateUnavailable, "cannot read the sealed template "+templateRef("hello-00001")+": GET "+templateRef("hello-00001")+": connection refused"),
 		OtherTestData:     with(nil, templateRetry),
 	}, {
 		Name:    "registry does not answer, Home running on its grant: it keeps running",

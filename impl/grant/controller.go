@@ -4,11 +4,15 @@ import (
 	"context"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	kubeclient "knative.dev/pkg/client/injection/kube/client"
+	namespaceinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/namespace"
+	filteredpodinformer "knative.dev/pkg/client/injection/kube/informers/core/v1/pod/filtered"
 	"knative.dev/pkg/configmap"
 	"knative.dev/pkg/controller"
 	nsconfigmapinformer "knative.dev/pkg/injection/clients/namespacedkube/informers/core/v1/configmap"
@@ -38,7 +42,18 @@ type Options struct {
 	Keys *Keys
 	// Templates fetches sealed templates (nil: from their registry).
 	Templates TemplateFetcher
+	// Snapshots checks snapshot artifacts (nil: in their registry).
+	Snapshots SnapshotChecker
 }
+
+// quotaPodSelector selects the quota Pods the grant controller keeps in
+// tenant namespaces (and caches: nothing else of those namespaces).
+var quotaPodSelector = labels.Set{resources.ComponentKey: contract.QuotaPodComponent}.String()
+
+// FilteredInformerSelectors must be passed to
+// knative.dev/pkg/client/injection/kube/informers/factory/filtered.WithSelectors
+// on the context given to sharedmain, before NewController runs.
+func FilteredInformerSelectors() []string { return []string{quotaPodSelector} }
 
 // NewController is the grant controller's injection.ControllerConstructor
 // (impl/cmd/grant-controller runs it with sharedmain). It reads
@@ -64,10 +79,15 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 	if o.Templates == nil {
 		o.Templates = RegistryTemplates{}
 	}
+	if o.Snapshots == nil {
+		o.Snapshots = RegistrySnapshots{}
+	}
 
 	grantInformer := grantinformer.Get(ctx)
 	podInformer, serviceInformer, secretInformer := homes.Pods(ctx), homes.Services(ctx), homes.Secrets(ctx)
 	cmInformer, systemSecretInformer := nsconfigmapinformer.Get(ctx), nssecretinformer.Get(ctx)
+	quotaPodInformer := filteredpodinformer.Get(ctx, quotaPodSelector)
+	namespaceInformer := namespaceinformer.Get(ctx)
 
 	r := &Reconciler{
 		kube:            kube,
@@ -83,12 +103,13 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 		sealersConfig: func() (*corev1.ConfigMap, error) {
 			return cmInformer.Lister().ConfigMaps(systemNS).Get(contract.SealersConfigMap)
 		},
-		keys:      o.Keys,
-		templates: o.Templates,
-		diagnoser: HTTPHomeDiagnoser{},
-		now:       time.Now,
-		grantID:   newGrantID,
-		pending:   map[string]int64{},
+		keys:       o.Keys,
+		quotaPods:  quotaPodInformer.Lister(),
+		namespaces: namespaceInformer.Lister(),
+		diagnoser:  HTTPHomeDiagnoser{},
+		now:        time.Now,
+		grantID:    newGrantID,
+		pending:    map[string]int64{},
 	}
 	ranges := &clusterRanges{kube: kube}
 	r.config = func(ctx context.Context) (*lampyrconfig.Config, error) {
@@ -122,6 +143,13 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 	// work (a template fetch used to hold the one worker for up to 30 s);
 	// admission itself stays one decision at a time (admitMu).
 	impl.Concurrency = Workers
+	// Template and snapshot reads run off the workers (template.go).
+	r.fetches = NewFetches(ctx, o.Templates, o.Snapshots, func() []remote.Option {
+		if p := r.registryOptions.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}, impl.EnqueueKey)
 
 	grantInformer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    impl.Enqueue,
@@ -146,6 +174,20 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 		}
 	})
 	podInformer.Informer().AddEventHandler(toGrant)
+	// A quota Pod deleted, ended or ungated in its namespace is replaced
+	// (or the grant loses its admission) by its grant's reconcile.
+	quotaPodInformer.Informer().AddEventHandler(toGrant)
+	// A share given to a namespace may admit its refused grants.
+	namespaceInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: func(any) bool { return true },
+		Handler: controller.HandleAll(func(obj any) {
+			if ns, ok := obj.(*corev1.Namespace); ok {
+				if _, set := ns.Annotations[contract.FiberMemoryShareAnnotation]; set {
+					impl.GlobalResync(grantInformer.Informer())
+				}
+			}
+		}),
+	})
 	serviceInformer.Informer().AddEventHandler(toGrant)
 	secretInformer.Informer().AddEventHandler(toGrant)
 	// A trust or fleet key change may change which templates open.

@@ -23,6 +23,12 @@ import (
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/homes"
 	_ "lampyr.dev/serving/impl/grant/homes/fake"
+
+	_ "knative.dev/pkg/client/injection/kube/informers/core/v1/namespace/fake"
+	_ "knative.dev/pkg/client/injection/kube/informers/core/v1/pod/filtered/fake"
+	filteredfactory "knative.dev/pkg/client/injection/kube/informers/factory/filtered"
+	_ "knative.dev/pkg/client/injection/kube/informers/factory/filtered/fake"
+
 	"lampyr.dev/serving/impl/grant/resources"
 )
 
@@ -33,7 +39,7 @@ import (
 // Pod informer.
 func TestControllerWiring(t *testing.T) {
 	ctx, cancel, informers := rtesting.SetupFakeContextWithCancel(t, func(ctx context.Context) context.Context {
-		return homes.WithNamespace(ctx, homesNS)
+		return filteredfactory.WithSelectors(homes.WithNamespace(ctx, homesNS), FilteredInformerSelectors()...)
 	})
 	defer cancel()
 	kube, fiberd := fakekubeclient.Get(ctx), fakefiberdclient.Get(ctx)
@@ -69,7 +75,7 @@ func TestControllerWiring(t *testing.T) {
 	// As sharedmain's: an informed watcher of the system namespace, where
 	// config-lampyr is read through the config store.
 	cmw := cminformer.NewInformedWatcher(kube, ns)
-	impl := newController(ctx, cmw, Options{Keys: testKeys, Templates: templates})
+	impl := newController(ctx, cmw, Options{Keys: testKeys, Templates: templates, Snapshots: okSnapshots{}})
 	if err := controller.StartInformers(ctx.Done(), informers...); err != nil {
 		t.Fatal(err)
 	}

@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -55,8 +57,15 @@ type Reconciler struct {
 	sealersConfig   func() (*corev1.ConfigMap, error)
 	keys            *Keys
 	fleet           fleetKeyring
-	templates       TemplateFetcher
-	blobs           templateBlobs
+	// fetches reads templates and snapshots off the workers (NewFetches);
+	// registryOptions are the options its reads use (the latest
+	// configuration's registry mirrors).
+	fetches         Fetches
+	registryOptions atomic.Pointer[[]remote.Option]
+	// quotaPods sees the quota Pods of every namespace; namespaces, the
+	// Namespaces (for an administrator's share annotation).
+	quotaPods  corev1listers.PodLister
+	namespaces corev1listers.NamespaceLister
 	// diagnoser asks a running, not-ready Home's fiberd why (nil: not asked).
 	diagnoser HomeDiagnoser
 	// config is this reconcile's config-lampyr (the config store's, with
@@ -104,20 +113,29 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGran
 	if err != nil {
 		return err
 	}
-	if !r.reconcileAdmission(g, cfg) {
+	if !reconcileValidity(g, cfg) || !reconcileImages(g, cfg) {
+		return nil
+	}
+	// The template and the snapshot are read and checked before any
+	// capacity is booked: a grant naming digests that do not exist, or a
+	// registry that never answers, holds nothing.
+	helper, run, again, err := r.reconcileTemplate(ctx, g, cfg)
+	if err != nil || !run {
+		return lookAgain(again, err)
+	}
+	admitted, err := r.reconcileAdmission(ctx, g, cfg)
+	switch {
+	case errors.Is(err, errQuotaPodGone):
+		return lookAgain(leftoverRetry, nil)
+	case err != nil:
+		return err
+	case !admitted:
 		// A grant that lost its admission is not renewed: its Home stops
 		// serving at its grant's expiry (and the Revision stops being
 		// routed to at once, since it is no longer Ready).
 		return nil
 	}
 	r.nameHome(g)
-	if !reconcileImages(g, cfg) {
-		return nil
-	}
-	helper, run, again, err := r.reconcileTemplate(ctx, g, cfg)
-	if err != nil || !run {
-		return lookAgain(again, err)
-	}
 	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)
 	switch {
 	case errors.Is(err, errHomeNameTaken):

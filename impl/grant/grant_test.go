@@ -158,6 +158,9 @@ func testConfig() *lampyrconfig.Config {
 		lampyrconfig.KeyDefaultMaxFibers:    "2",
 		lampyrconfig.KeyGrantTTL:            "10m",
 		lampyrconfig.KeyHomeImage:           "kind.local/fiberd@" + digest,
+		// Rows about installation capacity take the whole of it for one
+		// namespace; the share has rows of its own.
+		lampyrconfig.KeyNamespaceFiberMemoryShare: "100%",
 	}})
 	return c
 }
@@ -263,19 +266,100 @@ func keysOf(m map[string][]byte) []string {
 	return out
 }
 
+// okSnapshots accepts every snapshot (the registry side has its own test).
+type okSnapshots struct{}
+
+func (okSnapshots) Check(context.Context, string, ...remote.Option) error { return nil }
+
+// openWhenRead opens g's template through the off-worker reads: the first
+// call finds the read under way (Pending, the grant to be enqueued again),
+// and once notified the template is opened from the cache.
+func openWhenRead(t *testing.T, h *harness, g *v1alpha1.CapacityGrant, notified <-chan types.NamespacedName, trust *seal.Trust) signedgrant.Helper {
+	t.Helper()
+	for range 2 {
+		helper, refusal := h.r.openTemplate(g, []*seal.PrivateKey{testFleet}, trust)
+		if refusal == nil {
+			return helper
+		}
+		if !refusal.pending {
+			t.Fatalf("open: %+v", refusal)
+		}
+		select {
+		case k := <-notified:
+			if k.Name != g.Name {
+				t.Fatalf("notified %v, want %s", k, g.Name)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the read never ended")
+		}
+	}
+	t.Fatal("still pending after the read ended")
+	return signedgrant.Helper{}
+}
+
 // TestTemplatesAreFetchedOnce: a template (immutable behind its digest) is
-// fetched once, not at every renewal.
+// read once, off the worker, not at every renewal.
 func TestTemplatesAreFetchedOnce(t *testing.T) {
 	g := grant("hello-00001")
 	h := newHarness(t, []runtime.Object{g})
+	notified := make(chan types.NamespacedName, 4)
+	h.r.fetches = NewFetches(context.Background(), h.templates, okSnapshots{}, func() []remote.Option { return nil }, func(k types.NamespacedName) { notified <- k })
 	trust := seal.NewTrust(seal.TrustedSealer{Name: "c", Key: testSealer.Public(), Namespaces: []string{"*"}})
 	for range 3 {
-		if helper, refusal := h.r.openTemplate(context.Background(), g, []*seal.PrivateKey{testFleet}, trust, nil); refusal != nil || helper != testHelper {
-			t.Fatalf("open: %+v %+v", helper, refusal)
+		if helper := openWhenRead(t, h, g, notified, trust); helper != testHelper {
+			t.Fatalf("open: %+v", helper)
 		}
 	}
 	if h.templates.calls != 1 {
 		t.Fatalf("template fetched %d times, want once", h.templates.calls)
+	}
+}
+
+// tarpitTemplates never answers for one template reference (a registry
+// that accepts the connection and says nothing) until released.
+type tarpitTemplates struct {
+	inner   TemplateFetcher
+	tarpit  string
+	release chan struct{}
+}
+
+func (f tarpitTemplates) Fetch(ctx context.Context, ref string, opts ...remote.Option) ([]byte, error) {
+	if ref == f.tarpit {
+		select {
+		case <-f.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return f.inner.Fetch(ctx, ref, opts...)
+}
+
+// TestATarpitRegistryDelaysOnlyItsNamespace: a tenant naming a registry
+// that never answers holds one read of its own namespace, not the
+// controller's workers nor another namespace's reads (issue 31).
+func TestATarpitRegistryDelaysOnlyItsNamespace(t *testing.T) {
+	slow := grant("slow-00001", func(g *v1alpha1.CapacityGrant) { g.Namespace = "tarpit"; g.Spec.Template = templateRef("slow-00001") })
+	fast := grant("fast-00001")
+	h := newHarness(t, []runtime.Object{fast})
+	h.templates.m[templateRef("slow-00001")] = sealFor(t, testSealer, "tarpit", "slow-00001")
+	release := make(chan struct{})
+	defer close(release)
+	notified := make(chan types.NamespacedName, 8)
+	h.r.fetches = NewFetches(context.Background(), tarpitTemplates{h.templates, templateRef("slow-00001"), release}, okSnapshots{}, func() []remote.Option { return nil }, func(k types.NamespacedName) {
+		if k.Name == "fast-00001" {
+			notified <- k
+		}
+	})
+	trust := seal.NewTrust(seal.TrustedSealer{Name: "c", Key: testSealer.Public(), Namespaces: []string{"*"}})
+	if _, refusal := h.r.openTemplate(slow, []*seal.PrivateKey{testFleet}, trust); refusal == nil || !refusal.pending || refusal.reason != contract.ReasonTemplatePending {
+		t.Fatalf("the tarpit's grant: %+v, want TemplatePending", refusal)
+	}
+	t0 := time.Now()
+	if helper := openWhenRead(t, h, fast, notified, trust); helper != testHelper {
+		t.Fatalf("open: %+v", helper)
+	}
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("another namespace's template took %s behind the tarpit", d)
 	}
 }
 
@@ -294,7 +378,7 @@ func TestRevisionPortAndProtocolWin(t *testing.T) {
 	} {
 		g := grant("hello-00001", func(g *v1alpha1.CapacityGrant) { g.Spec.Port, g.Spec.Protocol = c.port, c.proto })
 		h := newHarness(t, []runtime.Object{g})
-		if helper, refusal := h.r.openTemplate(context.Background(), g, []*seal.PrivateKey{testFleet}, trust, nil); refusal != nil || helper != c.want {
+		if helper, refusal := h.r.openTemplate(g, []*seal.PrivateKey{testFleet}, trust); refusal != nil || helper != c.want {
 			t.Fatalf("grant port %d protocol %q: %+v %+v, want %+v", c.port, c.proto, helper, refusal, c.want)
 		}
 	}

@@ -2,6 +2,8 @@ package grant
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 	kubefake "k8s.io/client-go/kubernetes/fake"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	clientgotesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"knative.dev/pkg/controller"
 	"knative.dev/pkg/logging"
@@ -26,6 +29,7 @@ import (
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/internal/fetchq"
 )
 
 // The TableTest rows of this package run the grant Reconciler behind the
@@ -47,12 +51,16 @@ const (
 	diagnoserKey = "diagnoser"
 	// harnessKey: set by factory to the row's *harness, for PostConditions.
 	harnessKey = "harness"
+	// noQuotaPodsKey: the row's grants have no quota Pod yet (unless the
+	// row's objects hold one).
+	noQuotaPodsKey = "noQuotaPods"
 )
 
 // harness is one Reconciler on fake clients, reached through the generated
 // reconciler.
 type harness struct {
 	r         *Reconciler
+	quotaPods cache.Indexer
 	gen       controller.Reconciler
 	kube      *kubefake.Clientset
 	fiberd    *fiberdfake.Clientset
@@ -94,6 +102,10 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 	fleetPEM, _ := testFleet.MarshalPEM()
 	fleet := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: contract.FleetKeyName, Namespace: systemNS, ResourceVersion: "1"}, Data: map[string][]byte{contract.FleetPrivateKeyKey: fleetPEM}}
 	configMaps := corev1listers.NewConfigMapLister(sorter.IndexerForObjectType(&corev1.ConfigMap{}))
+	// Every grant's quota Pod is already in its namespace, counted, unless
+	// the row gives its own (rows about quota Pods).
+	h.quotaPods = sorter.IndexerForObjectType(&corev1.Pod{})
+	h.addQuotaPods(t, all, testConfig())
 	h.r = &Reconciler{
 		kube:            h.kube,
 		grants:          grants,
@@ -107,7 +119,9 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 			return configMaps.ConfigMaps(systemNS).Get(contract.SealersConfigMap)
 		},
 		keys:       testKeys,
-		templates:  h.templates,
+		fetches:    syncFetches{templates: h.templates, retryAt: now.Add(templateRetry)},
+		quotaPods:  corev1listers.NewPodLister(h.quotaPods),
+		namespaces: corev1listers.NewNamespaceLister(sorter.IndexerForObjectType(&corev1.Namespace{})),
 		config:     func(context.Context) (*lampyrconfig.Config, error) { return testConfig(), nil },
 		now:        func() time.Time { return now },
 		grantID:    func(g *v1alpha1.CapacityGrant) string { return "grant-" + g.Name },
@@ -119,6 +133,51 @@ func newHarness(t *testing.T, objs []runtime.Object, reactors ...clientgotesting
 	// The generated reconciler does no work until it leads.
 	h.gen.(pkgreconciler.LeaderAware).Promote(pkgreconciler.UniversalBucket(), func(pkgreconciler.Bucket, types.NamespacedName) {})
 	return h
+}
+
+// addQuotaPods puts each grant's quota Pod, as cfg makes it, where the
+// reconciler finds it (lister and fake client), unless one of that name is
+// there already.
+func (h *harness) addQuotaPods(t *testing.T, grants []*v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) {
+	t.Helper()
+	for _, g := range grants {
+		p := resources.MakeQuotaPod(g, cfg)
+		if _, ok, _ := h.quotaPods.GetByKey(p.Namespace + "/" + p.Name); ok {
+			continue
+		}
+		if err := h.quotaPods.Add(p); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.kube.Tracker().Add(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// rowHolds says whether the row's own objects include p.
+func rowHolds(row *rtesting.TableRow, p *corev1.Pod) bool {
+	for _, o := range row.Objects {
+		if q, ok := o.(*corev1.Pod); ok && q.Namespace == p.Namespace && q.Name == p.Name {
+			return true
+		}
+	}
+	return false
+}
+
+// syncFetches reads templates at once, on the worker: rows see one
+// reconcile's outcome (the off-worker reads have their own test).
+type syncFetches struct {
+	templates TemplateFetcher
+	retryAt   time.Time
+}
+
+func (f syncFetches) Get(_ types.NamespacedName, key string) fetchq.Result[[]byte] {
+	tmpl, _, _ := strings.Cut(key, " ")
+	b, err := f.templates.Fetch(context.Background(), tmpl)
+	if err != nil {
+		return fetchq.Result[[]byte]{State: fetchq.Failed, Err: fmt.Errorf("the sealed template %s: %w", tmpl, err), RetryAt: f.retryAt}
+	}
+	return fetchq.Result[[]byte]{State: fetchq.Done, Value: b}
 }
 
 // reconcile runs one reconcile of key through the generated reconciler.
@@ -159,9 +218,31 @@ func factory(t *testing.T, row *rtesting.TableRow) (controller.Reconciler, rtest
 			f(c)
 			return c, nil
 		}
+		// Quota Pods carry the Home's resources under this configuration.
+		c := testConfig()
+		f(c)
+		for _, o := range row.Objects {
+			if g, ok := o.(*v1alpha1.CapacityGrant); ok {
+				p := resources.MakeQuotaPod(g, c)
+				if old, ok, _ := h.quotaPods.GetByKey(p.Namespace + "/" + p.Name); ok && ownershipOf(old.(*corev1.Pod), g) == ownedByGrant {
+					_ = h.quotaPods.Update(p)
+					_ = h.kube.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace)
+				}
+			}
+		}
 	}
 	if f, ok := row.OtherTestData[templatesKey].(func(testing.TB, map[string][]byte)); ok {
 		f(t, h.templates.m)
+	}
+	if _, ok := row.OtherTestData[noQuotaPodsKey]; ok {
+		for _, o := range h.quotaPods.List() {
+			p := o.(*corev1.Pod)
+			if p.Labels[resources.ComponentKey] != contract.QuotaPodComponent || rowHolds(row, p) {
+				continue
+			}
+			_ = h.quotaPods.Delete(p)
+			_ = h.kube.Tracker().Delete(corev1.SchemeGroupVersion.WithResource("pods"), p.Namespace, p.Name)
+		}
 	}
 	if d, ok := row.OtherTestData[diagnoserKey].(HomeDiagnoser); ok {
 		h.r.diagnoser = d

@@ -37,7 +37,7 @@ func reconciled(marks ...func(*v1alpha1.CapacityGrant)) grantOpt {
 
 func markAdmitted(reserved string) func(*v1alpha1.CapacityGrant) {
 	return func(g *v1alpha1.CapacityGrant) {
-		g.Status.MarkAdmitted(fmt.Sprintf("Reserved %s of 1Gi fiber memory.", reserved))
+		g.Status.MarkAdmitted(fmt.Sprintf("Reserved %s of fiber memory; this namespace holds %s of its share of 1Gi.", reserved, reserved))
 	}
 }
 
@@ -111,9 +111,11 @@ func requeue(d time.Duration) map[string]any { return map[string]any{requeueKey:
 func TestReconcile(t *testing.T) {
 	hn := resources.HomeNameFor("default", "hello-00001")
 	gone := resources.HomeNameFor("default", "gone")
-	big := grant("big", withMemory("256Mi", 3), admitted) // reserves 768Mi of 1Gi
-	capacityMsg := func(needs, mem string, max int, free string) string {
-		return fmt.Sprintf("needs %s (memoryPerFiber %s × maxFibers %d) but only %s of the installation's 1Gi fiber memory is free; lower max-scale or the memory request, delete unused Revisions, or raise fiber-memory-capacity in ConfigMap config-lampyr", needs, mem, max, free)
+	// Another namespace's grant reserves 768Mi of 1Gi.
+	big := grant("big", withMemory("256Mi", 3), admitted, func(g *v1alpha1.CapacityGrant) { g.Namespace = "other" })
+	// The refusal names nothing of other namespaces or of what is free.
+	capacityMsg := func(needs, mem string, max int, _ string) string {
+		return fmt.Sprintf("needs %s (memoryPerFiber %s × maxFibers %d), and the installation's fiber memory is fully reserved (this namespace holds 0 of its share of 1Gi); lower max-scale or the memory request, delete unused Revisions, or ask an administrator to raise fiber-memory-capacity in ConfigMap config-lampyr", needs, mem, max)
 	}
 	fresh := grant("hello-00001")
 	// A grant whose Home runs, holding a signed grant issued at issuedAt.
@@ -321,8 +323,8 @@ func TestReconcile(t *testing.T) {
 		Name:    "Home image not pinned by digest",
 		Key:     "default/hello-00001",
 		Objects: []runtime.Object{fresh},
+		// Checked before anything is booked or made.
 		WantStatusUpdates: statusUpdate(grant("hello-00001", reconciled(
-			markAdmitted("512Mi"), reserve(512<<20), atHome,
 			homeFailed(contract.ReasonHomeImageNotPinned, `home-image "kind.local/fiberd:latest" in ConfigMap config-lampyr is not pinned by digest (reference "kind.local/fiberd:latest" must be digest-pinned (repo@sha256:<64 hex>): a digest must contain exactly one '@' separator (e.g. registry/repository@digest) saw: kind.local/fiberd:latest); use repository@sha256:<digest>`)))),
 		OtherTestData: map[string]any{configKey: func(c *lampyrconfig.Config) { c.HomeImage = "kind.local/fiberd:latest" }},
 	}, {

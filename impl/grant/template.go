@@ -4,18 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"strings"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	"knative.dev/pkg/logging"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/internal/fetchq"
 	"lampyr.dev/serving/impl/trust/seal"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -35,60 +37,88 @@ func (RegistryTemplates) Fetch(ctx context.Context, ref string, opts ...remote.O
 	return b, err
 }
 
-// templateRetry is when a grant whose template could not be fetched is
-// looked at again.
-const templateRetry = 10 * time.Second
-
-// templateBlobs remembers fetched templates by digest-pinned reference (the
-// bytes behind a digest never change), so renewals and restarts of the
-// reconcile loop do not ask the registry again. Bounded: templates are a
-// few hundred bytes, and a full cache is simply cleared.
-type templateBlobs struct {
-	mu sync.Mutex
-	m  map[string][]byte
+// SnapshotChecker checks that a snapshot artifact exists and is one (its
+// manifest and config), before any capacity is booked for it.
+type SnapshotChecker interface {
+	Check(ctx context.Context, ref string, opts ...remote.Option) error
 }
 
-const maxCachedTemplates = 4096
+// RegistrySnapshots checks snapshots in their registry.
+type RegistrySnapshots struct{}
 
-func (c *templateBlobs) get(ref string) ([]byte, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	b, ok := c.m[ref]
-	return b, ok
+// Check implements SnapshotChecker.
+func (RegistrySnapshots) Check(ctx context.Context, ref string, opts ...remote.Option) error {
+	_, err := artifact.FetchConfig(ctx, ref, opts...)
+	return err
 }
 
-func (c *templateBlobs) put(ref string, b []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) >= maxCachedTemplates {
-		c.m = map[string][]byte{}
-	}
-	c.m[ref] = b
+// Fetches runs the registry reads a grant needs (its sealed template, and
+// its snapshot artifact's manifest and config) off the reconcile workers:
+// the registry is whatever the tenant's annotations name, and one that
+// never answers must delay only that tenant (impl/internal/fetchq: one read
+// at a time per namespace, each bounded, failures backed off, answers
+// cached by digest). The grant is enqueued again when its read ends.
+type Fetches interface {
+	Get(grant types.NamespacedName, key string) fetchq.Result[[]byte]
+}
+
+// templateRetry is the first wait before a failed read is tried again.
+const templateRetry = 5 * time.Second
+
+// FetchOptions bound the template and snapshot reads.
+var FetchOptions = fetchq.Options{Timeout: 20 * time.Second, Backoff: templateRetry, MaxBackoff: 5 * time.Minute}
+
+// fetchKey is what a grant's reads are cached by: both digest-pinned
+// references (the bytes behind them never change).
+func fetchKey(g *v1alpha1.CapacityGrant) string {
+	return g.Spec.Template + " " + g.Spec.SnapshotArtifact
+}
+
+// NewFetches makes the grant controller's Fetches: the template's bytes,
+// once the snapshot checked too. opts gives the registry options (mirrors)
+// at the time of each read.
+func NewFetches(ctx context.Context, t TemplateFetcher, s SnapshotChecker, opts func() []remote.Option, enqueue func(types.NamespacedName)) *fetchq.Queue[[]byte] {
+	return fetchq.New(ctx, func(ctx context.Context, key string) ([]byte, error) {
+		tmpl, snap, _ := strings.Cut(key, " ")
+		o := opts()
+		b, err := t.Fetch(ctx, tmpl, o...)
+		if err != nil {
+			return nil, fmt.Errorf("the sealed template %s: %w", tmpl, err)
+		}
+		if err := s.Check(ctx, snap, o...); err != nil {
+			return nil, fmt.Errorf("the snapshot artifact %s: %w", snap, err)
+		}
+		return b, nil
+	}, enqueue, FetchOptions)
 }
 
 // templateRefusal is why a grant's template cannot run, as a condition.
 type templateRefusal struct {
 	reason  contract.Reason
 	message string
-	// retry: the cause may go away by itself (the registry answers again).
-	retry bool
+	// retry: the cause may go away by itself (the registry answers again),
+	// no earlier than retryAt; pending: the read is under way.
+	retry, pending bool
+	retryAt        time.Time
 }
 
-// openTemplate fetches, authenticates, opens and checks g's template
-// against g (docs/security.md §2) and returns what the Home needs of it.
-func (r *Reconciler) openTemplate(ctx context.Context, g *v1alpha1.CapacityGrant, fleet []*seal.PrivateKey, trust *seal.Trust, opts []remote.Option) (signedgrant.Helper, *templateRefusal) {
-	blob, ok := r.blobs.get(g.Spec.Template)
-	if !ok {
-		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		b, err := r.templates.Fetch(fctx, g.Spec.Template, opts...)
-		if err != nil {
-			return signedgrant.Helper{}, &templateRefusal{contract.ReasonTemplateUnavailable,
-				fmt.Sprintf("cannot fetch the sealed template %s: %v", g.Spec.Template, err), true}
+// openTemplate authenticates, opens and checks g's template against g
+// (docs/security.md §2), once it and the snapshot have been read, and
+// returns what the Home needs of it.
+func (r *Reconciler) openTemplate(g *v1alpha1.CapacityGrant, fleet []*seal.PrivateKey, trust *seal.Trust) (signedgrant.Helper, *templateRefusal) {
+	res := r.fetches.Get(types.NamespacedName{Namespace: g.Namespace, Name: g.Name}, fetchKey(g))
+	switch res.State {
+	case fetchq.Pending:
+		msg := fmt.Sprintf("Reading the sealed template %s and the snapshot artifact %s.", g.Spec.Template, g.Spec.SnapshotArtifact)
+		if res.Ahead > 0 {
+			msg += fmt.Sprintf(" %d reads of this namespace are ahead of it (one at a time per namespace).", res.Ahead)
 		}
-		r.blobs.put(g.Spec.Template, b)
-		blob = b
+		return signedgrant.Helper{}, &templateRefusal{reason: contract.ReasonTemplatePending, message: msg, retry: true, pending: true}
+	case fetchq.Failed:
+		return signedgrant.Helper{}, &templateRefusal{reason: contract.ReasonTemplateUnavailable,
+			message: fmt.Sprintf("cannot read %v", res.Err), retry: true, retryAt: res.RetryAt}
 	}
+	blob := res.Value
 	opened, err := seal.Open(fleet, trust, blob)
 	if err != nil {
 		reason := contract.ReasonTemplateUnsealable
@@ -147,17 +177,28 @@ func (r *Reconciler) reconcileTemplate(ctx context.Context, g *v1alpha1.Capacity
 		return helper, false, 0, err
 	}
 	opts := append([]remote.Option{remote.WithAuthFromKeychain(authn.DefaultKeychain)}, mirrors.RemoteOptions()...)
-	helper, refusal := r.openTemplate(ctx, g, fleet, r.trust(ctx), opts)
+	r.registryOptions.Store(&opts)
+	helper, refusal := r.openTemplate(g, fleet, r.trust(ctx))
 	if refusal == nil {
 		return helper, true, 0, nil
 	}
 	if refusal.retry {
+		// A running Home keeps running (and its grant is renewed) on the
+		// facts of the grant it holds for this template while the template
+		// is read again: renewals never wait for a registry.
 		if cur := r.currentGrantOf(g); cur != nil && cur.Template == g.Spec.Template {
-			logging.FromContext(ctx).Warnw("Keeping the running Home on its current grant", "grant", g.Namespace+"/"+g.Name, "cause", refusal.message)
+			if !refusal.pending {
+				logging.FromContext(ctx).Warnw("Keeping the running Home on its current grant", "grant", g.Namespace+"/"+g.Name, "cause", refusal.message)
+			}
 			return cur.Helper, true, 0, nil
 		}
+		if refusal.pending {
+			// Enqueued again when the read ends.
+			g.Status.MarkHomeNotReady(refusal.reason, "%s", refusal.message)
+			return helper, false, 0, nil
+		}
 		g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
-		return helper, false, templateRetry, nil
+		return helper, false, max(refusal.retryAt.Sub(r.now()), time.Second), nil
 	}
 	g.Status.MarkHomeFailed(refusal.reason, "%s", refusal.message)
 	return helper, false, 0, r.deleteHome(ctx, g.Namespace, g.Name, "")

@@ -11,6 +11,7 @@ import (
 	"os"
 	"time"
 
+	filteredfactory "knative.dev/pkg/client/injection/kube/informers/factory/filtered"
 	"knative.dev/pkg/injection"
 	"knative.dev/pkg/injection/sharedmain"
 	"knative.dev/pkg/leaderelection"
@@ -55,6 +56,9 @@ func main() {
 
 	ctx := signals.NewContext()
 	ctx = homes.WithNamespace(ctx, *homesNS)
+	// Quota Pods live in tenant namespaces: cached through a filtered
+	// informer (their label only), never every Pod of the cluster.
+	ctx = filteredfactory.WithSelectors(ctx, grant.FilteredInformerSelectors()...)
 	ctx = leaderelection.WithConfig(ctx, &leaderElection)
 	if !*elect {
 		ctx = sharedmain.WithHADisabled(ctx)

@@ -49,6 +49,11 @@ const (
 	// (unpacked snapshot, fibers' mount points); fiberd's unpack limit is
 	// set to half of it.
 	KeyHomeStorageLimit = "home-storage-limit"
+	// KeyNamespaceFiberMemoryShare is how much of fiber-memory-capacity one
+	// namespace's grants may reserve: a quantity ("4Gi") or a percentage
+	// of the capacity ("50%"). An administrator gives a namespace another
+	// share with the Namespace annotation contract.FiberMemoryShareAnnotation.
+	KeyNamespaceFiberMemoryShare = "namespace-fiber-memory-share"
 	// KeyFiberEgress turns fibers' service bindings on ("cluster", the
 	// default) or off ("off": loopback only). docs/networking.md,
 	// "Service bindings".
@@ -100,7 +105,7 @@ const (
 var GrantKeys = []string{
 	KeyFiberMemoryCapacity, KeyMaxMemoryPerFiber, KeyMaxFibersPerGrant, KeyDefaultMaxFibers,
 	KeyGrantTTL, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeRegistryMirrors,
-	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit,
+	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit, KeyNamespaceFiberMemoryShare,
 	KeyFiberEgress, KeyFiberEgressDomains, KeyFiberEgressDenyNames, KeyFiberEgressAllowCIDRs, KeyFiberEgressDenyCIDRs,
 }
 
@@ -148,6 +153,9 @@ var DefaultEgressDenyNames = []string{
 type Config struct {
 	// Grant controller.
 
+	// NamespaceShare is how much of FiberMemoryCapacity one namespace may
+	// reserve unless its Namespace says otherwise.
+	NamespaceShare Share
 	// FiberMemoryCapacity is the memory all admitted grants may reserve
 	// together (memoryPerFiber × maxFibers summed).
 	FiberMemoryCapacity resource.Quantity
@@ -227,6 +235,7 @@ func Defaults() *Config {
 		HomeCPULimit:        resource.MustParse("1"),
 		FiberCPULimit:       resource.MustParse("1"),
 		HomeStorageLimit:    resource.MustParse("2Gi"),
+		NamespaceShare:      Share{Percent: 50},
 		Egress:              EgressCluster,
 		EgressDomains:       []string{"svc.cluster.local"},
 		EgressDenyNames:     append([]string(nil), DefaultEgressDenyNames...),
@@ -273,6 +282,11 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 	KeyHomeCPULimit:        quantity(KeyHomeCPULimit, func(c *Config) *resource.Quantity { return &c.HomeCPULimit }),
 	KeyFiberCPULimit:       quantity(KeyFiberCPULimit, func(c *Config) *resource.Quantity { return &c.FiberCPULimit }),
 	KeyHomeStorageLimit:    quantity(KeyHomeStorageLimit, func(c *Config) *resource.Quantity { return &c.HomeStorageLimit }),
+	KeyNamespaceFiberMemoryShare: func(c *Config, v string, _ map[string]string) error {
+		sh, err := ParseShare(KeyNamespaceFiberMemoryShare, v)
+		c.NamespaceShare = sh
+		return err
+	},
 	KeyDefaultMemoryPerFiber: quantity(KeyDefaultMemoryPerFiber, func(c *Config) *resource.Quantity {
 		return &c.DefaultMemoryPerFiber
 	}),
@@ -493,4 +507,45 @@ func ImageKey(image string) (string, bool) {
 		return "", false
 	}
 	return d.Context().Name() + "@" + d.DigestStr(), true
+}
+
+// Share is a part of the installation's fiber memory: a percentage of it,
+// or an amount.
+type Share struct {
+	Percent int
+	Bytes   int64
+}
+
+// Of is the share in bytes of capacity.
+func (s Share) Of(capacity int64) int64 {
+	if s.Percent > 0 {
+		return capacity * int64(s.Percent) / 100
+	}
+	return s.Bytes
+}
+
+// String is the share as written.
+func (s Share) String() string {
+	if s.Percent > 0 {
+		return strconv.Itoa(s.Percent) + "%"
+	}
+	return resource.NewQuantity(s.Bytes, resource.BinarySI).String()
+}
+
+// ParseShare reads "50%" (1-100) or a quantity ("4Gi"); what names the
+// field in the error.
+func ParseShare(what, v string) (Share, error) {
+	v = strings.TrimSpace(v)
+	if p, ok := strings.CutSuffix(v, "%"); ok {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 1 || n > 100 {
+			return Share{}, fmt.Errorf("%s %q: want a percentage of fiber-memory-capacity from 1%% to 100%%, or an amount such as 4Gi", what, v)
+		}
+		return Share{Percent: n}, nil
+	}
+	q, err := resource.ParseQuantity(v)
+	if err != nil || q.Sign() <= 0 {
+		return Share{}, fmt.Errorf("%s %q: want an amount of memory such as 4Gi, or a percentage of fiber-memory-capacity such as 50%%", what, v)
+	}
+	return Share{Bytes: q.Value()}, nil
 }

@@ -278,8 +278,6 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 // gets no service-account token and no service links, so nothing of the
 // cluster's identity can reach a fiber.
 func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNamespace string) *corev1.Pod {
-	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
-	mem.Add(HomeOverhead)
 	helperPath := "/lampyr-helper"
 	storage := cfg.HomeStorageLimit
 	volumes := []corev1.Volume{
@@ -375,14 +373,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 				Env:             env,
 				Ports:           []corev1.ContainerPort{{Name: "https", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-				Resources: corev1.ResourceRequirements{
-					Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},
-					// A CPU limit: without one a Home whose fibers spin
-					// took 1.7 of a node's 2 cores and another tenant's
-					// requests slowed 33-74x (issue #22). Fibers inside
-					// share it with equal weights.
-					Limits: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: cfg.HomeCPULimit},
-				},
+				Resources:       HomeResources(g, cfg),
 				ReadinessProbe: readiness,
 				LivenessProbe:  liveness,
 				VolumeMounts:   mounts,
@@ -398,4 +389,79 @@ func prefixes(ps []netip.Prefix) string {
 		out[i] = p.String()
 	}
 	return strings.Join(out, ",")
+}
+
+// HomeResources is what a grant's Home reserves and may use: its fibers'
+// memory (memoryPerFiber x maxFibers) and fiberd's own, Knative's per-Pod
+// CPU reservation, and a CPU limit. The quota Pod in the tenant's
+// namespace carries the same, so the tenant's ResourceQuota and LimitRange
+// count what the Home takes.
+func HomeResources(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) corev1.ResourceRequirements {
+	mem := resource.NewQuantity(ReservedMemory(g, cfg), resource.BinarySI)
+	mem.Add(HomeOverhead)
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: HomeCPURequest},
+		// A CPU limit: without one a Home whose fibers spin took 1.7 of a
+		// node's 2 cores and another tenant's requests slowed 33-74x
+		// (issue #22). Fibers inside share it with equal weights.
+		Limits: corev1.ResourceList{corev1.ResourceMemory: *mem, corev1.ResourceCPU: cfg.HomeCPULimit},
+	}
+}
+
+// QuotaPodName names g's quota Pod in g's namespace: the grant's (the
+// Revision's) name with a suffix, shortened with a hash when the name would
+// not be a valid Pod name.
+func QuotaPodName(g *v1alpha1.CapacityGrant) string {
+	const suffix = "-lampyr-quota"
+	if len(g.Name)+len(suffix) <= 63 {
+		return g.Name + suffix
+	}
+	sum := sha256.Sum256([]byte(g.Name))
+	return g.Name[:63-len(suffix)-11] + "-" + hex.EncodeToString(sum[:5]) + suffix
+}
+
+// MakeQuotaPod is g's quota Pod: a Pod in the tenant's namespace that is
+// never scheduled (a scheduling gate only the tenant could remove, and the
+// grant controller replaces a Pod without it) and carries exactly the Home's
+// requests and limits, so the namespace's ResourceQuota counts the Revision
+// as it would count the tenant's own Pod and its LimitRange checks it
+// (docs/security.md, "What a tenant's Kubernetes objects still mean"). It
+// meets Pod Security "restricted", mounts nothing and has no token; its
+// command exits at once if it is ever run. Owned by the grant, it goes with
+// it.
+func MakeQuotaPod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) *corev1.Pod {
+	labels := Labels(g)
+	labels[ComponentKey] = contract.QuotaPodComponent
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: QuotaPodName(g), Namespace: g.Namespace, Labels: labels,
+			Annotations: map[string]string{
+				"lampyr.dev/purpose": "Counts what this Revision's Home (in " + contract.HomesNamespace + ") reserves against this namespace's ResourceQuota and LimitRange. Never scheduled; deleting it makes the grant controller create it again.",
+			},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(g, v1alpha1.SchemeGroupVersion.WithKind("CapacityGrant"))},
+		},
+		Spec: corev1.PodSpec{
+			SchedulingGates:               []corev1.PodSchedulingGate{{Name: contract.QuotaPodGate}},
+			AutomountServiceAccountToken:  ptr.To(false),
+			EnableServiceLinks:            ptr.To(false),
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](0),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot:   ptr.To(true),
+				RunAsUser:      ptr.To[int64](65532),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name:    "quota",
+				Image:   cfg.HomeImage,
+				Command: []string{"/fiberd", "-h"}, // prints its flags and exits 0
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					ReadOnlyRootFilesystem:   ptr.To(true),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+				Resources: HomeResources(g, cfg),
+			}},
+		},
+	}
 }
