@@ -8,7 +8,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/net/dns/dnsmessage"
+
 	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/egress"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
@@ -73,6 +76,13 @@ func TestEgressServiceBindings(t *testing.T) {
 		"other.default.svc.cluster.local.":      netip.MustParseAddr("192.0.2.7"), // outside Allow
 		"example.com.":                          ip,                               // outside Domains
 	}
+	// A tenant's ExternalName Services: to a denied name, and to the
+	// allowed one (issue 31).
+	cnames := map[string]string{
+		"kdns.default.svc.cluster.local.":  "kube-dns.kube-system.svc.cluster.local.",
+		"alias.default.svc.cluster.local.": "backend.default.svc.cluster.local.",
+	}
+	names["kube-dns.kube-system.svc.cluster.local."] = ip // allowed address, denied name
 	lookups := 0
 	pol := &egresspolicy.Policy{
 		Domains:         []string{"svc.cluster.local"},
@@ -82,12 +92,18 @@ func TestEgressServiceBindings(t *testing.T) {
 	}
 	inst := evil(t, fiberdtest.Options{WarmFibers: -1, Egress: &process.Egress{
 		Policy: pol,
-		Lookup: func(ctx context.Context, network, host string) ([]netip.Addr, error) {
+		Lookup: func(ctx context.Context, host string, _ dnsmessage.Type) (egress.Answer, error) {
 			lookups++
-			if a, ok := names[host]; ok {
-				return []netip.Addr{a}, nil
+			ans := egress.Answer{Chain: []string{host}}
+			if t, ok := cnames[host]; ok {
+				ans.Chain = append(ans.Chain, t)
+				host = t
 			}
-			return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+			if a, ok := names[host]; ok {
+				ans.Addrs = []netip.Addr{a}
+				return ans, nil
+			}
+			return ans, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
 		},
 	}})
 	c := inst.Client
@@ -102,7 +118,7 @@ func TestEgressServiceBindings(t *testing.T) {
 	}
 
 	// The binding works, by full name and through the search path.
-	for _, n := range []string{"backend.default.svc.cluster.local", "backend.default", "backend"} {
+	for _, n := range []string{"backend.default.svc.cluster.local", "backend.default", "backend", "alias"} {
 		if p := probe("name=" + n + ":" + port); !strings.Contains(p.Result, "tcp "+n+":"+port+": connected") {
 			t.Errorf("%s: the fiber could not reach the Service by name: %s", n, p.Result)
 		}
@@ -112,6 +128,7 @@ func TestEgressServiceBindings(t *testing.T) {
 		"tcp=" + net.JoinHostPort(ip.String(), port),                        // the same address, not resolved
 		"tcp=" + inst.Endpoint + "," + fiberdtest.HostListener(t),           // fiberd's API, the host's loopback
 		"name=kubernetes.default.svc.cluster.local:" + port,                 // denied name
+		"name=kdns.default.svc.cluster.local:" + port,                       // denied name along the chain
 		"name=x.lampyr-system.svc.cluster.local:80",                         // denied namespace
 		"name=metadata.default.svc.cluster.local:80",                        // link-local
 		"name=loop.default.svc.cluster.local:" + port,                       // loopback
