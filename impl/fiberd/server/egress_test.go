@@ -18,7 +18,7 @@ import (
 
 // hostAddr is a non-loopback IPv4 address of this machine, standing in for
 // a cluster Service's ClusterIP.
-func hostAddr(t *testing.T) netip.Addr {
+func hostAddr(t testing.TB) netip.Addr {
 	t.Helper()
 	addrs, _ := net.InterfaceAddrs()
 	for _, a := range addrs {
@@ -86,7 +86,7 @@ func TestEgressServiceBindings(t *testing.T) {
 	lookups := 0
 	pol := &egresspolicy.Policy{
 		Domains:         []string{"svc.cluster.local"},
-		DenyNames:       []string{"kubernetes.default.svc.cluster.local", ".lampyr-system.svc.cluster.local"},
+		DenyNames:       []string{"kubernetes.default.svc.cluster.local", ".lampyr-system.svc.cluster.local", ".kube-system.svc.cluster.local"},
 		Allow:           []netip.Prefix{netip.PrefixFrom(ip, 32)},
 		SearchNamespace: "default",
 	}

@@ -118,8 +118,10 @@ type Egress struct {
 	// Lookup asks the Home's nameserver; default the nameservers of the
 	// Home's /etc/resolv.conf (egress.ResolverFromConf).
 	Lookup egress.Lookup
-	// Dial opens forwarded connections; default a net.Dialer.
-	Dial netstack.Dialer
+	// Dial opens forwarded connections: through the tenant namespace's
+	// egress proxy (proxy.Dialer) or, by default, from the Home
+	// (egress.DirectDial).
+	Dial egress.Dialer
 }
 
 // NoResolverConf is a fiber's /etc/resolv.conf when it has no resolver:
