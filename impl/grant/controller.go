@@ -102,8 +102,11 @@ func newController(ctx context.Context, _ configmap.Watcher, o Options) *control
 			return nil, err
 		}
 		ranges.withEgressDefaults(ctx, cfg, logger.Warnf)
+		cfg.EgressAPI = lampyrconfig.EgressAPIURL(systemNS)
 		return cfg, nil
 	}
+	// Homes ask for their namespace's egress Pod (egress_api.go).
+	startEgressAPI(ctx, newEgressAPI(r))
 
 	var impl *controller.Impl
 	impl = grantreconciler.NewImpl(ctx, r, func(*controller.Impl) controller.Options {

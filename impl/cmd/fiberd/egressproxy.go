@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/egress/proxy"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -20,9 +21,9 @@ import (
 // impl/grant/resources MakeEgressPod).
 const (
 	// EnvGrantKey is the grant controller's public key, PEM.
-	EnvGrantKey = "LAMPYR_GRANT_KEY"
+	EnvGrantKey = contract.EgressGrantKeyEnv
 	// EnvPodNamespace is the egress Pod's namespace (downward API).
-	EnvPodNamespace = "POD_NAMESPACE"
+	EnvPodNamespace = contract.EgressNamespaceEnv
 )
 
 // egressProxyMain runs `fiberd egress-proxy`: the tenant namespace's
@@ -30,7 +31,7 @@ const (
 // key and namespace come from its environment.
 func egressProxyMain(args []string) error {
 	fs := flag.NewFlagSet("fiberd egress-proxy", flag.ContinueOnError)
-	listen := fs.String("listen", ":3128", "address the proxy listens on")
+	listen := fs.String("listen", fmt.Sprintf(":%d", contract.EgressProxyPort), "address the proxy listens on")
 	namespace := fs.String("namespace", os.Getenv(EnvPodNamespace), "the namespace whose grants are served (default $"+EnvPodNamespace+")")
 	keyPEM := fs.String("grant-key", os.Getenv(EnvGrantKey), "the grant controller's public key, PEM (default $"+EnvGrantKey+")")
 	maxTunnels := fs.Int("max-tunnels", proxy.DefaultMaxTunnels, "most open tunnels; more are answered 503")

@@ -275,7 +275,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 		args = append(args, "--registry-mirror="+m)
 	}
 	var env []corev1.EnvVar
-	if cfg.Egress == lampyrconfig.EgressCluster && len(cfg.EgressAllow) > 0 {
+	if (cfg.Egress == lampyrconfig.EgressCluster || cfg.Egress == lampyrconfig.EgressDirect) && len(cfg.EgressAllow) > 0 {
 		args = append(args,
 			"--egress="+lampyrconfig.EgressCluster,
 			"--egress-domains="+strings.Join(cfg.EgressDomains, ","),
@@ -284,6 +284,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 			"--egress-deny="+prefixes(cfg.EgressDeny),
 			"--egress-namespace="+g.Namespace,
 		)
+		args = append(args, egressDialArgs(cfg)...)
 		// fiberd denies its own Pod's and node's addresses too.
 		env = []corev1.EnvVar{
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},

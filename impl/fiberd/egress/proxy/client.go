@@ -14,11 +14,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"lampyr.dev/serving/impl/contract"
 )
 
 // EgressPath is the grant controller's endpoint that ensures a namespace's
 // egress Pod and answers its address (impl/grant/egress_api.go).
-const EgressPath = "/v1/egress"
+const EgressPath = contract.EgressAPIPath
 
 // EgressResponse is POST EgressPath's answer.
 type EgressResponse struct {
