@@ -101,12 +101,14 @@ func connect(c net.Conn, dst netip.AddrPort, grant []byte) (net.Conn, error) {
 	}
 	// A destination that speaks first: its bytes may already be read.
 	pre, _ := br.Peek(br.Buffered())
-	return &bufferedConn{TCPConn: c.(*net.TCPConn), pre: append([]byte(nil), pre...)}, nil
+	return &bufferedConn{Conn: c, pre: append([]byte(nil), pre...)}, nil
 }
 
 // bufferedConn reads what was buffered before the connection's own bytes.
+// It embeds the net.Conn interface, not *net.TCPConn, so io.Copy cannot
+// reach past Read (TCPConn's WriteTo would skip pre).
 type bufferedConn struct {
-	*net.TCPConn
+	net.Conn
 	pre []byte
 }
 
@@ -116,7 +118,15 @@ func (b *bufferedConn) Read(p []byte) (int, error) {
 		b.pre = b.pre[n:]
 		return n, nil
 	}
-	return b.TCPConn.Read(p)
+	return b.Conn.Read(p)
+}
+
+// CloseWrite half-closes, so the destination sees the fiber's EOF.
+func (b *bufferedConn) CloseWrite() error {
+	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return b.Conn.Close()
 }
 
 // EndpointSource says where the namespace's egress proxy is.
