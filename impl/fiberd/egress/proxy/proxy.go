@@ -29,8 +29,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/net/netutil"
-
 	"lampyr.dev/serving/impl/trust/egresspolicy"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -76,6 +74,7 @@ type Server struct {
 	mu      sync.Mutex
 	open    map[net.Conn]struct{}
 	closed  bool
+	pending int
 }
 
 func (s *Server) init() {
@@ -104,21 +103,41 @@ func (s *Server) init() {
 // Serve serves CONNECT on ln until ln is closed or Close is called.
 func (s *Server) Serve(ln net.Listener) error {
 	s.init()
-	// Connections still sending their request are bounded too (tunnels
-	// leave the HTTP server once hijacked).
-	ln = netutil.LimitListener(ln, s.MaxTunnels+64)
 	srv := &http.Server{
 		Handler:           s,
 		ReadHeaderTimeout: headerTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		IdleTimeout:       time.Minute,
 		ErrorLog:          log.New(io.Discard, "", 0),
+		// Connections still sending their request are bounded too
+		// (tunnels leave the HTTP server once hijacked, and are bounded
+		// by MaxTunnels). Counted here rather than by wrapping the
+		// listener, so a tunnel splices the raw TCP connections in the
+		// kernel and half-closes them.
+		ConnState: s.countPending,
 	}
 	err := srv.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}
 	return err
+}
+
+// maxPending bounds connections that have not become tunnels.
+const maxPending = 256
+
+func (s *Server) countPending(c net.Conn, st http.ConnState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch st {
+	case http.StateNew:
+		s.pending++
+		if s.pending > maxPending {
+			c.Close() // reported StateClosed, which counts it out
+		}
+	case http.StateHijacked, http.StateClosed:
+		s.pending--
+	}
 }
 
 // Close ends every open tunnel and waits for them.

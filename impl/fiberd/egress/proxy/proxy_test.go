@@ -239,3 +239,45 @@ type forgetter struct {
 
 func (f forgetter) Endpoint(context.Context) (string, error) { return f.ep, nil }
 func (f forgetter) Forget(string)                            { *f.forgot = true }
+
+// A tunnel half-closes: a destination that ends its side first still gets
+// what the client sends after (the proxy splices the raw connections).
+func TestProxyHalfClose(t *testing.T) {
+	pub, key, _ := signedgrant.GenerateKey()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan string, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write([]byte("bye"))
+		c.(*net.TCPConn).CloseWrite()
+		b, _ := io.ReadAll(c)
+		got <- string(b)
+	}()
+	proxy := startProxy(t, pub, ln.Addr().(*net.TCPAddr).AddrPort(), 4)
+	c, err := Dial(context.Background(), proxy, netip.MustParseAddrPort("10.96.12.7:80"), signed(t, key, "tenant", time.Now().Add(time.Minute)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if b, err := io.ReadAll(c); err != nil || string(b) != "bye" {
+		t.Fatalf("read %q %v", b, err)
+	}
+	c.Write([]byte("after your EOF"))
+	c.(interface{ CloseWrite() error }).CloseWrite()
+	select {
+	case s := <-got:
+		if s != "after your EOF" {
+			t.Errorf("the destination got %q", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Error("the destination got nothing after its half-close")
+	}
+}
