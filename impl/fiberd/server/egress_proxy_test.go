@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -183,13 +184,20 @@ func BenchmarkEgressCall(b *testing.B) {
 			u := fmt.Sprintf("http://backend.default.svc.cluster.local:%d/", netip.MustParseAddrPort(r.svc).Port())
 			call(b, inst.Client, f.ID, u) // warm: the fiber's first lookup and connection
 			before := r.tunnels.Load()
+			lat := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for range b.N {
+				t0 := time.Now()
 				if res := call(b, inst.Client, f.ID, u); res.Status != 200 {
-					b.Fatalf("call: %+v", res)
+					b.Fatalf("call %d after %s: %+v ", len(lat), time.Since(t0), res)
 				}
+				lat = append(lat, time.Since(t0))
 			}
 			b.StopTimer()
+			p50, p99 := percentiles(lat)
+			b.ReportMetric(float64(p50.Microseconds())/1000, "call-p50-ms")
+			b.ReportMetric(float64(p99.Microseconds())/1000, "call-p99-ms")
+			b.ReportMetric(float64(slices.Max(lat).Microseconds())/1000, "call-max-ms")
 			if got := r.tunnels.Load() - before; viaProxy != (got > 0) {
 				b.Fatalf("%d tunnels through the proxy with %s", got, name)
 			}
