@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
 
@@ -149,5 +150,50 @@ func TestEgressServiceBindings(t *testing.T) {
 	}
 	if lookups == 0 {
 		t.Error("the resolver never asked the Home's resolver")
+	}
+}
+
+// A fiber that connects again from the same source port right after the
+// destination closed the last connection on it (Linux reuses such ports)
+// gets through at once. fiberd's stack closed first and kept the 4-tuple in
+// TIME-WAIT, where gVisor drops a new SYN unless a listener (not the
+// forwarder) takes it: such calls hung until the caller's timeout.
+func TestEgressReusedSourcePort(t *testing.T) {
+	ip := hostAddr(t)
+	svc, err := net.Listen("tcp", netip.AddrPortFrom(ip, 0).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	go func() {
+		for {
+			c, err := svc.Accept()
+			if err != nil {
+				return
+			}
+			c.Close() // the destination closes first
+		}
+	}()
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Mode: "reuse", IdleTimeout: time.Minute, WarmFibers: -1, Egress: &process.Egress{
+		Policy: &egresspolicy.Policy{Domains: []string{"svc.cluster.local"}, Allow: []netip.Prefix{netip.PrefixFrom(ip, 32)}},
+		Lookup: func(_ context.Context, host string, _ dnsmessage.Type) (egress.Answer, error) {
+			return egress.Answer{Chain: []string{host}, Addrs: []netip.Addr{ip}}, nil
+		},
+	}})
+	f, err := inst.Client.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inst.Client.Release(context.Background(), f.ID)
+	path := "/dial?lport=40123&addr=backend.default.svc.cluster.local:" + strconv.Itoa(svc.Addr().(*net.TCPAddr).Port)
+	for i := range 3 {
+		start := time.Now()
+		resp, b := get(t, inst.Client, f.ID, path)
+		if resp.StatusCode != 200 {
+			t.Fatalf("dial %d from the same port: %d %s", i, resp.StatusCode, b)
+		}
+		if d := time.Since(start); d > 900*time.Millisecond {
+			t.Errorf("dial %d from the same port took %s (a dropped SYN waits for its 1 s retransmit)", i, d)
+		}
 	}
 }
