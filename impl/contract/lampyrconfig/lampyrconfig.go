@@ -50,8 +50,9 @@ const (
 	// set to half of it.
 	KeyHomeStorageLimit = "home-storage-limit"
 	// KeyFiberEgress turns fibers' service bindings on ("cluster", the
-	// default) or off ("off": loopback only). docs/networking.md,
-	// "Service bindings".
+	// default: through the namespace's egress Pod; "direct": from the
+	// Home) or off ("off": loopback only). docs/networking.md, "Service
+	// bindings".
 	KeyFiberEgress = "fiber-egress"
 	// KeyFiberEgressDomains: DNS suffixes fibers may resolve.
 	KeyFiberEgressDomains = "fiber-egress-domains"
