@@ -1,11 +1,13 @@
 // Package egress is a fiber's only way out of its network namespace: its
 // service bindings (docs/networking.md, "Service bindings"). A fiber has
 // loopback and one point-to-point interface whose every packet fiberd
-// reads; fiberd answers DNS for the fiber with a restricted resolver and
-// opens, from the Home's own network namespace, only TCP connections to
-// addresses that resolver handed to this fiber and the installation's
-// policy allows. Nothing else leaves: no UDP but DNS to the resolver, no
-// ICMP, no connection to an address the fiber did not resolve.
+// reads; fiberd answers DNS for the fiber with a restricted resolver (real
+// queries to the Home's nameserver, every name of the answer's CNAME chain
+// checked: resolver.go) and opens only TCP connections to addresses that
+// resolver handed to this fiber and the installation's policy allows,
+// through the tenant namespace's egress Pod (package proxy) or from the
+// Home (DirectDial). Nothing else leaves: no UDP but DNS to the resolver,
+// no ICMP, no connection to an address the fiber did not resolve.
 package egress
 
 import (

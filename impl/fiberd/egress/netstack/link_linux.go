@@ -51,7 +51,8 @@ const connectTimeout = 50 * time.Second
 // Link is one fiber's egress: a TUN interface in the fiber's network
 // namespace, read by a user-space TCP/IP stack (gVisor's netstack) in
 // fiberd that serves the fiber's resolver and forwards allowed TCP
-// connections from the Home's network namespace.
+// connections through its Dialer (the namespace's egress proxy, or from
+// the Home's network namespace).
 type Link struct {
 	guard *egress.Guard
 	dial  egress.Dialer
