@@ -24,6 +24,7 @@ import (
 	fiberdlisters "lampyr.dev/serving/impl/client/listers/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/fiberd/egress/proxy"
 	"lampyr.dev/serving/impl/grant/resources"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -246,3 +247,22 @@ var errQuota = quotaError("exceeded quota: q, requested: pods=1, used: pods=2, l
 type quotaError string
 
 func (e quotaError) Error() string { return string(e) }
+
+// fiberd's client of the egress API (package proxy) and this server agree
+// on the path, the bearer and the answer.
+func TestEgressAPIWithFiberdClient(t *testing.T) {
+	g := grant("hello-00001")
+	admitted(g)
+	a, _ := egressAPI(t, []*v1alpha1.CapacityGrant{g}, nil, testConfig(), false)
+	a.now = time.Now
+	srv := httptest.NewServer(a)
+	defer srv.Close()
+	signed, err := signedgrant.Sign(testKeys.Signing, resources.MakeClaims(g, testConfig(), testHelper, "gid", metav1.Now()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &proxy.Endpoints{API: srv.URL, Grant: func() ([]byte, error) { return signed, nil }}
+	if ep, err := e.Endpoint(context.Background()); err != nil || ep != "10.244.1.7:3128" {
+		t.Errorf("fiberd asked: %q %v", ep, err)
+	}
+}
