@@ -112,25 +112,31 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 		pending:    map[string]int64{},
 	}
 	ranges := &clusterRanges{kube: kube}
-	r.config = func(ctx context.Context) (*lampyrconfig.Config, error) {
-		// A copy: the store's value is shared by every reconcile, and the
-		// cluster's egress ranges are filled in per use.
-		cfg := *config.FromContext(ctx)
+	// config-lampyr, parsed once per change by Knative's config store; a
+	// change may admit grants refused for capacity.
+	var impl *controller.Impl
+	store := config.NewStore(logger.Named("config-store"), func(string, any) {
+		if impl != nil {
+			impl.GlobalResync(grantInformer.Informer())
+		}
+	})
+	if w, ok := cmw.(config.DefaultingWatcher); ok {
+		store.WatchConfigs(w, systemNS)
+	} else {
+		logger.Warnw("The configmap watcher cannot stand in a default: config-lampyr is not watched, its defaults apply")
+	}
+	r.config = func(context.Context) (*lampyrconfig.Config, error) {
+		// A copy: the store's value is shared by every reconcile (and the
+		// egress API), and the cluster's egress ranges are filled in per use.
+		cfg := *store.Load()
 		ranges.withEgressDefaults(ctx, &cfg, logger.Warnf)
+		cfg.EgressAPI = lampyrconfig.EgressAPIURL(systemNS)
 		return &cfg, nil
 	}
+	// Homes ask for their namespace's egress Pod (egress_api.go).
+	startEgressAPI(ctx, newEgressAPI(r))
 
-	var impl *controller.Impl
-	impl = grantreconciler.NewImpl(ctx, r, func(impl *controller.Impl) controller.Options {
-		// config-lampyr is parsed once per change, by Knative's config
-		// store, and a change may admit grants refused for capacity.
-		resync := func(string, any) { impl.GlobalResync(grantInformer.Informer()) }
-		store := config.NewStore(logger.Named("config-store"), resync)
-		if w, ok := cmw.(config.DefaultingWatcher); ok {
-			store.WatchConfigs(w, systemNS)
-		} else {
-			logger.Warnw("The configmap watcher cannot stand in a default: config-lampyr is not watched, its defaults apply")
-		}
+	impl = grantreconciler.NewImpl(ctx, r, func(*controller.Impl) controller.Options {
 		return controller.Options{
 			ConfigStore: store,
 			// On promotion (the generated reconciler then enqueues every

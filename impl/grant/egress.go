@@ -82,7 +82,7 @@ func (c *clusterRanges) find(ctx context.Context) (allow, deny []netip.Prefix, e
 // withEgressDefaults fills the fibers' egress ranges the ConfigMap left to
 // the cluster. Without them the Homes run with egress off (logged).
 func (c *clusterRanges) withEgressDefaults(ctx context.Context, cfg *lampyrconfig.Config, logf func(string, ...any)) {
-	if cfg.Egress != lampyrconfig.EgressCluster {
+	if cfg.Egress != lampyrconfig.EgressCluster && cfg.Egress != lampyrconfig.EgressDirect {
 		return
 	}
 	allow, deny, fresh, err := c.get(ctx)

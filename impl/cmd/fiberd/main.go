@@ -7,6 +7,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -22,6 +23,7 @@ import (
 
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
+	"lampyr.dev/serving/impl/fiberd/egress/proxy"
 	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/trust/egresspolicy"
 	"lampyr.dev/serving/impl/trust/signedgrant"
@@ -33,6 +35,12 @@ func (m *multi) String() string     { return strings.Join(*m, ",") }
 func (m *multi) Set(v string) error { *m = append(*m, v); return nil }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "egress-proxy" {
+		if err := egressProxyMain(os.Args[2:]); err != nil {
+			log.Fatalf("fiberd egress-proxy: %v", err)
+		}
+		return
+	}
 	var (
 		listen       = flag.String("listen", ":9090", "address of the fiberd API")
 		grantFile    = flag.String("grant-file", "/var/run/lampyr/home/grant", "signed grant (the Home Secret, mounted)")
@@ -62,9 +70,12 @@ func main() {
 	flag.StringVar(&sb.egressAllow, "egress-allow", "", "comma-separated CIDRs fibers may connect to (e.g. the Service CIDR); required with --egress=cluster")
 	flag.StringVar(&sb.egressDeny, "egress-deny", "", "comma-separated CIDRs refused inside --egress-allow (the Home's POD_IP and HOST_IP are added)")
 	flag.StringVar(&sb.egressNamespace, "egress-namespace", "", "the Revision's namespace, first in fibers' DNS search path")
+	flag.StringVar(&sb.egressDial, "egress-dial", "direct", "how fibers' allowed connections leave: \"proxy\" (through the tenant namespace's egress Pod, found with --egress-api) or \"direct\" (from the Home)")
+	flag.StringVar(&sb.egressAPI, "egress-api", "", "the grant controller's egress API, e.g. http://lampyr-grant-controller.lampyr-system.svc:8092 (with --egress-dial=proxy)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	sb.grantFile = *grantFile
 	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *tlsKeyFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
@@ -80,6 +91,7 @@ type sandboxFlags struct {
 	limits         artifact.Limits
 
 	egress, egressDomains, egressDenyNames, egressAllow, egressDeny, egressNamespace string
+	egressDial, egressAPI, grantFile                                                 string
 }
 
 // egressConfig is the process backend's egress from the flags, nil when
@@ -112,13 +124,32 @@ func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
 		}
 		return out
 	}
-	return &process.Egress{Policy: &egresspolicy.Policy{
+	eg := &process.Egress{Policy: &egresspolicy.Policy{
 		Domains:         split(sb.egressDomains),
 		DenyNames:       split(sb.egressDenyNames),
 		Allow:           allow,
 		Deny:            deny,
 		SearchNamespace: sb.egressNamespace,
-	}}, nil
+	}}
+	switch sb.egressDial {
+	case "direct", "":
+	case "proxy":
+		if sb.egressAPI == "" {
+			return nil, errors.New("--egress-dial=proxy needs --egress-api (the grant controller's egress API, which names this namespace's egress Pod)")
+		}
+		grant := func() ([]byte, error) {
+			b, err := os.ReadFile(sb.grantFile)
+			if err != nil {
+				return nil, fmt.Errorf("reading the signed grant for the egress proxy: %w", err)
+			}
+			return bytes.TrimSpace(b), nil
+		}
+		d := &proxy.Dialer{Endpoints: &proxy.Endpoints{API: sb.egressAPI, Grant: grant}, Grant: grant}
+		eg.Dial = d.Dial
+	default:
+		return nil, fmt.Errorf("--egress-dial %q: want \"proxy\" or \"direct\"", sb.egressDial)
+	}
+	return eg, nil
 }
 
 type uint32Flag uint32
@@ -165,7 +196,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 		return err
 	}
 	if eg != nil {
-		log.Printf("fiber egress: resolving %v (not %v), connecting within %v (not %v)", eg.Policy.Domains, eg.Policy.DenyNames, eg.Policy.Allow, eg.Policy.Deny)
+		log.Printf("fiber egress: resolving %v (not %v), connecting within %v (not %v), dialling %s", eg.Policy.Domains, eg.Policy.DenyNames, eg.Policy.Allow, eg.Policy.Deny, sb.egressDial)
 	}
 	be, err := process.New(process.Config{
 		Egress:       eg,

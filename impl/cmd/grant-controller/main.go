@@ -7,6 +7,7 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"log"
 	"os"
 	"time"
@@ -43,6 +44,7 @@ func main() {
 	var (
 		systemNS = flag.String("system-namespace", envOr(system.NamespaceEnvKey, contract.SystemNamespace), "namespace of config-lampyr and the installation's keys")
 		homesNS  = flag.String("homes-namespace", envOr("LAMPYR_HOMES_NAMESPACE", contract.HomesNamespace), "namespace every Home (Pod, Service, Secret) runs in; never a tenant's")
+		egress   = flag.String("egress-api-listen", fmt.Sprintf(":%d", contract.EgressAPIPort), "address of the fibers' egress API (POST "+contract.EgressAPIPath+", for Homes only; empty: not served)")
 		elect    = flag.Bool("leader-elect", true, "reconcile only while holding the grant controller's Lease ("+component+".*) in the system namespace")
 	)
 	// This parses the flags (ours, and -kubeconfig defaulting to
@@ -59,6 +61,7 @@ func main() {
 	// Quota Pods live in tenant namespaces: cached through a filtered
 	// informer (their label only), never every Pod of the cluster.
 	ctx = filteredfactory.WithSelectors(ctx, grant.FilteredInformerSelectors()...)
+	ctx = grant.WithEgressAPI(ctx, *egress)
 	ctx = leaderelection.WithConfig(ctx, &leaderElection)
 	if !*elect {
 		ctx = sharedmain.WithHADisabled(ctx)

@@ -55,8 +55,9 @@ const (
 	// share with the Namespace annotation contract.FiberMemoryShareAnnotation.
 	KeyNamespaceFiberMemoryShare = "namespace-fiber-memory-share"
 	// KeyFiberEgress turns fibers' service bindings on ("cluster", the
-	// default) or off ("off": loopback only). docs/networking.md,
-	// "Service bindings".
+	// default: through the namespace's egress Pod; "direct": from the
+	// Home) or off ("off": loopback only). docs/networking.md, "Service
+	// bindings".
 	KeyFiberEgress = "fiber-egress"
 	// KeyFiberEgressDomains: DNS suffixes fibers may resolve.
 	KeyFiberEgressDomains = "fiber-egress-domains"
@@ -133,8 +134,16 @@ const (
 
 // Fiber egress modes.
 const (
+	// EgressCluster: fibers reach the cluster's Services through their
+	// namespace's egress Pod, so NetworkPolicies treat them as Pods of
+	// that namespace.
 	EgressCluster = "cluster"
-	EgressOff     = "off"
+	// EgressDirect: the same resolver and policy, but connections leave
+	// from the Home in lampyr-homes (no egress Pod; the tenant's
+	// NetworkPolicies do not apply). For clusters that cannot run the
+	// egress Pod, and for comparison.
+	EgressDirect = "direct"
+	EgressOff    = "off"
 )
 
 // DefaultEgressDenyNames keep fibers' resolver away from the platform's
@@ -182,8 +191,12 @@ type Config struct {
 	FiberCPULimit resource.Quantity
 	// HomeStorageLimit is the sizeLimit of the Home's state emptyDir.
 	HomeStorageLimit resource.Quantity
-	// Egress is EgressCluster or EgressOff.
+	// Egress is EgressCluster, EgressDirect or EgressOff.
 	Egress string
+	// EgressAPI is the grant controller's egress API base URL, given to
+	// Homes (fiberd --egress-api). Not a key: the grant controller sets
+	// it from where it runs.
+	EgressAPI string
 	// EgressDomains, EgressDenyNames, EgressAllow and EgressDeny are the
 	// fibers' egress policy (impl/trust/egresspolicy.Policy). An empty
 	// EgressAllow means the cluster's Service CIDRs, which the grant
@@ -219,6 +232,12 @@ func (c *Config) RouterHost() string {
 	return c.RouterService + "." + c.RouterNamespace + ".svc.cluster.local"
 }
 
+// EgressAPIURL is the grant controller's egress API base URL when it runs
+// in systemNamespace (its Service, contract.GrantControllerName).
+func EgressAPIURL(systemNamespace string) string {
+	return fmt.Sprintf("http://%s.%s.svc:%d", contract.GrantControllerName, systemNamespace, contract.EgressAPIPort)
+}
+
 // RenewBefore is how long before expiry a grant is renewed: at half-life, so
 // a Home survives one missed renewal plus the kubelet's Secret sync delay.
 func (c *Config) RenewBefore() time.Duration { return c.GrantTTL / 2 }
@@ -239,6 +258,7 @@ func Defaults() *Config {
 		Egress:              EgressCluster,
 		EgressDomains:       []string{"svc.cluster.local"},
 		EgressDenyNames:     append([]string(nil), DefaultEgressDenyNames...),
+		EgressAPI:           EgressAPIURL(contract.SystemNamespace),
 
 		BackendStrategy:       BackendExternalName,
 		DefaultMemoryPerFiber: resource.MustParse("256Mi"),
@@ -327,11 +347,11 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 	},
 	KeyFiberEgress: func(c *Config, v string, _ map[string]string) error {
 		switch v = strings.TrimSpace(v); v {
-		case EgressCluster, EgressOff:
+		case EgressCluster, EgressDirect, EgressOff:
 			c.Egress = v
 			return nil
 		}
-		return fmt.Errorf("%s %q: want %q or %q", KeyFiberEgress, v, EgressCluster, EgressOff)
+		return fmt.Errorf("%s %q: want %q, %q or %q", KeyFiberEgress, v, EgressCluster, EgressDirect, EgressOff)
 	},
 	KeyFiberEgressDomains:    list(func(c *Config) *[]string { return &c.EgressDomains }),
 	KeyFiberEgressDenyNames:  list(func(c *Config) *[]string { return &c.EgressDenyNames }),

@@ -81,3 +81,15 @@ func TestMirrors(t *testing.T) {
 		t.Errorf("registry-mirrors wins for the controller: %+v %v", c, err)
 	}
 }
+
+func TestFiberEgressModes(t *testing.T) {
+	for _, v := range []string{EgressCluster, EgressDirect, EgressOff} {
+		c, err := Parse(map[string]string{KeyFiberEgress: v}, GrantKeys)
+		if err != nil || c.Egress != v {
+			t.Errorf("%s=%s: %+v %v", KeyFiberEgress, v, c, err)
+		}
+	}
+	if got := Defaults().EgressAPI; got != "http://lampyr-grant-controller.lampyr-system.svc:8092" {
+		t.Errorf("default egress API %q", got)
+	}
+}

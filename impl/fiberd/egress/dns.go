@@ -1,11 +1,13 @@
 // Package egress is a fiber's only way out of its network namespace: its
 // service bindings (docs/networking.md, "Service bindings"). A fiber has
 // loopback and one point-to-point interface whose every packet fiberd
-// reads; fiberd answers DNS for the fiber with a restricted resolver and
-// opens, from the Home's own network namespace, only TCP connections to
-// addresses that resolver handed to this fiber and the installation's
-// policy allows. Nothing else leaves: no UDP but DNS to the resolver, no
-// ICMP, no connection to an address the fiber did not resolve.
+// reads; fiberd answers DNS for the fiber with a restricted resolver (real
+// queries to the Home's nameserver, every name of the answer's CNAME chain
+// checked: resolver.go) and opens only TCP connections to addresses that
+// resolver handed to this fiber and the installation's policy allows,
+// through the tenant namespace's egress Pod (package proxy) or from the
+// Home (DirectDial). Nothing else leaves: no UDP but DNS to the resolver,
+// no ICMP, no connection to an address the fiber did not resolve.
 package egress
 
 import (
@@ -19,10 +21,6 @@ import (
 
 	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
-
-// Lookup resolves host (a fully qualified name) to addresses of network
-// ("ip4" or "ip6"), as net.Resolver.LookupNetIP does.
-type Lookup func(ctx context.Context, network, host string) ([]netip.Addr, error)
 
 // maxResolved bounds the addresses one fiber may hold resolved; past it
 // the oldest are forgotten (a fiber cannot grow fiberd's memory).
@@ -104,9 +102,22 @@ func (g *Guard) Answer(ctx context.Context, query []byte) []byte {
 		resp.RCode = dnsmessage.RCodeNameError
 		return build(resp, qs, nil)
 	}
-	// A and AAAA both look the name up, so a name that exists answers
-	// NOERROR with no records for the other family, as a real server does.
-	as, err := g.lookup(ctx, "ip", egresspolicy.Canonical(name))
+	// Whatever the type, the name's A records decide whether it exists
+	// for the fiber (an allowed chain to an allowed address); only an A
+	// query is answered with records: the link carries IPv4 alone, so
+	// AAAA and the other types get none, and never a different verdict.
+	ans, err := g.lookup(ctx, egresspolicy.Canonical(name), dnsmessage.TypeA)
+	// Every name the answer went through must be one the fiber could have
+	// asked for: an allowed name that is a CNAME (an ExternalName
+	// Service) of a denied one, or of one outside the allowed domains,
+	// does not exist for the fiber, whatever else the server said. None
+	// of its addresses is remembered.
+	for _, n := range ans.Chain {
+		if !g.pol.NameAllowed(n) {
+			resp.RCode = dnsmessage.RCodeNameError
+			return build(resp, qs, nil)
+		}
+	}
 	if err != nil {
 		var de *net.DNSError
 		if errors.As(err, &de) && de.IsNotFound {
@@ -116,13 +127,14 @@ func (g *Guard) Answer(ctx context.Context, query []byte) []byte {
 		}
 		return build(resp, qs, nil)
 	}
+	as := ans.Addrs
 	var keep []netip.Addr
 	for _, a := range as {
 		a = a.Unmap()
 		if !g.pol.AddrAllowed(a) {
 			continue
 		}
-		if (q.Type == dnsmessage.TypeA && a.Is4()) || (q.Type == dnsmessage.TypeAAAA && a.Is6()) {
+		if q.Type == dnsmessage.TypeA && a.Is4() {
 			keep = append(keep, a)
 		}
 	}

@@ -323,7 +323,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 		args = append(args, "--registry-mirror="+m)
 	}
 	var env []corev1.EnvVar
-	if cfg.Egress == lampyrconfig.EgressCluster && len(cfg.EgressAllow) > 0 {
+	if (cfg.Egress == lampyrconfig.EgressCluster || cfg.Egress == lampyrconfig.EgressDirect) && len(cfg.EgressAllow) > 0 {
 		args = append(args,
 			"--egress="+lampyrconfig.EgressCluster,
 			"--egress-domains="+strings.Join(cfg.EgressDomains, ","),
@@ -332,6 +332,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 			"--egress-deny="+prefixes(cfg.EgressDeny),
 			"--egress-namespace="+g.Namespace,
 		)
+		args = append(args, egressDialArgs(cfg)...)
 		// fiberd denies its own Pod's and node's addresses too.
 		env = []corev1.EnvVar{
 			{Name: "POD_IP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}},
@@ -374,9 +375,9 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 				Ports:           []corev1.ContainerPort{{Name: "https", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
 				Resources:       HomeResources(g, cfg),
-				ReadinessProbe: readiness,
-				LivenessProbe:  liveness,
-				VolumeMounts:   mounts,
+				ReadinessProbe:  readiness,
+				LivenessProbe:   liveness,
+				VolumeMounts:    mounts,
 			}},
 			Volumes: volumes,
 		},

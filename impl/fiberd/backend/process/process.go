@@ -124,10 +124,13 @@ type Backend struct {
 // Egress configures fibers' service bindings.
 type Egress struct {
 	Policy *egresspolicy.Policy
-	// Lookup is the Home's resolver; default net.DefaultResolver.
+	// Lookup asks the Home's nameserver; default the nameservers of the
+	// Home's /etc/resolv.conf (egress.ResolverFromConf).
 	Lookup egress.Lookup
-	// Dial opens forwarded connections; default a net.Dialer.
-	Dial netstack.Dialer
+	// Dial opens forwarded connections: through the tenant namespace's
+	// egress proxy (proxy.Dialer) or, by default, from the Home
+	// (egress.DirectDial).
+	Dial egress.Dialer
 }
 
 // NoResolverConf is a fiber's /etc/resolv.conf when it has no resolver:
@@ -246,7 +249,9 @@ func New(cfg Config) (*Backend, error) {
 			return nil, errors.New("process backend: egress without a policy")
 		}
 		if e.Lookup == nil {
-			e.Lookup = net.DefaultResolver.LookupNetIP
+			// Real queries to the Home's nameserver: the Guard checks every
+			// name of the answer's CNAME chain (net.Resolver hides it).
+			e.Lookup = egress.ResolverFromConf("/etc/resolv.conf").Lookup
 		}
 		if cfg.ResolvConf == "" {
 			cfg.ResolvConf = e.Policy.ResolvConf()

@@ -4,6 +4,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -120,12 +121,34 @@ func main() {
 		}
 		writeJSON(w, procs)
 	})
-	// dial?addr=H:P: can the fiber open a TCP connection to H:P?
+	// dial?addr=H:P: can the fiber open a TCP connection to H:P? With
+	// lport=N it connects from that local port (retrying while the port's
+	// last connection is still closing) and reads until the other side
+	// closes, so a second dial reuses the 4-tuple at once.
 	mux.HandleFunc("/dial", func(w http.ResponseWriter, r *http.Request) {
-		c, err := net.DialTimeout("tcp", r.URL.Query().Get("addr"), time.Second)
+		d := net.Dialer{Timeout: time.Second}
+		lport, _ := strconv.Atoi(r.URL.Query().Get("lport"))
+		if lport > 0 {
+			d.LocalAddr = &net.TCPAddr{Port: lport}
+			d.Control = func(_, _ string, rc syscall.RawConn) error {
+				return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1) })
+			}
+		}
+		var c net.Conn
+		var err error
+		for range 20 {
+			if c, err = d.Dial("tcp", r.URL.Query().Get("addr")); !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.EADDRINUSE) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
+		}
+		if lport > 0 {
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			io.Copy(io.Discard, c)
 		}
 		c.Close()
 		fmt.Fprintln(w, "connected")
