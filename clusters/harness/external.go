@@ -19,9 +19,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/rand"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
@@ -308,32 +308,31 @@ func PushProbe(ctx context.Context, t *Target) (string, error) {
 	return t.Registry + "/" + PreflightRepo + "@" + d.String(), nil
 }
 
-// PreflightNamespace holds CheckPull's Pod while it runs.
-const PreflightNamespace = "lampyr-preflight"
+// PreflightNamespace prefixes the namespace CheckPull's Pod runs in (one
+// per check: checks of targets on the same cluster run side by side).
+const PreflightNamespace = "lampyr-preflight-"
 
 // CheckPull has the cluster pull ref: a Pod (Pod Security restricted,
 // never started: its command does not exist) that the node either pulls
 // the image for (its container status gets an imageID, or the container
-// fails to start) or reports a pull error for. The Pod and its namespace
-// are deleted after.
+// fails to start) or reports a pull error for. The Pod's namespace is
+// deleted after.
 func CheckPull(ctx context.Context, t *Target, ref string) error {
 	kube := t.Clients.Kube
-	_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PreflightNamespace}}, metav1.CreateOptions{})
-	if err != nil && !apierrors.IsAlreadyExists(err) {
-		return fmt.Errorf("creating namespace %s for the pull check: %w", PreflightNamespace, err)
+	ns := PreflightNamespace + rand.String(5)
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("creating namespace %s for the pull check: %w", ns, err)
 	}
 	defer func() {
-		// Not waited for: the next run's Create meets AlreadyExists or a
-		// namespace still terminating, and says so.
-		_ = kube.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), PreflightNamespace, metav1.DeleteOptions{})
+		// Not waited for: the namespace goes with its Pod.
+		_ = kube.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), ns, metav1.DeleteOptions{})
 	}()
-	pod := pullPod(ref)
-	created, err := kube.CoreV1().Pods(PreflightNamespace).Create(ctx, pod, metav1.CreateOptions{})
+	created, err := kube.CoreV1().Pods(ns).Create(ctx, pullPod(ref), metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("creating the pull-check Pod: %w", err)
 	}
 	for {
-		p, err := kube.CoreV1().Pods(PreflightNamespace).Get(ctx, created.Name, metav1.GetOptions{})
+		p, err := kube.CoreV1().Pods(ns).Get(ctx, created.Name, metav1.GetOptions{})
 		if err == nil {
 			if done, perr := PullVerdict(p); done {
 				if perr != nil {
@@ -344,7 +343,7 @@ func CheckPull(ctx context.Context, t *Target, ref string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the cluster had not pulled %s after waiting (Pod %s/%s): %w", ref, PreflightNamespace, created.Name, ctx.Err())
+			return fmt.Errorf("the cluster had not pulled %s after waiting (Pod %s/%s): %w", ref, ns, created.Name, ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}
@@ -352,7 +351,7 @@ func CheckPull(ctx context.Context, t *Target, ref string) error {
 
 func pullPod(ref string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "pull-", Labels: map[string]string{"app.kubernetes.io/name": "lampyr-preflight"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "pull", Labels: map[string]string{"app.kubernetes.io/name": "lampyr-preflight"}},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			AutomountServiceAccountToken:  ptr.To(false),

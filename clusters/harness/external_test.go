@@ -166,3 +166,31 @@ current-context: kind-a
 		t.Errorf("a context the file lacks: %v", err)
 	}
 }
+
+// The pull check reads the node's verdict from its Pod: here a kubelet
+// that reports ErrImagePull.
+func TestCheckPullReportsThePullError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c := fakeClients(nil)
+	tg := &Target{Name: "s", Clients: c}
+	go func() {
+		for ctx.Err() == nil {
+			pods, err := c.Kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			if err == nil && len(pods.Items) == 1 {
+				p := &pods.Items[0]
+				p.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "ErrImagePull", Message: "dial tcp: lookup registry.internal: no such host"}}}}
+				_, _ = c.Kube.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
+	err := CheckPull(ctx, tg, "registry.internal:5000/x@sha256:0")
+	if err == nil || !strings.Contains(err.Error(), "the node could not pull it: ErrImagePull: dial tcp: lookup registry.internal") {
+		t.Fatalf("CheckPull = %v", err)
+	}
+	if nss, _ := c.Kube.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); len(nss.Items) != 0 {
+		t.Errorf("the pull check's namespace is left behind: %v", nss.Items)
+	}
+}
