@@ -30,7 +30,7 @@ func (f *Fleet) TargetFacts(ctx context.Context, list *Targets) []TargetFacts {
 		if t.External {
 			tf.Mode = "external"
 			tf.Cluster.Name = t.Context
-			tf.Cluster.Kubeconfig = spec.Kubeconfig
+			tf.Cluster.Kubeconfig = t.Source
 		}
 		if v, err := t.Clients.Kube.Discovery().ServerVersion(); err == nil {
 			tf.Cluster.KubernetesVersion = v.GitVersion

@@ -54,26 +54,29 @@ func ConnectExternals(cs ...Cluster) env.Func {
 				errs = append(errs, err)
 				continue
 			}
-			targetsFrom(ctx).put(t)
 			ts = append(ts, t)
 		}
-		var mu sync.Mutex
 		var wg sync.WaitGroup
-		for _, t := range ts {
+		checks := make([]error, len(ts))
+		for i, t := range ts {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := r.log.Step(fmt.Sprintf("Checking %s (%s profile, external): API server, Knative, gateway %s, registry %s", t.Name, orNone(t.Profile), t.Gateway, orNone(t.Registry)), func() error {
+				checks[i] = r.log.Step(fmt.Sprintf("Checking %s (%s profile, external): API server, Knative, gateway %s, registry %s", t.Name, orNone(t.Profile), t.Gateway, orNone(t.Registry)), func() error {
 					return Preflight(ctx, t, PreflightOptions{})
 				})
-				if err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
 			}()
 		}
 		wg.Wait()
+		// Only a target that passed is recorded: a refused one holds
+		// nothing of this run's to dump or clean up.
+		for i, t := range ts {
+			if checks[i] != nil {
+				errs = append(errs, checks[i])
+				continue
+			}
+			targetsFrom(ctx).put(t)
+		}
 		if len(errs) > 0 {
 			return ctx, fmt.Errorf("refusing to run on the external targets:\n%w", errors.Join(errs...))
 		}
@@ -112,7 +115,7 @@ func (r *run) externalTarget(c Cluster) (*Target, error) {
 		}
 	}
 	t := &Target{
-		Name: c.Name, Profile: c.Profile, Kubeconfig: kc, Context: ext.Context, Gateway: strings.TrimSuffix(ext.Gateway, "/"),
+		Name: c.Name, Profile: c.Profile, Kubeconfig: kc, Source: ext.Kubeconfig, Context: ext.Context, Gateway: strings.TrimSuffix(ext.Gateway, "/"),
 		Registry: ext.Registry, Push: ext.Push, Provider: ext.Provider,
 		Config: envconf.NewWithKubeConfig(kc), External: true,
 	}
@@ -192,7 +195,7 @@ func Preflight(ctx context.Context, t *Target, o PreflightOptions) error {
 	apiUp := true
 	if _, err := serverVersion(cctx, t); err != nil {
 		apiUp = false
-		miss("no API server answering through %s: %v", t.Kubeconfig, err)
+		miss("no API server answering: %v", err)
 	}
 	if apiUp && t.Profile != "" {
 		if _, err := t.Clients.Dynamic.Resource(crds).Get(cctx, "services.serving.knative.dev", metav1.GetOptions{}); err != nil {
@@ -232,7 +235,7 @@ func Preflight(ctx context.Context, t *Target, o PreflightOptions) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return fmt.Errorf("target %s (profile %s, KUBECONFIG=%s): %s", t.Name, orNone(t.Profile), t.Kubeconfig, strings.Join(missing, "; "))
+	return fmt.Errorf("target %s (profile %s, %s): %s", t.Name, orNone(t.Profile), t.Address(), strings.Join(missing, "; "))
 }
 
 func serverVersion(ctx context.Context, t *Target) (string, error) {

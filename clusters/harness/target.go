@@ -84,9 +84,10 @@ type Target struct {
 	// Push is where the host pushes images that the cluster pulls from
 	// Registry (empty: Registry itself).
 	Push string
-	// Context is the kubeconfig context an external installation was
-	// given by (Kubeconfig is then a file holding that context alone).
-	Context string
+	// Source and Context are the kubeconfig file and context an external
+	// installation was given by (with a context, Kubeconfig is a copy of
+	// the run holding that context alone).
+	Source, Context string
 	// Info is the Kind cluster's record; zero for an external installation.
 	Info kindcluster.Info
 	// Installation is the Lampyr installation (lampyr profile only).
@@ -101,6 +102,19 @@ type Target struct {
 	Created bool
 	// External: the suite does not manage this installation.
 	External bool
+}
+
+// Address is how a person reaches the target: KUBECONFIG=file, and the
+// context when one was given.
+func (t *Target) Address() string {
+	src := t.Source
+	if src == "" {
+		src = t.Kubeconfig
+	}
+	if t.Context != "" {
+		return fmt.Sprintf("KUBECONFIG=%s, context %s", src, t.Context)
+	}
+	return "KUBECONFIG=" + src
 }
 
 // targets is the set of Targets of one run, kept in the context as a
