@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
@@ -123,7 +124,7 @@ func (p *proof) readHosts(ctx context.Context, names ...string) error {
 			if err != nil {
 				return fmt.Errorf("Service %s on %s: %w", n, t.Name, err)
 			}
-			url, _, _ := unstructuredString(u.Object, "status", "url")
+			url, _, _ := unstructured.NestedString(u.Object, "status", "url")
 			_, host, _ := strings.Cut(url, "://")
 			p.mu.Lock()
 			if p.hosts[t.Name] == nil {
@@ -134,19 +135,6 @@ func (p *proof) readHosts(ctx context.Context, names ...string) error {
 		}
 	}
 	return nil
-}
-
-func unstructuredString(obj map[string]any, fields ...string) (string, bool, error) {
-	var cur any = obj
-	for _, f := range fields {
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return "", false, nil
-		}
-		cur = m[f]
-	}
-	s, ok := cur.(string)
-	return s, ok, nil
 }
 
 // facts are t's per-target values a comparison maps onto the reference's
