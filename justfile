@@ -150,6 +150,17 @@ test-knative-portability *GINKGO_ARGS: _inputs-background
     @mkdir -p {{artifacts}}/portability
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}
 
+# The portability proof over a list of targets (a YAML file; examples in
+# portability/targets/): existing clusters by kubeconfig (nothing is
+# created; each is checked first: gateway, registry, Lampyr), and/or Kind
+# clusters each with its own networking provider; every target compared with
+# the reference. Also LAMPYR_PORTABILITY_TARGETS=FILE on test-knative-portability.
+# Reports: _artifacts/targets/portability/report.{md,json}, _artifacts/targets/portability-junit.xml.
+#   just test-portability-targets portability/targets/three-providers.yaml
+test-portability-targets FILE *GINKGO_ARGS:
+    @mkdir -p {{artifacts}}/targets/portability
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}}/targets LAMPYR_PORTABILITY_TARGETS={{ if FILE =~ '^/' { FILE } else { invocation_directory() / FILE } }} go test -v -count=1 -timeout 150m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/targets/portability-junit.xml -ginkgo.json-report={{artifacts}}/targets/portability.json {{GINKGO_ARGS}}
+
 # Knative Eventing on the paired clusters (optional layer, off elsewhere):
 # installs Eventing (core, MT channel-based Broker, InMemoryChannel, from the
 # pinned knative.dev/eventing module) on stock and Lampyr, makes one

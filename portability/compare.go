@@ -13,7 +13,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"sort"
 	"strings"
 	"time"
 
@@ -269,6 +268,16 @@ func Diff(what string, stock, lampyr any) string {
 	return fmt.Sprintf("%s differs between stock Knative and Lampyr (-stock +lampyr):\n%s", what, d)
 }
 
+// DiffTargets is cmp.Diff(ref, got) with a header naming the reference
+// and the target (-reference +target); empty when equal.
+func DiffTargets(what, refName, name string, ref, got any) string {
+	d := cmp.Diff(ref, got)
+	if d == "" {
+		return ""
+	}
+	return fmt.Sprintf("%s differs between %s (the reference) and %s (-%s +%s):\n%s", what, refName, name, refName, name, d)
+}
+
 // ServiceSpec is the defaulted Service as an API server returns it, reduced
 // to what the user's YAML and the webhook's defaulting decide: spec, and the
 // annotations the webhook adds (serving.knative.dev/creator,
@@ -301,45 +310,6 @@ func CRDSpec(crd *unstructured.Unstructured) map[string]any {
 	spec, _, _ := unstructured.NestedMap(crd.Object, "spec")
 	unstructured.RemoveNestedField(spec, "conversion", "webhook", "clientConfig", "caBundle")
 	return spec
-}
-
-// Check is one line of the human report.
-type Check struct {
-	Name     string
-	Passed   bool
-	Detail   string
-	Duration time.Duration
-}
-
-// RenderReport renders the human report.
-func RenderReport(checks []Check, clusters map[string]string, total time.Duration) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# Knative portability proof\n\n")
-	names := make([]string, 0, len(clusters))
-	for n := range clusters {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		fmt.Fprintf(&b, "- %s: %s\n", n, clusters[n])
-	}
-	fmt.Fprintf(&b, "\n| check | result | time |\n|---|---|---|\n")
-	passed := 0
-	for _, c := range checks {
-		r := "FAIL"
-		if c.Passed {
-			r = "pass"
-			passed++
-		}
-		fmt.Fprintf(&b, "| %s | %s | %s |\n", c.Name, r, c.Duration.Round(100*time.Millisecond))
-	}
-	fmt.Fprintf(&b, "\n%d/%d checks passed in %s.\n", passed, len(checks), total.Round(time.Second))
-	for _, c := range checks {
-		if !c.Passed && c.Detail != "" {
-			fmt.Fprintf(&b, "\n## %s\n\n```\n%s\n```\n", c.Name, c.Detail)
-		}
-	}
-	return b.String()
 }
 
 // GRPCAnswers are a gRPC service's answers through a gateway: the health

@@ -34,6 +34,9 @@ type Fixture struct {
 	Dir  string // relative to the repository root
 	// Snapshot and Template are what Seal got from `ly deploy`.
 	Snapshot, Template string
+	// Sealed is what Fleet.Seal got from `ly deploy` on each lampyr
+	// target, by target name (each target seals to its own fleet key).
+	Sealed map[string]*ly.DeployResult
 }
 
 // Pair deploys fixtures identically on stock Knative and on Lampyr: the
@@ -84,14 +87,37 @@ func (p *Pair) Sides() []*harness.Target { return []*harness.Target{p.Stock, p.L
 // Service (and waits until it is gone), so that ApplyOnBoth creates it
 // anew from the same manifest as on stock. It returns ly deploy's result.
 func (p *Pair) Seal(ctx context.Context, f *Fixture) (*ly.DeployResult, error) {
-	artifactDir := filepath.Join(p.Work, "artifact-"+f.Name)
-	svcDir := filepath.Join(e2eutil.RepoRoot(), f.Dir)
-	if _, err := RunLy(ctx, p.Ly, p.Log, "build", svcDir, "--artifact", artifactDir); err != nil {
+	artifactDir, err := buildArtifact(ctx, p.Ly, p.Log, p.Work, f)
+	if err != nil {
 		return nil, err
 	}
-	events, err := RunLy(ctx, p.Ly, p.Log, "deploy", svcDir, "--artifact", artifactDir,
-		"--image", p.Lampyr.Registry+"/"+p.Repo+"/"+f.Name+":snapshot",
-		"--kubeconfig", p.Lampyr.Kubeconfig, "--namespace", p.Namespace, "--output", "json")
+	res, err := sealOn(ctx, p.Ly, p.Log, p.Lampyr, p.Namespace, p.Repo, f, artifactDir)
+	if err != nil {
+		return nil, err
+	}
+	f.Snapshot, f.Template = res.Snapshot, res.Template
+	return res, nil
+}
+
+// buildArtifact runs `ly build` for f into work/artifact-<name> and
+// returns that folder.
+func buildArtifact(ctx context.Context, lyBin string, log io.Writer, work string, f *Fixture) (string, error) {
+	artifactDir := filepath.Join(work, "artifact-"+f.Name)
+	svcDir := filepath.Join(e2eutil.RepoRoot(), f.Dir)
+	if _, err := RunLy(ctx, lyBin, log, "build", svcDir, "--artifact", artifactDir); err != nil {
+		return "", err
+	}
+	return artifactDir, nil
+}
+
+// sealOn has `ly deploy` push f's artifact to t's registry and seal its
+// template on t for the Service's first Revision, then deletes that Service
+// and waits until it is gone.
+func sealOn(ctx context.Context, lyBin string, log io.Writer, t *harness.Target, ns, repo string, f *Fixture, artifactDir string) (*ly.DeployResult, error) {
+	svcDir := filepath.Join(e2eutil.RepoRoot(), f.Dir)
+	events, err := RunLy(ctx, lyBin, log, "deploy", svcDir, "--artifact", artifactDir,
+		"--image", t.Registry+"/"+repo+"/"+f.Name+":snapshot",
+		"--kubeconfig", t.Kubeconfig, "--namespace", ns, "--output", "json")
 	if err != nil {
 		return nil, err
 	}
@@ -105,18 +131,17 @@ func (p *Pair) Seal(ctx context.Context, f *Fixture) (*ly.DeployResult, error) {
 		}
 	}
 	if !strings.Contains(res.Template, "@sha256:") {
-		return nil, fmt.Errorf("ly deploy %s printed no digest-pinned template reference (result %+v)", f.Name, res)
+		return nil, fmt.Errorf("ly deploy %s on %s printed no digest-pinned template reference (result %+v)", f.Name, t.Name, res)
 	}
-	f.Snapshot, f.Template = res.Snapshot, res.Template
-	if _, err := RunLy(ctx, p.Ly, p.Log, "delete", f.Name, "--kubeconfig", p.Lampyr.Kubeconfig, "--namespace", p.Namespace); err != nil {
+	if _, err := RunLy(ctx, lyBin, log, "delete", f.Name, "--kubeconfig", t.Kubeconfig, "--namespace", ns); err != nil {
 		return nil, err
 	}
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
-		_, err := p.Lampyr.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(p.Namespace).Get(ctx, f.Name, metav1.GetOptions{})
+		_, err := t.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, f.Name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err), nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("the Service %s that ly deploy made on Lampyr is still there 2m after ly delete: %w", f.Name, err)
+		return nil, fmt.Errorf("the Service %s that ly deploy made on %s is still there 2m after ly delete: %w", f.Name, t.Name, err)
 	}
 	return &res, nil
 }
@@ -126,17 +151,7 @@ func (p *Pair) Seal(ctx context.Context, f *Fixture) (*ly.DeployResult, error) {
 // workspace says (as `ly deploy` decides it). It is written to the
 // artifacts folder.
 func (p *Pair) Manifest(f *Fixture) (*unstructured.Unstructured, error) {
-	dir := filepath.Join(e2eutil.RepoRoot(), f.Dir)
-	proj, err := ly.LoadProject(dir)
-	if err != nil {
-		return nil, err
-	}
-	ws, _, err := ly.FindWorkspace(dir)
-	if err != nil {
-		return nil, err
-	}
-	svc := ly.ServiceManifest(proj, ly.ServiceInputs{Namespace: p.Namespace, Image: p.Runnable, Snapshot: f.Snapshot, Template: f.Template, Public: ws.Public(proj.Name)})
-	raw, err := yaml.Marshal(svc.Object)
+	svc, raw, err := serviceManifest(f, p.Namespace, p.Runnable, f.Snapshot, f.Template)
 	if err != nil {
 		return nil, err
 	}
@@ -145,6 +160,26 @@ func (p *Pair) Manifest(f *Fixture) (*unstructured.Unstructured, error) {
 	}
 	fmt.Fprintf(p.Log, "the Service applied to both clusters:\n%s", raw)
 	return svc, nil
+}
+
+// serviceManifest is f's Service as `ly deploy` makes it (visibility as
+// the workspace says), and its YAML.
+func serviceManifest(f *Fixture, ns, image, snapshot, template string) (*unstructured.Unstructured, []byte, error) {
+	dir := filepath.Join(e2eutil.RepoRoot(), f.Dir)
+	proj, err := ly.LoadProject(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	ws, _, err := ly.FindWorkspace(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	svc := ly.ServiceManifest(proj, ly.ServiceInputs{Namespace: ns, Image: image, Snapshot: snapshot, Template: template, Public: ws.Public(proj.Name)})
+	raw, err := yaml.Marshal(svc.Object)
+	if err != nil {
+		return nil, nil, err
+	}
+	return svc, raw, nil
 }
 
 // ApplyOnBoth applies each fixture's Service identically to both sides,

@@ -1,6 +1,10 @@
 // The portability proof: one digest-pinned Knative Service, applied
 // identically to stock Knative and to Lampyr (the paired clusters, on the
-// harness of clusters/harness), answers every request the same way.
+// harness of clusters/harness), answers every request the same way. With
+// LAMPYR_PORTABILITY_TARGETS naming a targets file (targets.go) it runs over
+// that list instead: existing clusters by kubeconfig, managed Kind clusters
+// each with its own networking provider, or both, every one compared with
+// the reference.
 package portability
 
 import (
@@ -20,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
@@ -27,7 +32,6 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -41,18 +45,26 @@ var suite = harness.New(harness.Config{
 	Recipe:   "just test-knative-portability",
 	Clusters: harness.Paired(),
 	KeepVar:  environ.PortabilityKeep,
-	Knobs:    []string{unreadBodyRequests},
+	Knobs:    []string{unreadBodyRequests, TargetsVar},
+	Choose: func(o harness.Options) ([]harness.Cluster, error) {
+		ts, err := ChooseTargets(o.Knobs[TargetsVar])
+		if err != nil {
+			return nil, err
+		}
+		return ts.Clusters(), nil
+	},
+	// Three managed clusters built and installed on two cores.
+	SetupTimeout: 90 * time.Minute,
 })
 
 func TestPortability(t *testing.T) { suite.Run(t) }
 
 var (
-	_ = suite.Setup("building the handler, sealing its Services on Lampyr, applying them to both clusters", setupProof)
-	_ = suite.Finish("writing the report", finishProof)
+	_ = suite.Setup("building the handler, sealing its Services on Lampyr, applying them to every target", setupProof)
+	_ = suite.Finish("writing the report, deleting the proof's Services from external targets", finishProof)
 )
 
 const (
-	ns  = "portability"
 	pkg = "lampyr.dev/serving/fixtures/cmd/handler"
 	// svcName is the HTTP/1 Service (lampyr.yaml in fixtures/cmd/handler).
 	svcName = "handler"
@@ -70,87 +82,191 @@ var crds = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "
 // proof is the suite's state, made by setupProof and read by the specs
 // through the suite's context.
 type proof struct {
-	*Pair
+	*Fleet
+	// list is the targets file (or the pair).
+	list     *Targets
 	services []*Fixture
 	backend  *Fixture
 	artDir   string
 	start    time.Time
 
-	checksMu sync.Mutex
-	checks   []Check
+	mu sync.Mutex
+	// hosts are each target's route hostnames, by target and Service.
+	hosts map[string]map[string]string
+	// createdNS: the proof created its namespace on that target (an
+	// external target's is deleted at the end).
+	createdNS map[string]bool
+	checks    []Check
 }
 
 // the is the proof's state.
 func the() *proof { return harness.State[*proof](suite) }
 
-func host() string { return hostOf(svcName) }
+// ns is the namespace the proof deploys into on every target.
+func ns() string { return the().Namespace }
 
-func hostOf(svc string) string { return svc + "." + ns + "." + clusters.Domain }
+// hostOn is svc's route hostname on t, as its Service's status.url says
+// (each cluster's config-domain decides it).
+func (p *proof) hostOn(t *harness.Target, svc string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if h := p.hosts[t.Name][svc]; h != "" {
+		return h
+	}
+	return svc + "." + p.Namespace + "." + clusters.Domain
+}
 
-func (p *proof) record(name string, start time.Time, err *string) {
-	p.checksMu.Lock()
-	defer p.checksMu.Unlock()
-	p.checks = append(p.checks, Check{Name: name, Passed: *err == "", Detail: *err, Duration: time.Since(start)})
+// readHosts records each target's route hostname of each Service.
+func (p *proof) readHosts(ctx context.Context, names ...string) error {
+	for _, t := range p.Targets {
+		for _, n := range names {
+			u, err := t.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(p.Namespace).Get(ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return fmt.Errorf("Service %s on %s: %w", n, t.Name, err)
+			}
+			url, _, _ := unstructured.NestedString(u.Object, "status", "url")
+			_, host, _ := strings.Cut(url, "://")
+			p.mu.Lock()
+			if p.hosts[t.Name] == nil {
+				p.hosts[t.Name] = map[string]string{}
+			}
+			p.hosts[t.Name][n] = host
+			p.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// facts are t's per-target values a comparison maps onto the reference's
+// (Aligner): registry, runnable image, sealed templates and snapshots,
+// route hostnames.
+func (p *proof) facts(t *harness.Target) Facts {
+	f := Facts{"registry": t.Registry, "runnable": p.Runnable[t.Name]}
+	for _, fx := range append(append([]*Fixture(nil), p.services...), p.backend) {
+		snap, tmpl := p.sealedFor(fx, t)
+		f["snapshot/"+fx.Name], f["template/"+fx.Name] = snap, tmpl
+	}
+	p.mu.Lock()
+	for svc, h := range p.hosts[t.Name] {
+		f["host/"+svc] = h
+	}
+	p.mu.Unlock()
+	return f
+}
+
+// ordered are the targets, the reference first.
+func (p *proof) ordered() []*harness.Target {
+	return append([]*harness.Target{p.Reference}, p.Others()...)
+}
+
+func (p *proof) record(c Check) {
+	p.mu.Lock()
+	p.checks = append(p.checks, c)
+	p.mu.Unlock()
+	if len(c.Targets) > 0 {
+		var b strings.Builder
+		for _, r := range c.Targets {
+			fmt.Fprintf(&b, "%s: %s\n", r.Target, r.Result)
+		}
+		AddReportEntry("targets: "+c.Name, b.String())
+	}
 }
 
 func setupProof(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	list, err := ChooseTargets(suite.Knob(TargetsVar))
+	if err != nil {
+		return ctx, err
+	}
 	p := &proof{
+		list: list,
 		services: []*Fixture{
 			{Name: svcName, Dir: "fixtures/cmd/handler"},
 			{Name: grpcName, Dir: "fixtures/services/handler-grpc"},
 		},
-		backend: &Fixture{Name: backendName, Dir: "fixtures/services/handler-backend"},
-		artDir:  harness.Artifacts(ctx),
-		start:   time.Now(),
+		backend:   &Fixture{Name: backendName, Dir: "fixtures/services/handler-backend"},
+		artDir:    harness.Artifacts(ctx),
+		start:     time.Now(),
+		hosts:     map[string]map[string]string{},
+		createdNS: map[string]bool{},
 	}
-	var err error
-	if p.Pair, err = NewPair(ctx, ns, "portability"); err != nil {
+	names := make([]string, len(list.Targets))
+	for i, t := range list.Targets {
+		names[i] = t.Name
+	}
+	if p.Fleet, err = NewFleet(ctx, names, list.Reference, list.Namespace, "portability"); err != nil {
 		return ctx, err
 	}
 	ctx = harness.With(ctx, p)
-	for _, s := range p.Sides() {
-		_, err := s.Clients.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+	for _, t := range p.Targets {
+		_, err := t.Clients.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: p.Namespace}}, metav1.CreateOptions{})
 		if !apierrors.IsAlreadyExists(err) {
-			Expect(err).NotTo(HaveOccurred())
+			Expect(err).NotTo(HaveOccurred(), "creating namespace %s on %s", p.Namespace, t.Name)
+			p.createdNS[t.Name] = true
 		}
-		if s == p.Lampyr {
+		if t.Profile == clusters.ProfileLampyr {
 			// On Lampyr the tenant namespace enforces Pod Security
 			// "restricted" (no Lampyr Pod runs in it); stock runs the
 			// Service's Pods there.
-			Expect(e2eutil.RestrictPodSecurity(ctx, s.Clients, ns)).To(Succeed())
+			Expect(e2eutil.RestrictPodSecurity(ctx, t.Clients, p.Namespace)).To(Succeed())
+			if t.External {
+				Expect(sealerAuthorized(ctx, t, p.Namespace)).To(Succeed())
+			}
 		}
 		for _, f := range p.services {
-			deleteService(ctx, s, f.Name)
+			deleteService(ctx, t, p.Namespace, f.Name)
 		}
 		// Left by a run that kept its clusters.
-		deleteService(ctx, s, p.backend.Name)
+		deleteService(ctx, t, p.Namespace, p.backend.Name)
 	}
 
-	By("building the handler as a runnable image (the project's image builder)")
-	if p.Runnable, err = harness.Image(ctx, p.Lampyr, pkg); err != nil {
-		return ctx, err
+	By("building the handler as a runnable image (the project's image builder), in each target's registry")
+	for _, t := range p.Targets {
+		if p.Runnable[t.Name], err = harness.Image(ctx, t, pkg); err != nil {
+			return ctx, fmt.Errorf("the runnable image for %s: %w", t.Name, err)
+		}
+		fmt.Fprintf(GinkgoWriter, "runnable image for %s: %s\n", t.Name, p.Runnable[t.Name])
 	}
-	fmt.Fprintf(GinkgoWriter, "runnable image: %s\n", p.Runnable)
 	if p.Ly, err = harness.LyBinary(ctx); err != nil {
 		return ctx, err
 	}
 	for _, f := range p.services {
 		p.seal(ctx, f)
 	}
-	Expect(p.ApplyOnBoth(ctx, p.services...)).To(Succeed())
+	Expect(p.Apply(ctx, p.services...)).To(Succeed())
+	Expect(p.readHosts(ctx, svcName, grpcName)).To(Succeed())
 	return ctx, nil
 }
 
-// seal has `ly deploy` seal f's template on Lampyr for the first Revision
-// of a new Service (Pair.Seal).
-func (p *proof) seal(ctx context.Context, f *Fixture) {
-	By("building " + f.Name + " with `ly build`, sealing it on Lampyr with `ly deploy`, then deleting that Service")
-	res, err := p.Seal(ctx, f)
-	Expect(err).NotTo(HaveOccurred())
-	Expect(res.Revision).To(Equal(f.Name+"-00001"), "the template is sealed for the first Revision of a new Service")
+// sealerAuthorized fails fast when an external Lampyr's administrator has
+// not authorized this machine's ly identity for ns (ly deploy would seal a
+// template the cluster refuses, and the Service would time out).
+func sealerAuthorized(ctx context.Context, t *harness.Target, ns string) error {
+	path, err := ly.SealerKeyPath("")
+	if err != nil {
+		return err
+	}
+	mine, err := ly.LoadSealer(path, false)
+	if err != nil {
+		return nil // no identity yet: ly deploy makes one and says what to do
+	}
+	rep, err := ly.DescribeSealers(ctx, t.Ly, mine)
+	if err != nil {
+		return nil
+	}
+	if ok, known := rep.Authorized(ns); known && !ok {
+		return fmt.Errorf("target %s: this machine's ly sealer identity (key %s) is not authorized for namespace %s: an administrator runs `ly cluster authorize-sealer NAME --public-key KEY --namespaces %s` (`ly sealer show -n %s` prints it)", t.Name, rep.MyKeyID, ns, ns, ns)
+	}
+	return nil
 }
 
-func deleteService(ctx context.Context, s *harness.Target, svcName string) {
+// seal has `ly deploy` seal f's template on every lampyr target for the
+// first Revision of a new Service (Fleet.Seal).
+func (p *proof) seal(ctx context.Context, f *Fixture) {
+	By("building " + f.Name + " with `ly build`, sealing it on each Lampyr with `ly deploy`, then deleting that Service")
+	Expect(p.Fleet.Seal(ctx, f)).To(Succeed())
+}
+
+func deleteService(ctx context.Context, s *harness.Target, ns, svcName string) {
 	err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, svcName, metav1.DeleteOptions{})
 	if apierrors.IsNotFound(err) {
 		return
@@ -169,57 +285,110 @@ func finishProof(ctx context.Context, _ *envconf.Config) (context.Context, error
 		return ctx, nil
 	}
 	if len(p.checks) > 0 {
-		cl := map[string]string{}
-		for _, s := range p.Sides() {
-			net := s.Provider
-			if pr, err := networking.Get(net); err == nil {
-				net = pr.Name() + ": " + pr.Describe()
-			}
-			cl[s.Name] = fmt.Sprintf("networking %s; gateway %s, KUBECONFIG=%s", net, s.Gateway, s.Kubeconfig)
+		rep := NewNWayReport(p.Reference.Name, p.TargetFacts(ctx, p.list), p.checks, time.Since(p.start))
+		rep.Reproduce = []string{"just test-knative-portability"}
+		if path := suite.Knob(TargetsVar); path != "" {
+			rep.Reproduce = []string{"just test-portability-targets " + path}
 		}
-		rep := RenderReport(p.checks, cl, time.Since(p.start))
-		if err := os.WriteFile(filepath.Join(p.artDir, "report.md"), []byte(rep), 0o644); err != nil {
+		if err := rep.Write(p.artDir); err != nil {
 			return ctx, err
 		}
-		fmt.Fprintf(GinkgoWriter, "\n%s\nreport: %s\n", rep, filepath.Join(p.artDir, "report.md"))
+		fmt.Fprintf(GinkgoWriter, "\n%s\nreport: %s (and report.json)\n", rep.Markdown(), filepath.Join(p.artDir, "report.md"))
 	}
-	if suite.Options().Keep {
+	keep := suite.Options().Keep
+	if keep {
 		var b strings.Builder
-		fmt.Fprintf(&b, "\n%s=1: both clusters are left running.\n", environ.PortabilityKeep)
-		for _, s := range p.Sides() {
-			fmt.Fprintf(&b, "  %-6s curl -H 'Host: %s' %s/echo\n", s.Name, host(), s.Gateway)
-			fmt.Fprintf(&b, "         KUBECONFIG=%s kubectl get ksvc -n %s\n", s.Kubeconfig, ns)
+		fmt.Fprintf(&b, "\n%s=1: every target is left running, with the proof's Services.\n", environ.PortabilityKeep)
+		for _, t := range p.Targets {
+			fmt.Fprintf(&b, "  %-10s curl -H 'Host: %s' %s/echo\n", t.Name, p.hostOn(t, svcName), t.Gateway)
+			fmt.Fprintf(&b, "             KUBECONFIG=%s kubectl get ksvc -n %s\n", t.Kubeconfig, p.Namespace)
 		}
 		fmt.Fprint(GinkgoWriter, b.String())
 		fmt.Fprint(os.Stderr, b.String())
+		return ctx, nil
+	}
+	// An external target is someone else's cluster: take away what the
+	// proof made there (a managed one is deleted, or left as found).
+	var errs []string
+	for _, t := range p.Targets {
+		if !t.External {
+			continue
+		}
+		for _, n := range []string{svcName, grpcName, backendName} {
+			err := t.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(p.Namespace).Delete(ctx, n, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Sprintf("deleting Service %s/%s on %s: %v", p.Namespace, n, t.Name, err))
+			}
+		}
+		if p.createdNS[t.Name] {
+			if err := t.Clients.Kube.CoreV1().Namespaces().Delete(ctx, p.Namespace, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				errs = append(errs, fmt.Sprintf("deleting namespace %s on %s: %v", p.Namespace, t.Name, err))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return ctx, fmt.Errorf("%s", strings.Join(errs, "; "))
 	}
 	return ctx, nil
 }
 
-// onBoth runs f against each side.
-func onBoth[T any](f func(s *harness.Target) (T, error)) (T, T) {
-	a, err := f(the().Stock)
-	Expect(err).NotTo(HaveOccurred(), "on stock")
-	b, err := f(the().Lampyr)
-	Expect(err).NotTo(HaveOccurred(), "on lampyr")
-	return a, b
+// answer is one target's answer to a spec's question.
+type answer[T any] struct {
+	t   *harness.Target
+	v   T
+	err error
 }
 
-// expectSame fails with a readable diff naming the field.
-func expectSame(name, what string, a, b any) {
-	start := CurrentSpecReport().StartTime
-	d := Diff(what, a, b)
-	the().record(name, start, &d)
-	Expect(d).To(BeEmpty())
+// onAll asks every target, the reference first; the reference must
+// answer.
+func onAll[T any](f func(t *harness.Target) (T, error)) []answer[T] {
+	var out []answer[T]
+	for _, t := range the().ordered() {
+		v, err := f(t)
+		out = append(out, answer[T]{t: t, v: v, err: err})
+	}
+	Expect(out[0].err).NotTo(HaveOccurred(), "on %s (the reference)", out[0].t.Name)
+	return out
+}
+
+// compare records check name: each target's answer beside the
+// reference's, with its facts mapped onto the reference's, differences
+// as -reference +target naming the field.
+func compare[T any](name, what string, as []answer[T]) Check {
+	p := the()
+	ref := as[0]
+	results := []TargetResult{{Target: ref.t.Name, Result: ResultReference}}
+	refFacts := p.facts(ref.t)
+	for _, a := range as[1:] {
+		if a.err != nil {
+			results = append(results, TargetResult{Target: a.t.Name, Result: ResultError, Detail: fmt.Sprintf("%s on %s: %v", what, a.t.Name, a.err)})
+			continue
+		}
+		d := DiffTargets(what, ref.t.Name, a.t.Name, ref.v, Align(Aligner(p.facts(a.t), refFacts), a.v))
+		if d == "" {
+			results = append(results, TargetResult{Target: a.t.Name, Result: ResultSame})
+		} else {
+			results = append(results, TargetResult{Target: a.t.Name, Result: ResultDiffers, Detail: d})
+		}
+	}
+	c := NewCheck(name, time.Since(CurrentSpecReport().StartTime), "", results)
+	p.record(c)
+	return c
+}
+
+// expectSame fails with a readable diff naming the field and the target.
+func expectSame[T any](name, what string, as []answer[T]) {
+	c := compare(name, what, as)
+	Expect(c.Passed).To(BeTrue(), c.Detail)
 }
 
 var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lampyr", Label("cluster", "portability"), Ordered, ContinueOnFailure, func() {
 	BeforeAll(func(ctx SpecContext) {
-		// Both are Ready; the first request may still be on its way through
-		// the gateway's configuration. Wait until both answer.
-		for _, s := range the().Sides() {
+		// All are Ready; the first request may still be on its way through
+		// the gateway's configuration. Wait until each answers.
+		for _, s := range the().Targets {
 			Eventually(func() (int, error) {
-				r, err := Do(ctx, s.Gateway, host(), RequestSet[0])
+				r, err := Do(ctx, s.Gateway, the().hostOn(s, svcName), RequestSet[0])
 				if err != nil {
 					return 0, err
 				}
@@ -230,119 +399,134 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 
 	for _, r := range RequestSet {
 		It("answers "+r.Name+" identically", Label("http"), func(ctx SpecContext) {
-			a, b := onBoth(func(s *harness.Target) (*Response, error) { return Do(ctx, s.Gateway, host(), r) })
-			expectSame("request "+r.Name, "the answer to "+r.Method+" "+r.Path, a, b)
+			as := onAll(func(s *harness.Target) (*Response, error) { return Do(ctx, s.Gateway, the().hostOn(s, svcName), r) })
+			expectSame("request "+r.Name, "the answer to "+r.Method+" "+r.Path, as)
 		})
 	}
 
 	It("streams the same chunks, incrementally", Label("http", "streaming"), func(ctx SpecContext) {
-		a, b := onBoth(func(s *harness.Target) (*Stream, error) { return DoStream(ctx, s.Gateway, host(), 5, 200) })
-		Expect(a.Incremental).To(BeTrue(), "stock delivered the stream at once: %+v", a)
-		expectSame("stream", "the streamed answer of /stream", a, b)
+		as := onAll(func(s *harness.Target) (*Stream, error) {
+			return DoStream(ctx, s.Gateway, the().hostOn(s, svcName), 5, 200)
+		})
+		Expect(as[0].v.Incremental).To(BeTrue(), "%s (the reference) delivered the stream at once: %+v", as[0].t.Name, as[0].v)
+		expectSame("stream", "the streamed answer of /stream", as)
 	})
 
 	It("echoes WebSocket messages identically", Label("websocket"), func(ctx SpecContext) {
 		msgs := []string{"one", "two", strings.Repeat("x", 4096)}
-		a, b := onBoth(func(s *harness.Target) ([]string, error) { return WebSocketEcho(ctx, s.Gateway, host(), msgs) })
-		Expect(a).To(HaveLen(len(msgs)))
-		expectSame("websocket", "the WebSocket replies on /ws", a, b)
+		as := onAll(func(s *harness.Target) ([]string, error) {
+			return WebSocketEcho(ctx, s.Gateway, the().hostOn(s, svcName), msgs)
+		})
+		Expect(as[0].v).To(HaveLen(len(msgs)))
+		expectSame("websocket", "the WebSocket replies on /ws", as)
 	})
 
 	It("answers every request whose body the handler does not read", Label("http"), func(ctx SpecContext) {
 		n := suite.IntKnob(unreadBodyRequests, 1000)
 		start := CurrentSpecReport().StartTime
-		a, b := onBoth(func(s *harness.Target) (*UnreadBodyTally, error) { return UnreadBodies(ctx, s.Gateway, host(), n), nil })
-		fmt.Fprintf(GinkgoWriter, "unread bodies, stock:  %s\nunread bodies, lampyr: %s\n", a, b)
-		var problems []string
-		for _, t := range []struct {
-			name string
-			t    *UnreadBodyTally
-		}{{"stock", a}, {"lampyr", b}} {
-			if t.t.Failures() > 0 {
-				problems = append(problems, fmt.Sprintf("%s: %s", t.name, t.t))
+		as := onAll(func(s *harness.Target) (*UnreadBodyTally, error) {
+			return UnreadBodies(ctx, s.Gateway, the().hostOn(s, svcName), n), nil
+		})
+		ref := as[0].v
+		var results []TargetResult
+		var refProblem string
+		for i, a := range as {
+			fmt.Fprintf(GinkgoWriter, "unread bodies, %-8s %s\n", a.t.Name+":", a.v)
+			var problems []string
+			if a.v.Failures() > 0 {
+				problems = append(problems, fmt.Sprintf("%s: %s", a.t.Name, a.v))
 			}
-			if len(t.t.Leaks) > 0 {
-				problems = append(problems, fmt.Sprintf("%s: an error named an internal address: %s", t.name, t.t.Leaks[0]))
+			if len(a.v.Leaks) > 0 {
+				problems = append(problems, fmt.Sprintf("%s: an error named an internal address: %s", a.t.Name, a.v.Leaks[0]))
 			}
+			if i == 0 {
+				refProblem = strings.Join(problems, "; ")
+				results = append(results, TargetResult{Target: a.t.Name, Result: ResultReference})
+				continue
+			}
+			if a.v.Continues != ref.Continues {
+				problems = append(problems, fmt.Sprintf("100 Continue answers: %s %d, %s %d", as[0].t.Name, ref.Continues, a.t.Name, a.v.Continues))
+			}
+			r := TargetResult{Target: a.t.Name, Result: ResultSame}
+			if len(problems) > 0 {
+				r.Result, r.Detail = ResultFail, strings.Join(problems, "; ")
+			}
+			results = append(results, r)
 		}
-		if a.Continues != b.Continues {
-			problems = append(problems, fmt.Sprintf("100 Continue answers: stock %d, lampyr %d", a.Continues, b.Continues))
-		}
-		detail := strings.Join(problems, "; ")
-		the().record("unread bodies", start, &detail)
-		Expect(problems).To(BeEmpty())
+		c := NewCheck("unread bodies", time.Since(start), refProblem, results)
+		the().record(c)
+		Expect(c.Passed).To(BeTrue(), c.Detail)
 	})
 
 	It("answers gRPC over h2c identically", Label("grpc"), func(ctx SpecContext) {
-		for _, s := range the().Sides() {
+		for _, s := range the().Targets {
 			Eventually(func() error {
-				_, err := Do(ctx, s.Gateway, hostOf(grpcName), RequestSet[0])
+				_, err := Do(ctx, s.Gateway, the().hostOn(s, grpcName), RequestSet[0])
 				return err
 			}).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Succeed(), "%s never answered %s", s.Name, grpcName)
 		}
-		a, b := onBoth(func(s *harness.Target) (*GRPCAnswers, error) { return GRPCHealth(ctx, s.Gateway, hostOf(grpcName)) })
-		Expect(a.Check).To(Equal("SERVING"), "stock: %+v", a)
-		expectSame("grpc", "the gRPC health answers of "+grpcName, a, b)
-		ha, hb := onBoth(func(s *harness.Target) (*Response, error) { return Do(ctx, s.Gateway, hostOf(grpcName), RequestSet[1]) })
-		expectSame("request echo-get over h2c", "the answer to GET /echo from the h2c Service", ha, hb)
+		as := onAll(func(s *harness.Target) (*GRPCAnswers, error) {
+			return GRPCHealth(ctx, s.Gateway, the().hostOn(s, grpcName))
+		})
+		Expect(as[0].v.Check).To(Equal("SERVING"), "%s (the reference): %+v", as[0].t.Name, as[0].v)
+		expectSame("grpc", "the gRPC health answers of "+grpcName, as)
+		hs := onAll(func(s *harness.Target) (*Response, error) {
+			return Do(ctx, s.Gateway, the().hostOn(s, grpcName), RequestSet[1])
+		})
+		expectSame("request echo-get over h2c", "the answer to GET /echo from the h2c Service", hs)
 	})
 
 	for _, name := range []string{svcName, grpcName} {
 		It("serves the same defaulted Service spec for "+name, Label("api"), func(ctx SpecContext) {
-			a, b := onBoth(func(s *harness.Target) (map[string]any, error) {
-				u, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+			as := onAll(func(s *harness.Target) (map[string]any, error) {
+				u, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns()).Get(ctx, name, metav1.GetOptions{})
 				if err != nil {
 					return nil, err
 				}
 				return ServiceSpec(u), nil
 			})
-			writeJSON("defaulted-"+name+"-stock.json", a)
-			writeJSON("defaulted-"+name+"-lampyr.json", b)
-			expectSame("defaulted Service spec "+name, "the defaulted Service "+ns+"/"+name, a, b)
+			for _, a := range as {
+				writeJSON("defaulted-"+name+"-"+a.t.Name+".json", a.v)
+			}
+			expectSame("defaulted Service spec "+name, "the defaulted Service "+ns()+"/"+name, as)
 		})
 	}
 
 	It("serves the same Knative CRD specs", Label("api"), func(ctx SpecContext) {
 		for _, name := range []string{"services", "configurations", "revisions", "routes", "domainmappings"} {
 			crd := name + ".serving.knative.dev"
-			a, b := onBoth(func(s *harness.Target) (map[string]any, error) {
+			as := onAll(func(s *harness.Target) (map[string]any, error) {
 				u, err := s.Clients.Dynamic.Resource(crds).Get(ctx, crd, metav1.GetOptions{})
 				if err != nil {
 					return nil, err
 				}
 				return CRDSpec(u), nil
 			})
-			expectSame("CRD "+crd, "CustomResourceDefinition "+crd, a, b)
+			expectSame("CRD "+crd, "CustomResourceDefinition "+crd, as)
 		}
 	})
 
 	It("ran the Service on fibers on Lampyr and on Pods on stock", Label("execution"), func(ctx SpecContext) {
-		// The proof is only meaningful if each side ran its own way.
+		// The proof is only meaningful if each target ran its own way.
 		start := time.Now()
-		var problem string
-		defer func() { the().record("each side ran its own way", start, &problem) }()
-		pods, err := the().Stock.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service=" + svcName})
-		Expect(err).NotTo(HaveOccurred())
-		grants, err := the().Lampyr.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		_, err = the().Stock.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).List(ctx, metav1.ListOptions{})
-		names := []string{}
-		for _, g := range grants.Items {
-			names = append(names, g.GetName())
+		var results []TargetResult
+		var refProblem string
+		for i, t := range the().ordered() {
+			problem := ranItsOwnWay(ctx, t)
+			if i == 0 {
+				refProblem = problem
+				results = append(results, TargetResult{Target: t.Name, Result: ResultReference})
+				continue
+			}
+			r := TargetResult{Target: t.Name, Result: ResultPass}
+			if problem != "" {
+				r.Result, r.Detail = ResultFail, problem
+			}
+			results = append(results, r)
 		}
-		sort.Strings(names)
-		switch {
-		case len(pods.Items) == 0 && !podsScaledToZero(ctx):
-			problem = "stock ran no Pod for the Service"
-		case strings.Join(names, ",") != svcName+"-00001,"+grpcName+"-00001":
-			problem = fmt.Sprintf("Lampyr has CapacityGrants %v, want exactly [%s-00001 %s-00001]", names, svcName, grpcName)
-		case err == nil:
-			problem = "the stock cluster serves fiberd.io CapacityGrants: it is not stock"
-		}
-		Expect(problem).To(BeEmpty())
-		ld, err := the().Lampyr.Clients.Kube.AppsV1().Deployments(ns).List(ctx, metav1.ListOptions{})
-		Expect(err).NotTo(HaveOccurred())
-		Expect(ld.Items).To(BeEmpty(), "Lampyr must not run Revisions as Deployments")
+		c := NewCheck("each side ran its own way", time.Since(start), refProblem, results)
+		the().record(c)
+		Expect(c.Passed).To(BeTrue(), c.Detail)
 	})
 
 	// Service bindings (issue 19): a Revision reaches another Service by
@@ -351,23 +535,24 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 	// last in the container because it adds a Service the checks above do
 	// not expect.
 	It("calls a cluster-local Service by its DNS name identically", Label("bindings"), func(ctx SpecContext) {
+		p := the()
 		if !suite.Options().Keep {
 			DeferCleanup(func(ctx SpecContext) {
-				for _, s := range the().Sides() {
-					deleteService(ctx, s, backendName)
+				for _, s := range p.Targets {
+					deleteService(ctx, s, p.Namespace, backendName)
 				}
 			})
 		}
-		the().seal(ctx, the().backend)
-		Expect(the().ApplyOnBoth(ctx, the().backend)).To(Succeed())
-		for _, s := range the().Sides() {
-			u, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, backendName, metav1.GetOptions{})
+		p.seal(ctx, p.backend)
+		Expect(p.Apply(ctx, p.backend)).To(Succeed())
+		for _, s := range p.Targets {
+			u, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(p.Namespace).Get(ctx, backendName, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			Expect(u.GetLabels()).To(HaveKeyWithValue(ly.LabelVisibility, ly.VisibilityClusterLocal),
 				"%s on %s must be cluster-local: it is not in %s's ingress.services", backendName, s.Name, ly.WorkspaceFile)
 		}
 
-		fqdn := backendName + "." + ns + ".svc.cluster.local"
+		fqdn := backendName + "." + p.Namespace + ".svc.cluster.local"
 		calls := []Request{
 			{Name: "call-fqdn", Method: "GET", Path: CallPath("http://" + fqdn + "/")},
 			// /echo tells the backend apart from the caller: K_SERVICE,
@@ -375,22 +560,22 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 			{Name: "call-fqdn-echo", Method: "GET", Path: CallPath("http://" + fqdn + "/echo?via=call")},
 			// <service>.<namespace>: resolved through the search path, and
 			// one of the hosts Knative routes a cluster-local Service by.
-			{Name: "call-short", Method: "GET", Path: CallPath("http://" + backendName + "." + ns + "/")},
-			{Name: "call-missing", Method: "GET", Path: CallPath("http://nope." + ns + ".svc.cluster.local/")},
+			{Name: "call-short", Method: "GET", Path: CallPath("http://" + backendName + "." + p.Namespace + "/")},
+			{Name: "call-missing", Method: "GET", Path: CallPath("http://nope." + p.Namespace + ".svc.cluster.local/")},
 		}
 		// Ready means the cluster-local Route is programmed; still, give
-		// each side a minute to reach the backend before comparing (a side
-		// that never does shows in the diff).
-		for _, s := range the().Sides() {
+		// each target a minute to reach the backend before comparing (a
+		// target that never does shows in the diff).
+		for _, s := range p.Targets {
 			r, err := awaitCall(ctx, s, calls[0], time.Minute)
 			raw, _ := json.Marshal(r)
 			fmt.Fprintf(GinkgoWriter, "%s: calling %s: %s (err %v)\n", s.Name, fqdn, raw, err)
 		}
 
-		a, b := onBoth(func(s *harness.Target) ([]*Response, error) {
+		as := onAll(func(s *harness.Target) ([]*Response, error) {
 			var out []*Response
 			for _, r := range calls {
-				resp, err := Do(ctx, s.Gateway, host(), r)
+				resp, err := Do(ctx, s.Gateway, p.hostOn(s, svcName), r)
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", r.Name, err)
 				}
@@ -398,35 +583,84 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 			}
 			return out, nil
 		})
-		writeJSON("bindings-stock.json", a)
-		writeJSON("bindings-lampyr.json", b)
-		var diffs []string
+		for _, a := range as {
+			writeJSON("bindings-"+a.t.Name+".json", a.v)
+		}
+		var failed []string
 		for i, r := range calls {
-			d := Diff("the answer to GET "+r.Path, a[i], b[i])
-			the().record("binding "+r.Name, CurrentSpecReport().StartTime, &d)
-			if d != "" {
-				diffs = append(diffs, d)
+			per := make([]answer[*Response], len(as))
+			for j, a := range as {
+				per[j] = answer[*Response]{t: a.t, err: a.err}
+				if a.err == nil {
+					per[j].v = a.v[i]
+				}
+			}
+			if c := compare("binding "+r.Name, "the answer to GET "+r.Path, per); !c.Passed {
+				failed = append(failed, c.Detail)
 			}
 		}
-		// Stock is the reference: it must show what the case is about.
+		// The reference must show what the case is about.
+		a, refName := as[0].v, as[0].t.Name
 		for i, r := range a {
-			Expect(r.Call).NotTo(BeNil(), "stock answered %s without a call report: %+v", calls[i].Name, r)
+			Expect(r.Call).NotTo(BeNil(), "%s answered %s without a call report: %+v", refName, calls[i].Name, r)
 		}
-		Expect(a[0].Call.Status).To(Equal(200), "stock did not reach %s: %+v", fqdn, a[0].Call)
-		Expect(a[1].Call.Echo).NotTo(BeNil(), "stock: %+v", a[1].Call)
-		Expect(a[1].Call.Echo.Env).To(HaveKeyWithValue("K_SERVICE", backendName), "stock reached another Service than %s", backendName)
-		Expect(a[2].Call.Status).To(Equal(200), "stock did not reach %s.%s: %+v", backendName, ns, a[2].Call)
-		Expect(a[3].Call.Error).To(Equal("dns"), "stock: a name that does not exist: %+v", a[3].Call)
-		Expect(diffs).To(BeEmpty())
+		Expect(a[0].Call.Status).To(Equal(200), "%s did not reach %s: %+v", refName, fqdn, a[0].Call)
+		Expect(a[1].Call.Echo).NotTo(BeNil(), "%s: %+v", refName, a[1].Call)
+		Expect(a[1].Call.Echo.Env).To(HaveKeyWithValue("K_SERVICE", backendName), "%s reached another Service than %s", refName, backendName)
+		Expect(a[2].Call.Status).To(Equal(200), "%s did not reach %s.%s: %+v", refName, backendName, p.Namespace, a[2].Call)
+		Expect(a[3].Call.Error).To(Equal("dns"), "%s: a name that does not exist: %+v", refName, a[3].Call)
+		Expect(failed).To(BeEmpty())
 	})
 })
+
+// ranItsOwnWay says what is wrong with how t ran the Service ("" when
+// nothing): a stock target runs Pods (or scaled them to zero) and serves
+// no CapacityGrant API; a lampyr target has exactly one CapacityGrant per
+// Service and no Deployment in the namespace.
+func ranItsOwnWay(ctx context.Context, t *harness.Target) string {
+	n := ns()
+	_, grantErr := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(n).List(ctx, metav1.ListOptions{})
+	switch t.Profile {
+	case clusters.ProfileStock:
+		pods, err := t.Clients.Kube.CoreV1().Pods(n).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service=" + svcName})
+		switch {
+		case err != nil:
+			return fmt.Sprintf("%s: listing Pods: %v", t.Name, err)
+		case len(pods.Items) == 0 && !podsScaledToZero(ctx, t):
+			return t.Name + " ran no Pod for the Service"
+		case grantErr == nil:
+			return t.Name + " serves fiberd.io CapacityGrants: it is not stock"
+		}
+	case clusters.ProfileLampyr:
+		grants, err := t.Clients.Dynamic.Resource(contract.CapacityGrants).Namespace(n).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Sprintf("%s: listing CapacityGrants: %v", t.Name, err)
+		}
+		names := []string{}
+		for _, g := range grants.Items {
+			names = append(names, g.GetName())
+		}
+		sort.Strings(names)
+		if strings.Join(names, ",") != svcName+"-00001,"+grpcName+"-00001" {
+			return fmt.Sprintf("%s has CapacityGrants %v, want exactly [%s-00001 %s-00001]", t.Name, names, svcName, grpcName)
+		}
+		ds, err := t.Clients.Kube.AppsV1().Deployments(n).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return fmt.Sprintf("%s: listing Deployments: %v", t.Name, err)
+		}
+		if len(ds.Items) > 0 {
+			return fmt.Sprintf("%s runs %d Deployment(s) in %s: Lampyr must not run Revisions as Deployments", t.Name, len(ds.Items), n)
+		}
+	}
+	return ""
+}
 
 // awaitCall sends r (a /call) to s until the callee answered 200 or
 // timeout passes, and returns the last answer.
 func awaitCall(ctx context.Context, s *harness.Target, r Request, timeout time.Duration) (*Response, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		resp, err := Do(ctx, s.Gateway, host(), r)
+		resp, err := Do(ctx, s.Gateway, the().hostOn(s, svcName), r)
 		if err == nil && resp.Call != nil && resp.Call.Status == 200 {
 			return resp, nil
 		}
@@ -441,10 +675,10 @@ func awaitCall(ctx context.Context, s *harness.Target, r Request, timeout time.D
 	}
 }
 
-// podsScaledToZero: stock may have scaled the Revision to zero between the
-// requests and this check; its Deployment still exists.
-func podsScaledToZero(ctx context.Context) bool {
-	d, err := the().Stock.Clients.Kube.AppsV1().Deployments(ns).Get(ctx, svcName+"-00001-deployment", metav1.GetOptions{})
+// podsScaledToZero: a stock target may have scaled the Revision to zero
+// between the requests and this check; its Deployment still exists.
+func podsScaledToZero(ctx context.Context, t *harness.Target) bool {
+	d, err := t.Clients.Kube.AppsV1().Deployments(ns()).Get(ctx, svcName+"-00001-deployment", metav1.GetOptions{})
 	return err == nil && d.Status.Replicas == 0
 }
 

@@ -48,6 +48,15 @@
 //
 //	func the() *proof { return harness.State[*proof](suite) } // put by setupProof with harness.With
 //
+// A declared Cluster may state its own networking provider (Provider: one
+// run compares clusters behind different gateways) or name an External
+// installation (kubeconfig and context, gateway, registry to push to and
+// pull from): external ones are connected and checked first
+// (ConnectExternals, Preflight: an API server, Knative, Lampyr on a lampyr
+// target, a gateway that accepts connections, a registry the host pushes
+// to and the cluster pulls from), and the run stops in seconds naming
+// what each lacks; nothing is created, installed or deleted there.
+//
 // A spec reads suite.Target("lampyr") (or its own state through the()),
 // and calls the harness's funcs (Image, Reinstall) with suite.In(ctx).
 // A failed spec's dump goes to <artifacts>/<suite>/dump/<spec>/<cluster>;

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -110,9 +111,12 @@ func CreateOrReuse(cs ...Cluster) env.Func {
 			profiles = append(profiles, c.Profile)
 		}
 		// The profiles' builds run beside the cluster inputs' (the Install
-		// step finds them done or joins them under way).
+		// step finds them done or joins them under way), for each provider
+		// a cluster states (a build under way is joined, not repeated).
 		r.env.Announce(ctx, profiles, r.opts.Provider)
-		r.env.Prebuild(ctx, profiles, r.opts.Provider)
+		for _, p := range providersOf(cs, r.opts.Provider) {
+			r.env.Prebuild(ctx, profiles, p)
+		}
 		infos, err := r.env.Up(ctx, names, r.opts.Keep)
 		ts := targetsFrom(ctx)
 		for i, info := range infos {
@@ -136,6 +140,25 @@ func CreateOrReuse(cs ...Cluster) env.Func {
 	}
 }
 
+// providersOf are the distinct networking providers the clusters get
+// (each its own, else the run's), in declared order.
+func providersOf(cs []Cluster, run string) []string {
+	var out []string
+	for _, c := range cs {
+		p := c.Provider
+		if p == "" {
+			p = run
+		}
+		if pr, err := networking.Get(p); err == nil {
+			p = pr.Name()
+		}
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func managedTarget(c Cluster, info kindcluster.Info, provider string) (*Target, error) {
 	t := &Target{
 		Name: c.Name, Profile: c.Profile, Kubeconfig: info.Kubeconfig, Info: info,
@@ -144,6 +167,13 @@ func managedTarget(c Cluster, info kindcluster.Info, provider string) (*Target, 
 	}
 	if c.Profile != "" {
 		t.Provider = provider
+		if c.Provider != "" {
+			p, err := networking.Get(c.Provider)
+			if err != nil {
+				return nil, fmt.Errorf("cluster %s: %w", c.Name, err)
+			}
+			t.Provider = p.Name()
+		}
 	}
 	var err error
 	t.Clients, err = e2eutil.NewClients(info.Kubeconfig)
@@ -269,22 +299,45 @@ func Image(ctx context.Context, t *Target, pkg string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := t.Registry + "|" + pkg
+	if t.Registry == "" {
+		return "", fmt.Errorf("%s names no registry to push %s to", t.Name, pkg)
+	}
+	push := t.Push
+	if push == "" {
+		push = t.Registry
+	}
+	key := push + "|" + t.Registry + "|" + pkg
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if ref, ok := r.images[key]; ok {
 		return ref, nil
 	}
 	var ref string
-	err = r.log.Step(fmt.Sprintf("Building %s into an image in %s", pkg, t.Registry), func() (err error) {
-		ref, err = e2eutil.BuildAndPush(ctx, r.env.Cache, pkg, t.Registry, "fixtures/"+filepath.Base(pkg), "e2e")
+	err = r.log.Step(fmt.Sprintf("Building %s into an image in %s", pkg, push), func() (err error) {
+		ref, err = e2eutil.BuildAndPush(ctx, r.env.Cache, pkg, push, "fixtures/"+filepath.Base(pkg), "e2e")
 		return err
 	})
 	if err != nil {
 		return "", err
 	}
+	// The cluster pulls the same digest under the name it knows the
+	// registry by.
+	ref = t.Registry + strings.TrimPrefix(ref, push)
 	r.images[key] = ref
 	return ref, nil
+}
+
+// tempDir is the run's folder removed at the end (KeepOrDeleteCreated);
+// call with r.mu held.
+func (r *run) tempDir() (string, error) {
+	if r.tmp == "" {
+		d, err := os.MkdirTemp("", "lampyr-"+r.suite+"-")
+		if err != nil {
+			return "", err
+		}
+		r.tmp = d
+	}
+	return r.tmp, nil
 }
 
 // LyBinary builds the ly command from this tree, once per run, into a
@@ -299,10 +352,8 @@ func LyBinary(ctx context.Context) (string, error) {
 	if r.lyBin != "" {
 		return r.lyBin, nil
 	}
-	if r.tmp == "" {
-		if r.tmp, err = os.MkdirTemp("", "lampyr-"+r.suite+"-"); err != nil {
-			return "", err
-		}
+	if _, err := r.tempDir(); err != nil {
+		return "", err
 	}
 	bin := filepath.Join(r.tmp, "ly")
 	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./impl/cmd/ly")

@@ -244,15 +244,31 @@ func (s *Suite) harnessSteps() []step {
 			{"reading the Lampyr installation", DescribeLampyr()},
 		}
 	}
-	var names []string
+	// Clusters that name an External installation are connected and
+	// checked first (seconds; a missing gateway or Lampyr stops the run
+	// before anything is built); the others are Kind clusters this run
+	// creates or reuses.
+	var managed, external []Cluster
+	var names, extNames []string
 	for _, c := range cs {
+		if c.External != nil {
+			external = append(external, c)
+			extNames = append(extNames, c.Name)
+			continue
+		}
+		managed = append(managed, c)
 		names = append(names, c.Name)
 	}
-	return []step{
-		{"creating or reusing clusters " + strings.Join(names, ", "), CreateOrReuse(cs...)},
-		{"installing the declared profiles", Install(cs...)},
-		{"reading the Lampyr installations", DescribeLampyr()},
+	var steps []step
+	if len(external) > 0 {
+		steps = append(steps, step{"connecting to and checking the external installations " + strings.Join(extNames, ", "), ConnectExternals(external...)})
 	}
+	if len(managed) > 0 {
+		steps = append(steps,
+			step{"creating or reusing clusters " + strings.Join(names, ", "), CreateOrReuse(managed...)},
+			step{"installing the declared profiles", Install(managed...)})
+	}
+	return append(steps, step{"reading the Lampyr installations", DescribeLampyr()})
 }
 
 func (s *Suite) runSetup(ctx SpecContext) {
@@ -285,6 +301,9 @@ func (s *Suite) runSetup(ctx SpecContext) {
 			r.opts.Provider = prov.Name()
 		}
 		AddReportEntry("networking", prov.Name()+": "+prov.Describe())
+		if per := statedProviders(s.cfg.Clusters); per != "" {
+			AddReportEntry("networking per cluster", per)
+		}
 	}
 	var timings []string
 	defer func() {
@@ -354,4 +373,19 @@ func (s *Suite) dumpOnFailure(ctx SpecContext, r SpecReport) {
 		}
 	}
 	fmt.Fprintf(GinkgoWriter, "dumped the clusters' state into %s\n", dir)
+}
+
+// statedProviders lists the clusters that state their own provider or are
+// external ("" when none does: every cluster gets the run's).
+func statedProviders(cs []Cluster) string {
+	var out []string
+	for _, c := range cs {
+		switch {
+		case c.External != nil:
+			out = append(out, fmt.Sprintf("%s: external (%s)", c.Name, orNone(c.External.Provider)))
+		case c.Provider != "":
+			out = append(out, c.Name+": "+c.Provider)
+		}
+	}
+	return strings.Join(out, "\n")
 }

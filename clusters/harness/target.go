@@ -25,6 +25,14 @@ type Cluster struct {
 	Profile string
 	// Eventing adds Knative Eventing after the profile.
 	Eventing bool
+	// Provider is the networking provider the harness installs on this
+	// managed cluster (empty: the run's, Options.Provider), so one run can
+	// compare clusters behind different gateways.
+	Provider string
+	// External, when set, makes this cluster an installation the suite
+	// does not manage (nothing is created, installed or deleted), checked
+	// before anything runs (Preflight).
+	External *External
 }
 
 // Paired is the stock/lampyr pair, each with its profile.
@@ -37,8 +45,19 @@ func Paired() []Cluster {
 type External struct {
 	// Kubeconfig is the installation's kubeconfig file.
 	Kubeconfig string
+	// Context is the kubeconfig context (empty: its current context).
+	Context string
 	// Gateway is the Knative gateway's http://host:port.
 	Gateway string
+	// Registry is the registry the cluster pulls the suite's images from,
+	// as image references name it (empty: the Lampyr installation's, on a
+	// lampyr target; none otherwise). Push is where this host pushes the
+	// same digests (empty: Registry), e.g. localhost:5002 for a registry
+	// the nodes reach under another name.
+	Registry, Push string
+	// Provider is the networking provider the installation runs, as its
+	// owner states it (empty: read from config-network's ingress class).
+	Provider string
 }
 
 // Target is one cluster (or external installation) as a spec reaches it.
@@ -62,6 +81,13 @@ type Target struct {
 	Gateway string
 	// Registry is the image registry as the host (and the nodes) name it.
 	Registry string
+	// Push is where the host pushes images that the cluster pulls from
+	// Registry (empty: Registry itself).
+	Push string
+	// Source and Context are the kubeconfig file and context an external
+	// installation was given by (with a context, Kubeconfig is a copy of
+	// the run holding that context alone).
+	Source, Context string
 	// Info is the Kind cluster's record; zero for an external installation.
 	Info kindcluster.Info
 	// Installation is the Lampyr installation (lampyr profile only).
@@ -76,6 +102,19 @@ type Target struct {
 	Created bool
 	// External: the suite does not manage this installation.
 	External bool
+}
+
+// Address is how a person reaches the target: KUBECONFIG=file, and the
+// context when one was given.
+func (t *Target) Address() string {
+	src := t.Source
+	if src == "" {
+		src = t.Kubeconfig
+	}
+	if t.Context != "" {
+		return fmt.Sprintf("KUBECONFIG=%s, context %s", src, t.Context)
+	}
+	return "KUBECONFIG=" + src
 }
 
 // targets is the set of Targets of one run, kept in the context as a

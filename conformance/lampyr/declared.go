@@ -123,7 +123,9 @@ type Declarations struct {
 
 // LoadDeclarations reads path and checks it against tests.
 func LoadDeclarations(path string, tests []Test) (*Declarations, error) {
-	e, err := upstream.LoadExpectations(path)
+	// The suite itself knows which tests need each feature: a file for it
+	// need not name them (Check fills them in).
+	e, err := upstream.ReadExpectations(path)
 	if err != nil {
 		return nil, err
 	}
@@ -170,6 +172,12 @@ func Check(path string, e *upstream.Expectations, tests []Test) (*Declarations, 
 			return nil, fmt.Errorf("declarations %s: feature %s is both claimed and unsupported: keep one", path, f)
 		case u.Reason == "":
 			return nil, fmt.Errorf("declarations %s: unsupportedFeatures[%d] (%s): say why in reason", path, i, u.Name)
+		}
+		for j, named := range u.Tests {
+			suite, name, _ := strings.Cut(named, "/")
+			if t, ok := d.tests[name]; suite != SuiteName || !ok || t.Feature != f {
+				return nil, fmt.Errorf("declarations %s: unsupportedFeatures[%d] (%s).tests[%d] %q: not a %s test of feature %s (leave tests out: the suite knows them)", path, i, u.Name, j, named, SuiteName, f)
+			}
 		}
 		d.unsupported[f] = u.Reason
 	}
@@ -316,6 +324,14 @@ func (d *Declarations) Report(specs []SpecResult, seconds float64, selection str
 	}
 	sort.Strings(sr.Claimed)
 	for _, u := range d.Exp.Unsupported {
+		// The tests that need it, as the suite declares them (skipped in
+		// this run: the feature is not claimed).
+		u.Tests = nil
+		for _, n := range d.names() {
+			if d.tests[n].Feature == Feature(u.Name) {
+				u.Tests = append(u.Tests, SuiteName+"/"+n)
+			}
+		}
 		sr.Unsupported = append(sr.Unsupported, u)
 	}
 	sr.Selection = selection

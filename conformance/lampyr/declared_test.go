@@ -56,6 +56,7 @@ func TestCheckNamesEachMistake(t *testing.T) {
 		{"unclaimed", exp(upstream.Declared{Test: "lampyr/c", Outcome: upstream.Fail, Feature: "fleet-key-rotation", Reason: "r"}), "feature fleet-key-rotation is not claimed"},
 		{"no reason", exp(upstream.Declared{Test: "lampyr/a", Outcome: upstream.Fail, Feature: "serving"}), "feature and reason are required"},
 		{"unknown claim", &upstream.Expectations{Implementation: "x", Claimed: []string{"teleport"}}, `claimedFeatures[0] "teleport": no such feature`},
+		{"feature's test of another feature", &upstream.Expectations{Implementation: "x", Unsupported: []upstream.Feature{{Name: "fleet-key-rotation", Reason: "r", Tests: []string{"lampyr/a"}}}}, `tests[0] "lampyr/a": not a lampyr test of feature fleet-key-rotation`},
 		{"both", &upstream.Expectations{Implementation: "x", Claimed: []string{"serving"}, Unsupported: []upstream.Feature{{Name: "serving", Reason: "r"}}}, "both claimed and unsupported"},
 	} {
 		_, err := Check("f.yaml", tc.e, fakeTests())
@@ -142,7 +143,7 @@ func TestReportAppliesDeclarations(t *testing.T) {
 		if s.Result != tc.result || !tc.check(s) {
 			t.Errorf("%s: result %s (want %s): %+v", tc.name, s.Result, tc.result, s)
 		}
-		if strings.Join(s.Claimed, ",") != "restart-recovery,serving" || len(s.Unsupported) != 1 {
+		if strings.Join(s.Claimed, ",") != "restart-recovery,serving" || len(s.Unsupported) != 1 || strings.Join(s.Unsupported[0].Tests, ",") != "lampyr/c" {
 			t.Errorf("%s: the suite's claims: %v %v", tc.name, s.Claimed, s.Unsupported)
 		}
 	}

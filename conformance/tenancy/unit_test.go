@@ -230,12 +230,19 @@ func TestSlug(t *testing.T) {
 
 func TestChooseClusters(t *testing.T) {
 	for v, want := range map[string]string{
-		"":                               "[{stock stock false} {lampyr lampyr false}]",
-		"lampyr=lampyr-x":                "[{lampyr-x lampyr false}]",
-		"lampyr=lampyr-x, stock=stock-x": "[{stock-x stock false} {lampyr-x lampyr false}]",
+		"":                               "[stock=stock lampyr=lampyr]",
+		"lampyr=lampyr-x":                "[lampyr=lampyr-x]",
+		"lampyr=lampyr-x, stock=stock-x": "[stock=stock-x lampyr=lampyr-x]",
 	} {
 		cs, err := chooseClusters(v)
-		if got := fmt.Sprint(cs); err != nil || got != want {
+		var parts []string
+		for _, c := range cs {
+			parts = append(parts, c.Profile+"="+c.Name)
+			if c.Eventing || c.Provider != "" || c.External != nil {
+				parts[len(parts)-1] += fmt.Sprintf(" %+v", c)
+			}
+		}
+		if got := "[" + strings.Join(parts, " ") + "]"; err != nil || got != want {
 			t.Errorf("chooseClusters(%q) = %s, %v; want %s", v, got, err, want)
 		}
 	}

@@ -24,10 +24,23 @@ type Expectations struct {
 	Tests []Declared `json:"tests,omitempty"`
 }
 
-// Feature is an unsupported feature and why it is not claimed.
+// Feature is an unsupported feature, why it is not claimed, and the
+// upstream tests that show it is missing. A claim is checked on every run
+// (Report.Finish): a feature whose tests all pass is stale and fails the
+// run, as a declared failure of Lampyr's own suite that passes does.
 type Feature struct {
 	Name   string `json:"name"`
 	Reason string `json:"reason"`
+	// Tests are "<suite>/<TestName>" tests that fail, or cannot run,
+	// without the feature, besides the tests declared with this feature
+	// (both count: Expectations.FeatureTests). LoadExpectations refuses a
+	// feature that names none: a claim nothing can check.
+	Tests []string `json:"tests,omitempty"`
+	// Intermittent: the tests fail on some runs only (a race the
+	// implementation does not always lose, "routing right after a
+	// change"); a run in which they all pass reports the claim as
+	// unconfirmed instead of failing it as stale.
+	Intermittent bool `json:"intermittent,omitempty"`
 }
 
 // Declared is one test's declared outcome.
@@ -43,8 +56,21 @@ type Declared struct {
 	Reason  string `json:"reason"`
 }
 
-// LoadExpectations reads and checks a declaration file.
+// LoadExpectations reads and checks a declaration file of Knative's
+// upstream suites: every unsupported feature must name the tests that
+// show it (RequireFeatureTests).
 func LoadExpectations(path string) (*Expectations, error) {
+	e, err := ReadExpectations(path)
+	if err != nil {
+		return nil, err
+	}
+	return e, e.RequireFeatureTests(path)
+}
+
+// ReadExpectations reads and checks a declaration file without requiring
+// tests of its unsupported features: Lampyr's own suite knows the tests
+// of each of its features (conformance/lampyr fills them in).
+func ReadExpectations(path string) (*Expectations, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("expectations: %w", err)
@@ -56,10 +82,78 @@ func LoadExpectations(path string) (*Expectations, error) {
 	return &e, e.Validate(path)
 }
 
+// RequireFeatureTests refuses an unsupported feature that names no test,
+// neither in its own tests nor as the feature of a declared test: nothing
+// could ever show the claim true or stale.
+func (e *Expectations) RequireFeatureTests(path string) error {
+	for i, f := range e.Unsupported {
+		if len(e.FeatureTests(f.Name)) == 0 {
+			return fmt.Errorf("expectations %s: unsupportedFeatures[%d] (%s) names no test: list under its tests the <suite>/<TestName> tests that fail without it (or declare them under tests with feature %q), so every run checks the claim", path, i, f.Name, f.Name)
+		}
+	}
+	return nil
+}
+
+// FeatureTests are the tests that show feature name is missing: the
+// feature's own tests, then those declared with it, each once, in that
+// order.
+func (e *Expectations) FeatureTests(name string) []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(t string) {
+		if !seen[t] {
+			seen[t] = true
+			out = append(out, t)
+		}
+	}
+	for _, f := range e.Unsupported {
+		if f.Name == name {
+			for _, t := range f.Tests {
+				add(t)
+			}
+		}
+	}
+	for _, d := range e.Tests {
+		if d.Feature == name {
+			add(d.Test)
+		}
+	}
+	return out
+}
+
+// UnsupportedWithTests are the unsupported features with every test that
+// shows each (FeatureTests): what a report records and checks.
+func (e *Expectations) UnsupportedWithTests() []Feature {
+	if e == nil {
+		return nil
+	}
+	out := make([]Feature, len(e.Unsupported))
+	for i, f := range e.Unsupported {
+		f.Tests = e.FeatureTests(f.Name)
+		out[i] = f
+	}
+	return out
+}
+
 // Validate names the first malformed entry and how to fix it.
 func (e *Expectations) Validate(path string) error {
 	if e.Implementation == "" {
 		return fmt.Errorf("expectations %s: implementation is empty: name what the file declares (e.g. lampyr)", path)
+	}
+	features := map[string]bool{}
+	for i, f := range e.Unsupported {
+		switch {
+		case f.Name == "" || f.Reason == "":
+			return fmt.Errorf("expectations %s: unsupportedFeatures[%d]: name and reason are required", path, i)
+		case features[f.Name]:
+			return fmt.Errorf("expectations %s: unsupportedFeatures[%d]: %s is declared twice", path, i, f.Name)
+		}
+		features[f.Name] = true
+		for j, t := range f.Tests {
+			if !strings.Contains(t, "/") {
+				return fmt.Errorf("expectations %s: unsupportedFeatures[%d] (%s).tests[%d] %q: write <suite>/<TestName> (suites: api, runtime, ingress)", path, i, f.Name, j, t)
+			}
+		}
 	}
 	seen := map[string]bool{}
 	for i, d := range e.Tests {

@@ -30,6 +30,9 @@ type Report struct {
 	TestConfig  []string  `json:"testConfig,omitempty"`
 	Claimed     []string  `json:"claimedFeatures,omitempty"`
 	Unsupported []Feature `json:"unsupportedFeatures,omitempty"`
+	// Claims is what this run showed of each unsupported feature
+	// (CheckClaims): a stale claim fails the report.
+	Claims []ClaimCheck `json:"claimChecks,omitempty"`
 	// Suites holds every suite run against the implementation: Knative's
 	// upstream suites (knative-conformance) and Lampyr's own
 	// (conformance/lampyr, which adds its section with AddSuite), so one
@@ -149,7 +152,9 @@ func ReadReport(path string) (*Report, error) {
 	return &r, nil
 }
 
-// Finish sets the overall result from the suites'.
+// Finish checks the unsupported features' claims against the suites'
+// results and sets the overall result: failure when a suite failed or a
+// claim is stale.
 func (r *Report) Finish() {
 	r.APIVersion, r.Kind = "conformance.lampyr.dev/v1alpha1", "ConformanceReport"
 	r.Result = "success"
@@ -161,6 +166,102 @@ func (r *Report) Finish() {
 			r.Result = "partial"
 		}
 	}
+	r.Claims = CheckClaims(r.Unsupported, r.Suites)
+	if len(StaleClaims(r.Claims)) > 0 {
+		r.Result = "failure"
+	}
+}
+
+// Verdicts of a claim (an unsupported feature) in one run.
+const (
+	// ClaimShown: a test the feature names failed (as declared).
+	ClaimShown = "shown"
+	// ClaimStale: every test the feature names ran and passed: the
+	// implementation has the feature; remove the claim (and its tests'
+	// declarations).
+	ClaimStale = "stale"
+	// ClaimUnconfirmed: as stale, but the feature is intermittent.
+	ClaimUnconfirmed = "unconfirmed"
+	// ClaimUnchecked: no named test failed and some did not run (declared
+	// skips, a suite or selection that left them out).
+	ClaimUnchecked = "unchecked"
+)
+
+// ClaimCheck is what one run showed of one unsupported feature.
+type ClaimCheck struct {
+	Feature string      `json:"feature"`
+	Verdict string      `json:"verdict"`
+	Tests   []ClaimTest `json:"tests"`
+}
+
+// ClaimTest is a named test's outcome in the run ("not run" when no suite
+// reported it).
+type ClaimTest struct {
+	Test    string `json:"test"`
+	Outcome string `json:"outcome"`
+}
+
+// NotRun is the outcome of a named test no suite reported.
+const NotRun = "not run"
+
+// CheckClaims judges each feature by the outcomes of the tests it names
+// ("<suite>/<TestName>") in suites.
+func CheckClaims(features []Feature, suites []SuiteReport) []ClaimCheck {
+	outcome := map[string]string{}
+	for _, s := range suites {
+		for _, t := range s.Tests {
+			outcome[s.Suite.Name+"/"+t.Name] = t.Outcome
+		}
+	}
+	var out []ClaimCheck
+	for _, f := range features {
+		c := ClaimCheck{Feature: f.Name}
+		failed, passed := 0, 0
+		for _, t := range f.Tests {
+			o := outcome[t]
+			if o == "" {
+				o = NotRun
+			}
+			c.Tests = append(c.Tests, ClaimTest{Test: t, Outcome: o})
+			switch o {
+			case Fail, ExpectedFail:
+				failed++
+			case Pass:
+				passed++
+			}
+		}
+		switch {
+		case failed > 0:
+			c.Verdict = ClaimShown
+		case passed > 0 && passed == len(f.Tests) && f.Intermittent:
+			c.Verdict = ClaimUnconfirmed
+		case passed > 0 && passed == len(f.Tests):
+			c.Verdict = ClaimStale
+		default:
+			c.Verdict = ClaimUnchecked
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// StaleClaims are the claims checks found stale.
+func StaleClaims(cs []ClaimCheck) []ClaimCheck {
+	var out []ClaimCheck
+	for _, c := range cs {
+		if c.Verdict == ClaimStale {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (c ClaimCheck) String() string {
+	parts := make([]string, len(c.Tests))
+	for i, t := range c.Tests {
+		parts[i] = t.Test + " " + t.Outcome
+	}
+	return fmt.Sprintf("%s: %s (%s)", c.Feature, c.Verdict, strings.Join(parts, ", "))
 }
 
 // Write puts report.yaml, junit.xml and report.md into dir.
@@ -237,6 +338,25 @@ func (r *Report) JUnit() ([]byte, error) {
 		}
 		js.Suites = append(js.Suites, su)
 	}
+	if len(r.Claims) > 0 {
+		// One case per unsupported feature: a stale claim fails, as an
+		// undeclared failure does.
+		su := junitSuite{Name: "claims"}
+		for _, c := range r.Claims {
+			jc := junitCase{Name: c.Feature, Classname: "claims"}
+			switch c.Verdict {
+			case ClaimStale:
+				jc.Failure = &junitMessage{Message: "stale claim: every test it names passed; remove it from the expectations", Body: c.String()}
+				su.Failures++
+			case ClaimUnchecked, ClaimUnconfirmed:
+				jc.Skipped = &junitMessage{Message: c.Verdict, Body: c.String()}
+				su.Skipped++
+			}
+			su.Cases = append(su.Cases, jc)
+			su.Tests++
+		}
+		js.Suites = append(js.Suites, su)
+	}
 	b, err := xml.MarshalIndent(js, "", "  ")
 	if err != nil {
 		return nil, err
@@ -257,6 +377,24 @@ func Markdown(r *Report) string {
 	for _, s := range r.Suites {
 		fmt.Fprintf(&b, "| %s (%s %s) | %s | %d | %d | %d | %d | %.0f |\n", s.Suite.Name, s.Suite.Module, s.Suite.Version, s.Result,
 			s.Statistics.Passed, s.Statistics.Failed, s.Statistics.ExpectedFailures, s.Statistics.Skipped, s.Seconds)
+	}
+	if len(r.Claims) > 0 {
+		b.WriteString("\n## Claims: what this run showed of each unsupported feature\n\n")
+		if st := StaleClaims(r.Claims); len(st) > 0 {
+			names := make([]string, len(st))
+			for i, c := range st {
+				names[i] = c.Feature
+			}
+			fmt.Fprintf(&b, "**Stale claims (every test they name passed: remove them):** %s\n\n", strings.Join(names, ", "))
+		}
+		b.WriteString("| feature | verdict | tests |\n|---|---|---|\n")
+		for _, c := range r.Claims {
+			parts := make([]string, len(c.Tests))
+			for i, t := range c.Tests {
+				parts[i] = t.Test + ": " + t.Outcome
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s |\n", mdCell(c.Feature), c.Verdict, mdCell(strings.Join(parts, ", ")))
+		}
 	}
 	for _, s := range r.Suites {
 		fmt.Fprintf(&b, "\n## %s: `%s`\n\n", s.Suite.Name, s.Suite.Package)

@@ -226,3 +226,125 @@ func TestRoot(t *testing.T) {
 		t.Errorf("verdict %+v", v)
 	}
 }
+
+// An unsupported feature must name the tests that show it: its own, or
+// tests declared with it. One that names none is refused when the file is
+// loaded, naming the feature and the fix.
+func TestAFeatureNamingNoTestIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	for body, want := range map[string]string{
+		"implementation: x\nunsupportedFeatures:\n- name: volumes\n  reason: r\n":                                                                   "unsupportedFeatures[0] (volumes) names no test",
+		"implementation: x\nunsupportedFeatures:\n- name: volumes\n  reason: r\n  tests: [TestSecretVolume]\n":                                      "tests[0] \"TestSecretVolume\": write <suite>/<TestName>",
+		"implementation: x\nunsupportedFeatures:\n- name: volumes\n  reason: r\n  tests: [api/A]\n- name: volumes\n  reason: r\n  tests: [api/B]\n": "volumes is declared twice",
+		"implementation: x\nunsupportedFeatures:\n- name: volumes\n  tests: [api/A]\n":                                                              "name and reason are required",
+	} {
+		p := filepath.Join(dir, "e.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadExpectations(p); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", body, err, want)
+		}
+	}
+	ok := "implementation: x\nunsupportedFeatures:\n- name: volumes\n  reason: r\n  tests: [api/TestSecretVolume]\n- name: env\n  reason: r\ntests:\n- test: runtime/TestConfigsViaEnv\n  outcome: skip\n  feature: env\n  reason: r\n"
+	p := filepath.Join(dir, "ok.yaml")
+	if err := os.WriteFile(p, []byte(ok), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, err := LoadExpectations(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e.UnsupportedWithTests(); strings.Join(got[0].Tests, ",") != "api/TestSecretVolume" || strings.Join(got[1].Tests, ",") != "runtime/TestConfigsViaEnv" {
+		t.Errorf("features' tests: %+v", got)
+	}
+}
+
+// A claim is checked against the run: shown when a test it names fails,
+// stale when every one passes (the run fails), unchecked when some did
+// not run, unconfirmed when an intermittent feature's tests all pass.
+func TestClaimsAreCheckedAgainstTheRun(t *testing.T) {
+	suites := []SuiteReport{
+		{Suite: Suite{Name: "api"}, Result: "success", Tests: []Result{{Name: "TestA", Outcome: Pass}, {Name: "TestB", Outcome: ExpectedFail}, {Name: "TestS", Outcome: Skip}}},
+		{Suite: Suite{Name: "runtime"}, Result: "success", Tests: []Result{{Name: "TestR", Outcome: Pass}}},
+	}
+	features := []Feature{
+		{Name: "shown", Reason: "r", Tests: []string{"api/TestA", "api/TestB"}},
+		{Name: "stale", Reason: "r", Tests: []string{"api/TestA", "runtime/TestR"}},
+		{Name: "skipped", Reason: "r", Tests: []string{"api/TestA", "api/TestS"}},
+		{Name: "elsewhere", Reason: "r", Tests: []string{"ingress/tls"}},
+		{Name: "flaky", Reason: "r", Tests: []string{"runtime/TestR"}, Intermittent: true},
+	}
+	got := map[string]string{}
+	for _, c := range CheckClaims(features, suites) {
+		got[c.Feature] = c.Verdict
+	}
+	want := map[string]string{"shown": ClaimShown, "stale": ClaimStale, "skipped": ClaimUnchecked, "elsewhere": ClaimUnchecked, "flaky": ClaimUnconfirmed}
+	for f, v := range want {
+		if got[f] != v {
+			t.Errorf("%s: verdict %q, want %q", f, got[f], v)
+		}
+	}
+
+	// The same report without the stale claim succeeds; with it, it fails.
+	rep := &Report{Implementation: Implementation{Name: "lampyr"}, Unsupported: []Feature{features[0], features[2]}, Suites: suites}
+	rep.Finish()
+	if rep.Result != "success" {
+		t.Fatalf("no stale claim: result %s", rep.Result)
+	}
+	rep.Unsupported = append(rep.Unsupported, features[1])
+	rep.Finish()
+	if rep.Result != "failure" || len(StaleClaims(rep.Claims)) != 1 {
+		t.Fatalf("a stale claim must fail the report: result %s, claims %+v", rep.Result, rep.Claims)
+	}
+	j, err := rep.JUnit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(j), `<testcase name="stale" classname="claims" time="0">`) || !strings.Contains(string(j), `stale claim: every test it names passed`) {
+		t.Errorf("junit has no failing claims case:\n%s", j)
+	}
+	if md := Markdown(rep); !strings.Contains(md, "**Stale claims (every test they name passed: remove them):** stale") ||
+		!strings.Contains(md, "| stale | stale | api/TestA: pass, runtime/TestR: pass |") {
+		t.Errorf("markdown:\n%s", md)
+	}
+}
+
+// The whole path on a repository file: a stale claim added on purpose to
+// conformance/expectations/lampyr-gateway-api.yaml (a feature named by a
+// test that passed) fails the report the runner writes.
+func TestAStaleClaimAddedOnPurposeFailsTheRun(t *testing.T) {
+	b, err := os.ReadFile("../expectations/lampyr-gateway-api.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Replace(string(b), "unsupportedFeatures:\n", "unsupportedFeatures:\n- name: route listing\n  reason: added on purpose by this test\n  tests: [api/TestRouteGetAndList]\n", 1)
+	p := filepath.Join(t.TempDir(), "lampyr-gateway-api.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e, err := LoadExpectations(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every declared api test fails as declared (skips are not run); the
+	// planted feature's test passes.
+	var results []Result
+	for _, d := range e.Tests {
+		if s, name, _ := strings.Cut(d.Test, "/"); s == "api" && d.Outcome == Fail {
+			results = append(results, Result{Name: name, Outcome: Fail})
+		}
+	}
+	results = append(results, Result{Name: "TestRouteGetAndList", Outcome: Pass})
+	results, v := Apply("api", results, e.For("api"))
+	rep := &Report{Implementation: Implementation{Name: "lampyr"}, Unsupported: e.UnsupportedWithTests(),
+		Suites: []SuiteReport{NewSuiteReport(Suite{Name: "api"}, 1, results, v, nil)}}
+	if rep.Suites[0].Result != "partial" {
+		t.Fatalf("the api suite alone conforms to its declarations: %s", rep.Suites[0].Result)
+	}
+	rep.Finish()
+	stale := StaleClaims(rep.Claims)
+	if rep.Result != "failure" || len(stale) != 1 || stale[0].Feature != "route listing" {
+		t.Fatalf("result %s, stale %+v: the planted claim must fail the run", rep.Result, stale)
+	}
+}

@@ -34,6 +34,14 @@ func (r *runner) writeReport(context.Context) error {
 			fmt.Printf("  declared, but the suite has no such test: %s\n", u)
 		}
 	}
+	for _, c := range rep.Claims {
+		switch c.Verdict {
+		case upstream.ClaimStale:
+			fmt.Printf("  stale claim (every test it names passed; remove it from %s): %s\n", o.expectations, c)
+		case upstream.ClaimUnconfirmed:
+			fmt.Printf("  intermittent claim not seen this run: %s\n", c)
+		}
+	}
 	fmt.Printf("report: %s (%s)\n", filepath.Join(o.out, "report.yaml"), rep.Result)
 	if o.reference != "" {
 		ref, err := readReport(o.reference)

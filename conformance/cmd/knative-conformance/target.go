@@ -102,7 +102,7 @@ func (r *runner) resolveTarget(ctx context.Context) error {
 		if r.exp, err = upstream.LoadExpectations(o.expectations); err != nil {
 			return usageError(err)
 		}
-		rep.Claimed, rep.Unsupported = r.exp.Claimed, r.exp.Unsupported
+		rep.Claimed, rep.Unsupported = r.exp.Claimed, r.exp.UnsupportedWithTests()
 	}
 	if o.out == "" {
 		o.out = filepath.Join(environ.ArtifactsDir(), "conformance", orName(o.cluster, o.implementation))
