@@ -45,7 +45,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.run, "run", "", "only the tests matching this go test -run pattern (the report is then partial; the ingress suite's tests are TestIngressConformance/<name>)")
 	fs.StringVar(&o.extraArgs, "suite-args", "", "extra space-separated flags for the api and runtime suites (e.g. -disable-optional-api)")
 	fs.StringVar(&o.imageSnapshots, "image-snapshots", "auto", "snapshot each test image and register it in config-lampyr image-snapshots, so the suites' image-only Services run on Lampyr (auto: when the implementation is lampyr)")
-	fs.StringVar(&o.lampyrConfig, "lampyr-config", "default-memory-per-fiber=64Mi,fiber-memory-capacity=16Gi", "managed Lampyr clusters: config-lampyr settings for the run, key=value,... (the suites keep many Revisions alive at once, and send 200 concurrent requests to one; the test images need far less than the default 256Mi per fiber)")
+	fs.StringVar(&o.lampyrConfig, "lampyr-config", "default-memory-per-fiber=64Mi,fiber-memory-capacity=16Gi,namespace-fiber-memory-share=100%", "managed Lampyr clusters: config-lampyr settings for the run, key=value,... (the suites keep many Revisions alive at once, all in one namespace, and send 200 concurrent requests to one; the test images need far less than the default 256Mi per fiber)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
