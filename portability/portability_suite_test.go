@@ -534,6 +534,79 @@ var _ = Describe("one digest-pinned Knative Service on stock Knative and on Lamp
 	// backend (the same fixture) with GET /call and reports what it got;
 	// last in the container because it adds a Service the checks above do
 	// not expect.
+	It("serves a DomainMapping identically", Label("domainmapping", "http"), func(ctx SpecContext) {
+		p := the()
+		// One custom domain, the same on every target so the answers
+		// compare as they are (Host included). Claimed explicitly:
+		// Knative does not create ClusterDomainClaims unless config-network
+		// says so.
+		domain := svcName + "." + p.Namespace + ".mapped.example.org"
+		cdc := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "networking.internal.knative.dev/v1alpha1", "kind": "ClusterDomainClaim",
+			"metadata": map[string]any{"name": domain},
+			"spec":     map[string]any{"namespace": p.Namespace},
+		}}
+		dm := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "serving.knative.dev/v1beta1", "kind": "DomainMapping",
+			"metadata": map[string]any{"name": domain, "namespace": p.Namespace},
+			"spec":     map[string]any{"ref": map[string]any{"apiVersion": "serving.knative.dev/v1", "kind": "Service", "name": svcName}},
+		}}
+		if !suite.Options().Keep {
+			DeferCleanup(func(ctx SpecContext) {
+				for _, s := range p.Targets {
+					_ = s.Clients.Dynamic.Resource(e2eutil.DomainMappings).Namespace(p.Namespace).Delete(ctx, domain, metav1.DeleteOptions{})
+					_ = s.Clients.Dynamic.Resource(e2eutil.ClusterDomainClaims).Delete(ctx, domain, metav1.DeleteOptions{})
+				}
+			})
+		}
+		for _, s := range p.Targets {
+			for _, o := range []struct {
+				gvr schema.GroupVersionResource
+				obj *unstructured.Unstructured
+			}{{e2eutil.ClusterDomainClaims, cdc}, {e2eutil.DomainMappings, dm}} {
+				var err error
+				if o.obj.GetNamespace() == "" {
+					_, err = s.Clients.Dynamic.Resource(o.gvr).Create(ctx, o.obj.DeepCopy(), metav1.CreateOptions{})
+				} else {
+					_, err = s.Clients.Dynamic.Resource(o.gvr).Namespace(o.obj.GetNamespace()).Create(ctx, o.obj.DeepCopy(), metav1.CreateOptions{})
+				}
+				if err != nil && !apierrors.IsAlreadyExists(err) {
+					Fail(fmt.Sprintf("creating %s %s on %s: %v", o.obj.GetKind(), domain, s.Name, err))
+				}
+			}
+		}
+		// Ready, then answering through the gateway (its KIngress probes
+		// the data plane on gateway-api; give any provider a minute).
+		for _, s := range p.Targets {
+			Eventually(func() (string, error) {
+				u, err := s.Clients.Dynamic.Resource(e2eutil.DomainMappings).Namespace(p.Namespace).Get(ctx, domain, metav1.GetOptions{})
+				if err != nil {
+					return "", err
+				}
+				return readyOf(u), nil
+			}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Equal("True"), "DomainMapping %s on %s never became Ready", domain, s.Name)
+			Eventually(func() (int, error) {
+				r, err := Do(ctx, s.Gateway, domain, RequestSet[0])
+				if err != nil {
+					return 0, err
+				}
+				return r.Status, nil
+			}).WithContext(ctx).WithTimeout(time.Minute).WithPolling(time.Second).Should(Equal(200), "%s never answered for the mapped domain %s", s.Name, domain)
+		}
+		as := onAll(func(s *harness.Target) ([]*Response, error) {
+			var out []*Response
+			for _, r := range RequestSet {
+				resp, err := Do(ctx, s.Gateway, domain, r)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", r.Name, err)
+				}
+				out = append(out, resp)
+			}
+			return out, nil
+		})
+		expectSame("domain mapping", "the answers for the mapped domain "+domain+" (status, body, headers, K_* environment)", as)
+	})
+
 	It("calls a cluster-local Service by its DNS name identically", Label("bindings"), func(ctx SpecContext) {
 		p := the()
 		if !suite.Options().Keep {
@@ -685,4 +758,16 @@ func podsScaledToZero(ctx context.Context, t *harness.Target) bool {
 func writeJSON(name string, v any) {
 	raw, _ := json.MarshalIndent(v, "", "  ")
 	_ = os.WriteFile(filepath.Join(the().artDir, name), raw, 0o644)
+}
+
+// readyOf is a Knative object's Ready condition status ("" when absent).
+func readyOf(u *unstructured.Unstructured) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == "Ready" {
+			s, _ := m["status"].(string)
+			return s
+		}
+	}
+	return ""
 }

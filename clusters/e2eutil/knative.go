@@ -22,6 +22,9 @@ var (
 	Revisions = schema.GroupVersionResource{Group: "serving.knative.dev", Version: "v1", Resource: "revisions"}
 	Routes    = schema.GroupVersionResource{Group: "serving.knative.dev", Version: "v1", Resource: "routes"}
 	Ingresses = schema.GroupVersionResource{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "ingresses"}
+	// DomainMappings and ClusterDomainClaims: custom domains.
+	DomainMappings      = schema.GroupVersionResource{Group: "serving.knative.dev", Version: "v1beta1", Resource: "domainmappings"}
+	ClusterDomainClaims = schema.GroupVersionResource{Group: "networking.internal.knative.dev", Version: "v1alpha1", Resource: "clusterdomainclaims"}
 )
 
 // Condition returns status, reason and message of a condition type in
