@@ -124,7 +124,25 @@ func valid() Test {
 			}
 			inNS, err := t.Clients.Kube.CoreV1().Pods(t.Namespace).List(ctx, metav1.ListOptions{})
 			Expect(err).NotTo(HaveOccurred())
-			Expect(inNS.Items).To(BeEmpty(), "no Pod of a Revision runs in the tenant's namespace")
+			// Nothing of the Revision runs in the tenant's namespace: the
+			// one Pod of it there is its quota Pod, which the namespace's
+			// ResourceQuota counts and the scheduler never places
+			// (docs/security.md, "What a tenant's Kubernetes objects still
+			// mean").
+			var quotaPods []string
+			for _, p := range inNS.Items {
+				if p.Labels[contract.GrantLabel] != rev || p.Labels[contract.ComponentLabel] != contract.QuotaPodComponent {
+					Fail(fmt.Sprintf("Pod %s in the tenant's namespace (labels %v) is not a quota Pod: no Pod of a Revision runs there", p.Name, p.Labels))
+				}
+				gated := false
+				for _, g := range p.Spec.SchedulingGates {
+					gated = gated || g.Name == contract.QuotaPodGate
+				}
+				Expect(gated).To(BeTrue(), "quota Pod %s keeps its scheduling gate %s", p.Name, contract.QuotaPodGate)
+				Expect(p.Spec.NodeName).To(BeEmpty(), "quota Pod %s is never scheduled", p.Name)
+				quotaPods = append(quotaPods, p.Name)
+			}
+			Expect(quotaPods).To(ConsistOf(rev+"-lampyr-quota"), "the Revision's one quota Pod, counted by the namespace's ResourceQuota")
 			svc, err := t.Clients.Kube.CoreV1().Services(t.Namespace).Get(ctx, rev, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred(), "the backend Service the upstream Route reconciler expects, named after the Revision")
 			provider := t.NetworkingProvider(ctx)

@@ -171,12 +171,18 @@ func limitRangeRow(ctx context.Context, s *side) (string, string, bool) {
 	applyAs(ctx, t, handlerService(s, nsLimits, "big", "768Mi", 1))
 	small := settle(ctx, t, "small", 5*time.Minute)
 	big := settle(ctx, t, "big", 5*time.Minute)
-	answered := 0
+	answered, tally := 0, "not asked"
 	if small.ready.status == "True" {
-		answered, _ = gatewayTally(ctx, s, "small", nsLimits, 1, helloBody)
+		// settle saw the Revision Ready; the request waits for the
+		// Service (its Route programmed on the gateway), as a client would.
+		if _, err := t.c.WaitReady(ctx, e2eutil.KServices, nsLimits, "small", 2*time.Minute); err != nil {
+			tally = "Service not Ready: " + err.Error()
+		} else {
+			answered, tally = gatewayTally(ctx, s, "small", nsLimits, 1, helloBody)
+		}
 	}
 	verdict := fmt.Sprintf("small Ready=%s, big Ready=%s", small.ready.status, big.ready.status)
-	obs := fmt.Sprintf("%s (answered %d/1); %s", small, answered, big)
+	obs := fmt.Sprintf("%s (answered %d/1: %s); %s", small, answered, tally, big)
 	ok := small.ready.status == "True" && answered == 1 && big.ready.status == "False"
 	if s == the().lampyr {
 		// Lampyr shows stock's reason with the API server's words (stock's
