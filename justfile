@@ -35,6 +35,7 @@ cluster-inputs: tools
 # cache) and finds them built. Seconds when the cache is warm.
 _inputs-background:
     @mkdir -p {{artifacts}}
+    @go run ./clusters/cmd/lampyr-inputs -announce
     @nohup go run ./clusters/cmd/lampyr-inputs > {{artifacts}}/inputs-background.log 2>&1 &
     @echo "cluster inputs: building in the background while the suite compiles (log: {{artifacts}}/inputs-background.log)"
 

@@ -10,13 +10,16 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"lampyr.dev/serving/clusters/environ/inputsenv"
+	"lampyr.dev/serving/clusters/firstrun"
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/progress"
 )
@@ -24,6 +27,16 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	announce := flag.Bool("announce", false, "print what a first run with this cache builds and about how long it takes (nothing when the inputs are cached), then exit")
+	flag.Parse()
+	if *announce {
+		cache := inputsenv.Cache()
+		more := fmt.Sprintf("A run of the stock/Lampyr pair then builds Knative Serving, Traefik, net-gateway-api and Lampyr beside them: about %s more.", firstrun.Minutes(firstrun.PairMinutes()))
+		if line := firstrun.Inputs(ctx, filepath.Join(cache, "go")).Line(cache, more); line != "" {
+			fmt.Println(line)
+		}
+		return
+	}
 	log := progress.New(os.Stderr)
 	b := inputs.NewBuilder(inputsenv.Cache(), log)
 	b.DebianMirror = inputsenv.Mirror()
