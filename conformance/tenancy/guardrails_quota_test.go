@@ -86,10 +86,11 @@ func quotaSix(ctx context.Context, s *side) (string, string, bool) {
 		counted = fmt.Sprintf("%d Lampyr quota Pods %v", quotaPods, pods)
 	}
 	answered := 0
+	var tallies []string
 	for _, n := range ready {
-		if h, _ := gatewayTally(ctx, s, n, nsQuota, 1, helloBody); h == 1 {
-			answered++
-		}
+		h, tally := serviceTally(ctx, s, t, nsQuota, n)
+		answered += h
+		tallies = append(tallies, n+": "+tally)
 	}
 	var refused []string
 	allQuota := true
@@ -104,8 +105,8 @@ func quotaSix(ctx context.Context, s *side) (string, string, bool) {
 		}
 	}
 	verdict := "Ready: " + strings.Join(ready, ", ")
-	obs := fmt.Sprintf("%s (%d/%d answered); not Ready: %s; ResourceQuota status.used pods=%s (%s)",
-		verdict, answered, len(ready), strings.Join(refused, " | "), used.String(), counted)
+	obs := fmt.Sprintf("%s (%d/%d answered: %s); not Ready: %s; ResourceQuota status.used pods=%s (%s)",
+		verdict, answered, len(ready), strings.Join(tallies, "; "), strings.Join(refused, " | "), used.String(), counted)
 	ok := strings.Join(ready, ",") == "quota-1,quota-2" && answered == len(ready) && allQuota && used.Value() == 2
 	if s == the().lampyr {
 		ok = ok && quotaPods == 2
@@ -173,13 +174,7 @@ func limitRangeRow(ctx context.Context, s *side) (string, string, bool) {
 	big := settle(ctx, t, "big", 5*time.Minute)
 	answered, tally := 0, "not asked"
 	if small.ready.status == "True" {
-		// settle saw the Revision Ready; the request waits for the
-		// Service (its Route programmed on the gateway), as a client would.
-		if _, err := t.c.WaitReady(ctx, e2eutil.KServices, nsLimits, "small", 2*time.Minute); err != nil {
-			tally = "Service not Ready: " + err.Error()
-		} else {
-			answered, tally = gatewayTally(ctx, s, "small", nsLimits, 1, helloBody)
-		}
+		answered, tally = serviceTally(ctx, s, t, nsLimits, "small")
 	}
 	verdict := fmt.Sprintf("small Ready=%s, big Ready=%s", small.ready.status, big.ready.status)
 	obs := fmt.Sprintf("%s (answered %d/1: %s); %s", small, answered, tally, big)
@@ -195,4 +190,14 @@ func limitRangeRow(ctx context.Context, s *side) (string, string, bool) {
 		defer dropRow(s, nsLimits)
 	}
 	return obs, verdict, ok
+}
+
+// serviceTally sends one request to Service ns/svc once the Service is
+// Ready. settle saw its Revision Ready; the request waits for the Service
+// (its Route programmed on the gateway), as a client would.
+func serviceTally(ctx context.Context, s *side, t *tenant, ns, svc string) (int, string) {
+	if _, err := t.c.WaitReady(ctx, e2eutil.KServices, ns, svc, 2*time.Minute); err != nil {
+		return 0, "Service not Ready: " + err.Error()
+	}
+	return gatewayTally(ctx, s, svc, ns, 1, helloBody)
 }

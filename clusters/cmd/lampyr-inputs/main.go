@@ -31,7 +31,7 @@ func main() {
 	flag.Parse()
 	if *announce {
 		cache := inputsenv.Cache()
-		more := fmt.Sprintf("A run of the stock/Lampyr pair then builds Knative Serving, Traefik, net-gateway-api and Lampyr beside them: about %s more.", firstrun.Minutes(firstrun.PairMinutes()))
+		more := fmt.Sprintf("A run of the stock/Lampyr pair also builds Knative Serving, Traefik, net-gateway-api and Lampyr: about %s more, and its suite compiles meanwhile.", firstrun.Minutes(firstrun.PairMinutes()))
 		if line := firstrun.Inputs(ctx, filepath.Join(cache, "go")).Line(cache, more); line != "" {
 			fmt.Println(line)
 		}
