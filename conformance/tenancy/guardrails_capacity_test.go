@@ -520,10 +520,28 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 	for i := range nB {
 		applyAs(ctx, b, handlerService(s, nsRTB, fmt.Sprintf("fill-%d", i+1), "64Mi", 1))
 	}
+	// Every one of B's Revisions runs (its Home is up and its router
+	// metadata published), but only the Services whose Revisions the
+	// router holds become Ready: the router answers the KIngress probe of
+	// one it refused 503 ("not yet"), so its Route stays "Waiting for load
+	// balancer". Wait for the Revisions, then for as many Services as the
+	// bound lets in.
+	bRevs := 0
 	for i := range nB {
-		_, err := b.c.WaitReady(ctx, e2eutil.KServices, nsRTB, fmt.Sprintf("fill-%d", i+1), 6*time.Minute)
-		must(err, "B's Services")
+		if st := settle(ctx, b, fmt.Sprintf("fill-%d", i+1), 6*time.Minute); st.ready.status == "True" {
+			bRevs++
+		}
 	}
+	bReady := 0
+	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		bReady = 0
+		for i := range nB {
+			if u, err := b.c.Dynamic.Resource(e2eutil.KServices).Namespace(nsRTB).Get(ctx, fmt.Sprintf("fill-%d", i+1), metav1.GetOptions{}); err == nil && e2eutil.IsReady(u) {
+				bReady++
+			}
+		}
+		return bReady >= min(routerNSBound, bRevs), nil
+	})
 	// Ready means published; give the routers' informers a moment.
 	time.Sleep(5 * time.Second)
 	bAnswered, b404 := 0, 0
@@ -537,15 +555,23 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 		}
 	}
 	applyAs(ctx, a, handlerService(s, nsRTA, "late", "64Mi", 1))
-	_, err = a.c.WaitReady(ctx, e2eutil.KServices, nsRTA, "late", 5*time.Minute)
-	must(err, "A's new Service")
-	_ = waitAnswering(ctx, s, "late", nsRTA, time.Minute)
+	late := settle(ctx, a, "late", 5*time.Minute)
+	// Without a per-namespace bound A's Revision runs but the full table
+	// refuses it: its Service never becomes Ready and it answers 404.
+	// That is the attack's success, so it is observed, not aborted on.
+	aService := "Ready"
+	if _, err := a.c.WaitReady(ctx, e2eutil.KServices, nsRTA, "late", 3*time.Minute); err != nil {
+		aService = "not Ready (" + short(err.Error(), 160) + ")"
+	} else {
+		_ = waitAnswering(ctx, s, "late", nsRTA, time.Minute)
+	}
 	handled, tally := gatewayTally(ctx, s, "late", nsRTA, 5, helloBody)
 	bound := fmt.Sprintf("--max-revisions=%d (%d held before), --max-revisions-per-namespace=%d", total, len(held.Items), routerNSBound)
 	if !perNS {
 		bound = fmt.Sprintf("fiber-router refused --max-revisions-per-namespace (no per-namespace bound); --max-revisions=%d alone (%d held before)", total, len(held.Items))
 	}
-	obs := fmt.Sprintf("%s; B's %d Revisions Ready: %d answer, %d 404; A's new Revision %d/5 answered (%s)", bound, nB, bAnswered, b404, handled, tally)
+	obs := fmt.Sprintf("%s; B's %d Revisions: %d Ready, %d Services Ready, %d answer, %d 404; A's new Revision %s, its Service %s, %d/5 answered (%s)",
+		bound, nB, bRevs, bReady, bAnswered, b404, late, aService, handled, tally)
 	ok := perNS && handled == 5
 	if ok {
 		defer dropRow(s, nsRTA, nsRTB)
@@ -583,19 +609,58 @@ func homeBoundFrom(args []string, config map[string]string) (int, string) {
 	return 0, ""
 }
 
-// homePidsBound reads the bound from a running Home (A's victim's).
-func homePidsBound(ctx context.Context, s *side) (int, string) {
+// homeBoundLog is fiberd's line when it bounds its Home's fibers together
+// (impl/fiberd/backend/process BoundHomeTasks): the bound sized from the
+// grant (maxFibers x the per-fiber bound, capped) or --home-pids-max.
+var homeBoundLog = regexp.MustCompile(`the fibers of this Home may hold ([0-9]+|max) tasks together`)
+
+// homeBoundFromLog is the last bound homeBoundLog finds in a Home's log:
+// 0 when there is none, or when it says "max" (no bound).
+func homeBoundFromLog(log string) (int, string) {
+	m := homeBoundLog.FindAllStringSubmatch(log, -1)
+	if len(m) == 0 {
+		return 0, ""
+	}
+	last := m[len(m)-1]
+	n, err := strconv.Atoi(last[1])
+	if err != nil {
+		return 0, ""
+	}
+	return n, "the Home's log: " + last[0]
+}
+
+// homePidsBound reads the Home-wide bound of Revision ns/rev's running
+// Home: an argument or config-lampyr key that sets it, else what fiberd
+// logged when it sized it from the grant.
+func homePidsBound(ctx context.Context, s *side, ns, rev string) (int, string) {
 	_, data := installationConfig(ctx, s)
-	pods, err := e2eutil.HomePods(ctx, s.admin, nsA, victimRev)
-	must(err, "listing A's victim's Home")
+	pods, err := e2eutil.HomePods(ctx, s.admin, ns, rev)
+	must(err, "listing the Home of "+ns+"/"+rev)
 	var args []string
 	for _, p := range pods.Items {
 		for _, c := range p.Spec.Containers {
 			args = append(args, c.Args...)
 		}
 	}
-	return homeBoundFrom(args, data)
+	if n, where := homeBoundFrom(args, data); n > 0 {
+		return n, where
+	}
+	for _, p := range pods.Items {
+		raw, err := s.admin.Kube.CoreV1().Pods(p.Namespace).GetLogs(p.Name, &corev1.PodLogOptions{Container: "fiberd"}).DoRaw(ctx)
+		if err != nil {
+			continue
+		}
+		if n, where := homeBoundFromLog(string(raw)); n > 0 {
+			return n, where
+		}
+	}
+	return 0, ""
 }
+
+// bomberMaxScale is the bomber's max-scale: enough fibers that their
+// per-fiber bounds (RLIMIT_NPROC 512 each) add up past a Home-wide bound
+// of up to 4096 (fiberd's default cap).
+const bomberMaxScale = 12
 
 // holdOpen is one fiber holding every process it could start.
 type holdOpen struct {
@@ -671,26 +736,27 @@ func homeProcesses(ctx context.Context, s *side) (string, bool) {
 	}
 	a, b := rowTenant(ctx, s, nsPidsA), rowTenant(ctx, s, nsPidsB)
 	a.sealer = the().rowSealer
-	bound, where := homePidsBound(ctx, s)
-	// Enough fibers that their per-fiber bounds (RLIMIT_NPROC 512 each)
-	// add up past the Home's.
-	k := 4
-	if bound > 0 {
-		k = min(max(bound/400+2, 3), 12)
-	}
 	tag, err := ly.ParseImageTag(s.registry + "/" + nsPidsA + "/evil-snapshot:bomber")
 	must(err, "naming the bomber's snapshot")
 	pushed, err := ly.Push(ctx, evilBuilt, tag)
 	must(err, "pushing the bomber's snapshot")
 	p := *evilProject
-	k32 := int32(k)
-	p.MaxScale = &k32
+	maxScale := int32(bomberMaxScale)
+	p.MaxScale = &maxScale
 	_, err = deployProject(ctx, s, a, &p, evilBuilt.Config, "bomber", pushed.Ref)
 	must(err, "tenant A deploying the bomber")
 	applyAs(ctx, b, handlerService(s, nsPidsB, "steady", "64Mi", 1))
 	_, err = a.c.WaitReady(ctx, e2eutil.KServices, nsPidsA, "bomber", 5*time.Minute)
 	must(err, "A's bomber")
 	must(readyAndAnswering(ctx, s, b, "steady", 5*time.Minute), "B's steady Service")
+	// The bomber's own Home's bound (fiberd sizes it from the grant): enough
+	// fibers that their per-fiber bounds add up past it; without one, a
+	// few show that nothing adds them up.
+	bound, where := homePidsBound(ctx, s, nsPidsA, "bomber-00001")
+	k := 4
+	if bound > 0 {
+		k = min(max(bound/400+2, 3), bomberMaxScale)
+	}
 
 	alone, failedAlone := bombFibers(ctx, s, "bomber", nsPidsA, 1, func() {})
 	if len(alone) != 1 || alone[0] < 16 {
@@ -715,7 +781,7 @@ func homeProcesses(ctx context.Context, s *side) (string, bool) {
 		}
 		return code == http.StatusOK, nil
 	})
-	boundText := "Home-wide bound: none found (no --*pids*/--*tasks* argument on a Home, no home-*pids* key in config-lampyr)"
+	boundText := "Home-wide bound: none found (no --*pids*/--*tasks* argument on the bomber's Home, no home-*pids* key in config-lampyr, no bound in its log)"
 	if bound > 0 {
 		boundText = fmt.Sprintf("Home-wide bound %d (%s)", bound, where)
 	}

@@ -301,6 +301,22 @@ func TestHomeBoundFrom(t *testing.T) {
 	}
 }
 
+// The Home's log as fiberd writes it (impl/fiberd/backend/process
+// BoundHomeTasks): the cap at start, then the bound sized from the grant.
+func TestHomeBoundFromLog(t *testing.T) {
+	log := "fiberd: listening\nprocess backend: the fibers of this Home may hold 4096 tasks together (each at most 1024)\n" +
+		"grant loaded\nprocess backend: the fibers of this Home may hold 1024 tasks together (each at most 1024)\n"
+	if n, where := homeBoundFromLog(log); n != 1024 || !strings.Contains(where, "hold 1024 tasks") {
+		t.Errorf("homeBoundFromLog = %d %q, want the last line's 1024", n, where)
+	}
+	if n, _ := homeBoundFromLog("process backend: the fibers of this Home may hold max tasks together (each at most 1024)\n"); n != 0 {
+		t.Errorf("no Home-wide bound (max) read as %d", n)
+	}
+	if n, _ := homeBoundFromLog("fiberd: listening\n"); n != 0 {
+		t.Errorf("a log without the line read as %d", n)
+	}
+}
+
 func TestWithRouterBounds(t *testing.T) {
 	orig := []string{"--http-port=80", "--max-revisions=10000", "--drain-delay=5s"}
 	got := withRouterBounds(orig, 12, 3)
