@@ -371,7 +371,9 @@ func waitMapped(ctx context.Context, s *harness.Target, ns, domain string) error
 	err = wait.PollUntilContextTimeout(ctx, time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
 		r, err := Do(ctx, s.Gateway, domain, RequestSet[0])
 		if err != nil {
-			last = err.Error()
+			if ctx.Err() == nil { // not the wait's own end cutting this request
+				last = err.Error()
+			}
 			return false, nil
 		}
 		last = fmt.Sprintf("status %d", r.Status)
