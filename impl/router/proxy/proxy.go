@@ -169,6 +169,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	defer cancel()
 	stop := context.AfterFunc(r.hardStop, cancel)
 	defer stop()
+	sw.deadline = ctx
 
 	lease, err := rt.pool.Get(ctx)
 	if err != nil {

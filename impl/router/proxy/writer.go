@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"log/slog"
 	"net"
@@ -16,6 +17,11 @@ import (
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	// deadline ends a hijacked connection: ReverseProxy closes the fiber's
+	// side when the request's context ends, but then waits for the client
+	// to close its side too, and a client that never does would hold the
+	// fiber's lease past timeoutSeconds (or past a shutdown's hard stop).
+	deadline context.Context
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -40,6 +46,11 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, rw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil {
 		w.status = http.StatusSwitchingProtocols
+		if w.deadline != nil {
+			// Closing twice is harmless: the proxy closes c when it is done,
+			// and the context ends when the request returns.
+			context.AfterFunc(w.deadline, func() { _ = c.Close() })
+		}
 	}
 	return c, rw, err
 }
