@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"net/http"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -22,6 +23,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/ptr"
 
 	"lampyr.dev/serving/clusters/e2eutil"
@@ -244,6 +247,15 @@ var attacks = []attack{
 		appliesTo: onLampyr, timeout: 15 * time.Minute,
 		expected: "Ready=False MissingSnapshotArtifact (B's own mapped image runs)",
 		run:      copyMappedImage,
+	},
+	{
+		name:      "12 A maps a domain the platform granted it to an ExternalName Service of its own pointing at kube-dns's metrics port (DomainMapping ref: a core Service), so the gateway would dial it",
+		appliesTo: onBoth,
+		expected:  "the same DomainMapping path to A's own Pod answers 200 (control); the ExternalName one never answers 200",
+		run:       domainMappingExternalName,
+		withoutDefence: "Traefik's Gateway API provider refuses ExternalName backends (no option in v3.7.9; " +
+			"traefik#12950 proposes one, docs/networking.md declines it): a gateway that dials them answers 200 " +
+			"with kube-dns's coredns_ metrics through A's domain",
 	},
 }
 
@@ -912,4 +924,110 @@ func stripLampyrAnnotations(u *unstructured.Unstructured) {
 		m[k] = v
 	}
 	_ = unstructured.SetNestedMap(u.Object, m, "spec", "template", "metadata", "annotations")
+}
+
+// ---- 12 ----
+
+// domainMappingExternalName: a platform that offers custom domains grants
+// tenant A a ClusterDomainClaim (cluster-scoped, so only an administrator
+// makes one). A DomainMapping may name a core Service of its namespace,
+// and its KIngress routes to that Service: A makes one of type
+// ExternalName pointing at kube-dns's metrics port. The control maps a
+// second domain to a ClusterIP Service of A's own Pod (the forged Home's
+// listener) through the same path, which must answer 200, so a refusal of
+// the first is the gateway's, not a broken DomainMapping.
+func domainMappingExternalName(ctx context.Context, s *side) (string, bool) {
+	const target = "kube-dns.kube-system.svc.cluster.local"
+	cases := []struct{ svc, domain string }{
+		{"dm-own", "dm-own.tenancy-a.example"},
+		{"dm-kdns", "dm-kdns.tenancy-a.example"},
+	}
+	own := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: cases[0].svc, Namespace: nsA},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{roleLabel: "forged-home"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	kdns := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: cases[1].svc, Namespace: nsA},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: target,
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(9153)}}},
+	}
+	for i, svc := range []*corev1.Service{own, kdns} {
+		c := cases[i]
+		cdc := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "networking.internal.knative.dev/v1alpha1", "kind": "ClusterDomainClaim",
+			"metadata": map[string]any{"name": c.domain},
+			"spec":     map[string]any{"namespace": nsA},
+		}}
+		if _, err := s.admin.Dynamic.Resource(e2eutil.ClusterDomainClaims).Create(ctx, cdc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			abortf("administrator granting %s to %s: %v", c.domain, nsA, err)
+		}
+		defer func() {
+			_ = s.admin.Dynamic.Resource(e2eutil.ClusterDomainClaims).Delete(context.Background(), c.domain, metav1.DeleteOptions{})
+		}()
+		if _, err := s.a.c.Kube.CoreV1().Services(nsA).Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			if i == 1 && apierrors.IsForbidden(err) {
+				return "creating the ExternalName Service: " + errText(err), true
+			}
+			abortf("tenant-a creating Service %s: %v", svc.Name, err)
+		}
+		defer func() {
+			_ = s.a.c.Kube.CoreV1().Services(nsA).Delete(context.Background(), svc.Name, metav1.DeleteOptions{})
+		}()
+		dm := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "serving.knative.dev/v1beta1", "kind": "DomainMapping",
+			"metadata": map[string]any{"name": c.domain, "namespace": nsA},
+			"spec":     map[string]any{"ref": map[string]any{"apiVersion": "v1", "kind": "Service", "name": svc.Name}},
+		}}
+		if _, err := s.a.c.Dynamic.Resource(e2eutil.DomainMappings).Namespace(nsA).Create(ctx, dm, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			if i == 1 && apierrors.IsForbidden(err) {
+				return "creating the DomainMapping: " + errText(err), true
+			}
+			abortf("tenant-a creating DomainMapping %s: %v", c.domain, err)
+		}
+		defer func() {
+			_ = s.a.c.Dynamic.Resource(e2eutil.DomainMappings).Namespace(nsA).Delete(context.Background(), c.domain, metav1.DeleteOptions{})
+		}()
+	}
+	// Both DomainMappings Ready (the ExternalName one becomes Ready too:
+	// the KIngress is programmed; what the gateway then does is the row).
+	ready := map[string]string{}
+	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		all := true
+		for _, c := range cases {
+			u, err := s.a.c.Dynamic.Resource(e2eutil.DomainMappings).Namespace(nsA).Get(ctx, c.domain, metav1.GetOptions{})
+			if err != nil {
+				ready[c.svc], all = errText(err), false
+				continue
+			}
+			st, reason, _ := e2eutil.Condition(u, "Ready")
+			ready[c.svc], all = strings.TrimSpace(st+" "+reason), all && st == "True"
+		}
+		return all, nil
+	})
+	// The control must answer 200 (a minute: the gateway programs the route
+	// after Ready); then three requests through the ExternalName mapping.
+	ownCode, ownErr := 0, ""
+	_ = wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		code, _, err := gatewayGet(ctx, s, cases[0].domain, "/_seen", nil)
+		ownCode, ownErr = code, errText(err)
+		return code == http.StatusOK, nil
+	})
+	if ownCode != http.StatusOK {
+		abortf("control: the DomainMapping to A's own Pod (%s, Ready %s) answered %d (%s), so the ExternalName case proves nothing", cases[0].domain, ready[cases[0].svc], ownCode, ownErr)
+	}
+	codes := map[string]int{}
+	leaked := false
+	for range 3 {
+		code, body, err := gatewayGet(ctx, s, cases[1].domain, "/metrics", nil)
+		k := fmt.Sprint(code)
+		if err != nil {
+			k = errText(err)
+		}
+		codes[k]++
+		if code == http.StatusOK || strings.Contains(body, "coredns_") {
+			leaked = true
+		}
+	}
+	return fmt.Sprintf("control %s: 200 (Ready %s); %s -> %s: Ready %s, 3 requests: %s", cases[0].domain, ready[cases[0].svc], cases[1].domain, target, ready[cases[1].svc], tallyText(codes)), !leaked
 }

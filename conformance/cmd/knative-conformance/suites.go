@@ -18,13 +18,17 @@ var suites = map[string]upstream.Suite{
 	"api":     {Name: "api", Package: knative.ServingModule + "/test/conformance/api/v1", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
 	"runtime": {Name: "runtime", Package: knative.ServingModule + "/test/conformance/runtime", Module: knative.ServingModule, Version: knative.ServingVersion, Tags: "e2e"},
 	// Knative's KIngress conformance (the networking layer both profiles
-	// install): one Go test running the stable tests as subtests, named
-	// as in its run.go.
+	// install): one Go test running the stable tests and, with
+	// -enable-beta, the beta ones (host-rewrite: what a DomainMapping's
+	// KIngress asks of the gateway; headers/tags) as subtests, named as in
+	// its run.go.
 	"ingress": {Name: "ingress", Package: networkingModule + "/test/conformance/ingress", Module: networkingModule, Tags: "e2e",
 		Root: "TestIngressConformance", Tests: []string{"basics", "basics/http2", "dispatch/path", "dispatch/path_and_percentage",
 			"dispatch/percentage", "dispatch/rule", "grpc", "grpc/split", "headers/post-split", "headers/pre-split", "headers/probe",
 			"hosts/multiple", "ingressclass", "retry", "timeout", "tls", "update", "visibility", "visibility/path", "visibility/split",
-			"websocket", "websocket/split"}},
+			"websocket", "websocket/split",
+			// beta
+			"host-rewrite", "headers/tags"}},
 }
 
 // runSuites runs each chosen suite with its own flags (serving's suites and
@@ -53,6 +57,7 @@ func (r *runner) runSuites(ctx context.Context) error {
 		"-imagetemplate=" + r.netTemplate,
 		"-ingressendpoint=" + o.ingressEndpoint,
 		"-ingressClass=" + o.ingressClass,
+		"-enable-beta",
 	}}
 	suiteEnv := []string{"GATEWAY_OVERRIDE=" + r.gwName, "GATEWAY_NAMESPACE_OVERRIDE=" + r.gwNS}
 	rep.Reproduce = []string{
