@@ -184,3 +184,45 @@ func TestTheRepositoryTargetsFilesLoad(t *testing.T) {
 		}
 	}
 }
+
+func TestApplyKnown(t *testing.T) {
+	f := &Targets{Reference: "stock", Targets: []Target{{Name: "stock", Profile: "stock"}, {Name: "stock-tk", Profile: "stock"}, {Name: "lampyr", Profile: "lampyr"}},
+		Known: []Known{{Target: "stock-tk", Check: "domain mapping", Reason: "traefik-knative has no host rewrite"}}}
+	if err := f.Validate("t.yaml"); err != nil {
+		t.Fatal(err)
+	}
+	results := func(tk string) []TargetResult {
+		return []TargetResult{{Target: "stock", Result: ResultReference}, {Target: "stock-tk", Result: tk, Detail: "404"}, {Target: "lampyr", Result: ResultSame}}
+	}
+	// The declared difference passes, reported as known with its reason.
+	c := NewCheck("domain mapping", time.Second, "", f.ApplyKnown("domain mapping", results(ResultError)))
+	if !c.Passed || c.Targets[1].Result != ResultKnown || !strings.Contains(c.Targets[1].Detail, "no host rewrite") {
+		t.Fatalf("known difference: %+v", c)
+	}
+	// Another check, or another target's difference, is not excused.
+	if c := NewCheck("stream", time.Second, "", f.ApplyKnown("stream", results(ResultDiffers))); c.Passed {
+		t.Fatalf("a difference in another check passed: %+v", c)
+	}
+	lr := results(ResultSame)
+	lr[2] = TargetResult{Target: "lampyr", Result: ResultError, Detail: "404"}
+	if c := NewCheck("domain mapping", time.Second, "", f.ApplyKnown("domain mapping", lr)); c.Passed {
+		t.Fatalf("an undeclared target's error passed: %+v", c)
+	}
+	// A declared difference that did not happen is stale and fails.
+	c = NewCheck("domain mapping", time.Second, "", f.ApplyKnown("domain mapping", results(ResultSame)))
+	if c.Passed || c.Targets[1].Result != ResultStale || !strings.Contains(c.Detail, "remove the declaration") {
+		t.Fatalf("stale declaration: %+v", c)
+	}
+	md := NewNWayReport("stock", nil, []Check{NewCheck("domain mapping", time.Second, "", f.ApplyKnown("domain mapping", results(ResultError)))}, time.Second).Markdown()
+	if !strings.Contains(md, "## Known differences") || !strings.Contains(md, "domain mapping, stock-tk: traefik-knative has no host rewrite") {
+		t.Fatalf("report does not list the known difference:\n%s", md)
+	}
+	// Declarations are checked when the file loads.
+	for _, k := range []Known{{Target: "nope", Check: "x", Reason: "y"}, {Target: "stock", Check: "x", Reason: "y"}, {Target: "lampyr", Check: "", Reason: "y"}, {Target: "lampyr", Check: "x"}} {
+		g := *f
+		g.Known = []Known{k}
+		if err := g.Validate("t.yaml"); err == nil || !strings.Contains(err.Error(), "known[0]") {
+			t.Errorf("%+v: %v, want an error naming known[0]", k, err)
+		}
+	}
+}

@@ -25,6 +25,10 @@ const (
 	// bodies).
 	ResultPass = "pass"
 	ResultFail = "FAIL"
+	// ResultKnown: a difference the targets file declares (Targets.Known);
+	// ResultStale: a declared one that did not happen (fails the check).
+	ResultKnown = "known"
+	ResultStale = "stale"
 )
 
 // TargetResult is one target's result in a check, beside the reference's.
@@ -38,7 +42,7 @@ type TargetResult struct {
 
 // OK tells whether the target's result passes the check.
 func (r TargetResult) OK() bool {
-	return r.Result == ResultSame || r.Result == ResultPass || r.Result == ResultReference
+	return r.Result == ResultSame || r.Result == ResultPass || r.Result == ResultReference || r.Result == ResultKnown
 }
 
 // Check is one row of the report: a check, and each target's result.
@@ -182,6 +186,18 @@ func (r *NWayReport) Markdown() string {
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", c.Name, strings.Join(cells, " | "), res, c.Duration.Round(100*time.Millisecond))
 	}
 	fmt.Fprintf(&b, "\n%d/%d checks passed in %s.\n", r.Passed, r.Total, (time.Duration(r.Seconds * float64(time.Second))).Round(time.Second))
+	known := false
+	for _, c := range r.Checks {
+		for _, tr := range c.Targets {
+			if tr.Result == ResultKnown {
+				if !known {
+					b.WriteString("\n## Known differences (declared in the targets file)\n\n")
+					known = true
+				}
+				fmt.Fprintf(&b, "- %s, %s: %s\n", c.Name, tr.Target, tr.Detail)
+			}
+		}
+	}
 	for _, c := range r.Checks {
 		if c.Passed || c.Detail == "" {
 			continue

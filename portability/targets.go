@@ -45,6 +45,53 @@ type Targets struct {
 	// portability): the same on all, since hostnames carry it.
 	Namespace string   `json:"namespace,omitempty"`
 	Targets   []Target `json:"targets"`
+	// Known are differences written down (docs/networking.md): reported
+	// as "known" instead of failing the check, and failing it as stale
+	// once the target answers like the reference again.
+	//
+	//	known:
+	//	- target: stock-tk
+	//	  check: domain mapping
+	//	  reason: traefik-knative has no host rewrite
+	Known []Known `json:"known,omitempty"`
+}
+
+// Known is one declared difference: a target's result in one check.
+type Known struct {
+	Target string `json:"target"`
+	Check  string `json:"check"`
+	Reason string `json:"reason"`
+}
+
+// ApplyKnown marks the results of check that f declares known: a
+// difference or error becomes ResultKnown (passing, with the reason), and
+// a declared target that answered like the reference becomes ResultStale
+// (failing: remove the declaration).
+func (f *Targets) ApplyKnown(check string, results []TargetResult) []TargetResult {
+	if f == nil {
+		return results
+	}
+	for _, k := range f.Known {
+		if k.Check != check {
+			continue
+		}
+		for i, r := range results {
+			if r.Target != k.Target || r.Result == ResultReference {
+				continue
+			}
+			if r.OK() {
+				results[i] = TargetResult{Target: r.Target, Result: ResultStale, Detail: fmt.Sprintf(
+					"%s: the targets file declares %q a known difference (%s), but %s answered like the reference: remove the declaration (and its line in docs/networking.md)", r.Target, check, k.Reason, r.Target)}
+				continue
+			}
+			detail := k.Reason
+			if r.Detail != "" {
+				detail += "; this run: " + r.Detail
+			}
+			results[i] = TargetResult{Target: r.Target, Result: ResultKnown, Detail: detail}
+		}
+	}
+	return results
 }
 
 // Target is one installation of a targets file.
@@ -180,6 +227,19 @@ func (f *Targets) Validate(path string) error {
 	}
 	if !seen[f.Reference] {
 		return fmt.Errorf("targets %s: reference %q: name one of the targets (the one the others are compared with)", path, f.Reference)
+	}
+	for i, k := range f.Known {
+		at := fmt.Sprintf("targets %s: known[%d]", path, i)
+		switch {
+		case !seen[k.Target]:
+			return fmt.Errorf("%s.target %q: name one of the targets", at, k.Target)
+		case k.Target == f.Reference:
+			return fmt.Errorf("%s.target %q is the reference: a known difference is another target's", at, k.Target)
+		case strings.TrimSpace(k.Check) == "":
+			return fmt.Errorf("%s.check: name the check as the report does (e.g. \"domain mapping\")", at)
+		case strings.TrimSpace(k.Reason) == "":
+			return fmt.Errorf("%s.reason: say why %s differs there (and write it down in docs/networking.md)", at, k.Target)
+		}
 	}
 	return nil
 }
