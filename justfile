@@ -142,7 +142,7 @@ test-tenancy *GINKGO_ARGS: _inputs-background tools
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: _inputs-background test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-eventing-portability
+test: _inputs-background test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-provider-portability test-eventing-portability
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.
@@ -161,6 +161,14 @@ test-knative-portability *GINKGO_ARGS: _inputs-background
 test-portability-targets FILE *GINKGO_ARGS:
     @mkdir -p {{artifacts}}/targets/portability
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}}/targets LAMPYR_PORTABILITY_TARGETS={{ if FILE =~ '^/' { FILE } else { invocation_directory() / FILE } }} go test -v -count=1 -timeout 150m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/targets/portability-junit.xml -ginkgo.json-report={{artifacts}}/targets/portability.json {{GINKGO_ARGS}}
+
+# Provider portability (issue 34): one Service on stock behind gateway-api
+# (the reference), stock behind traefik-knative and Lampyr behind
+# gateway-api, side by side; reuses the pair if it runs (kept by the main
+# job), else creates it, and deletes what it created. Known differences are
+# declared in the targets file.
+test-provider-portability *GINKGO_ARGS: _inputs-background tools
+    just test-portability-targets portability/targets/three-providers.yaml {{GINKGO_ARGS}}
 
 # Knative Eventing on the paired clusters (optional layer, off elsewhere):
 # installs Eventing (core, MT channel-based Broker, InMemoryChannel, from the
