@@ -8,6 +8,7 @@ require (
 	github.com/cloudevents/sdk-go/v2 v2.16.1
 	github.com/elastic/go-seccomp-bpf v1.6.0
 	github.com/evanphx/json-patch/v5 v5.9.11
+	github.com/google/btree v1.1.3
 	github.com/google/go-cmp v0.7.0
 	github.com/google/go-containerregistry v0.20.3
 	github.com/gorilla/websocket v1.5.4-0.20250319132907-e064f32e3674
@@ -67,7 +68,6 @@ require (
 	github.com/go-openapi/swag v0.23.0 // indirect
 	github.com/go-task/slim-sprig/v3 v3.0.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
-	github.com/google/btree v1.1.3 // indirect
 	github.com/google/cel-go v0.26.0 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/pprof v0.0.0-20250403155104-27863c87afa6 // indirect

@@ -72,7 +72,9 @@ func (s *ConfigMapSource) Run(ctx context.Context, sink Sink) error {
 			sink.Refuse(refused)
 			return
 		}
-		sink.Upsert(m)
+		// Ranked by when the controller first published it, the same
+		// on every replica (Table: the oldest are held at a bound).
+		sink.UpsertAt(m, cm.CreationTimestamp.Time)
 	}
 	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    apply,

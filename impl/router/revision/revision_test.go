@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -158,8 +159,8 @@ func TestTableBoundsRevisionsPerNamespace(t *testing.T) {
 			if !maps.Equal(reasons, tc.wantReasons) {
 				t.Fatalf("refusals by reason %v, want %v", reasons, tc.wantReasons)
 			}
-			// The hog's known Revisions still take updates; a refused one
-			// is taken once the hog deletes one of its own.
+			// The hog's known Revisions still take updates; its oldest
+			// refused one is taken as soon as it deletes one of its own.
 			m := meta("hog", "r0-00001")
 			m.Ready = false
 			tbl.Upsert(m)
@@ -167,9 +168,11 @@ func TestTableBoundsRevisionsPerNamespace(t *testing.T) {
 				t.Fatal("an update of a known Revision of a namespace at its bound was refused")
 			}
 			tbl.Delete(Key{"hog", "r1-00001"})
-			tbl.Upsert(meta("hog", "r9-00001"))
-			if _, ok := tbl.Lookup(Key{"hog", "r9-00001"}); !ok {
-				t.Fatal("the slot the hog freed was not used for its refused Revision")
+			if _, ok := tbl.Lookup(Key{"hog", "r3-00001"}); !ok {
+				t.Fatal("the slot the hog freed was not given to its oldest refused Revision")
+			}
+			if _, ok := tbl.Lookup(Key{"hog", "r9-00001"}); ok {
+				t.Fatal("the hog's newest Revision jumped the queue")
 			}
 			// Deleting every Revision of a namespace forgets it.
 			for i := range tc.victim {
@@ -179,6 +182,96 @@ func TestTableBoundsRevisionsPerNamespace(t *testing.T) {
 				t.Fatalf("after deletions: victim %d, len %d", tbl.NamespaceLen("victim"), tbl.Len())
 			}
 		})
+	}
+}
+
+// Two fiber-router replicas hear of the same Revisions in different orders
+// (a LIST by name, a watch by creation, a resync in map order) and must
+// hold the same ones at a bound: a KIngress probe answered by one
+// replica otherwise turns a Route Ready whose requests get 404 from the
+// other (the tenancy suite's G5 saw 6 of 7 Services Ready, 4 answering
+// 404, at a bound of 3).
+func TestTableHoldsTheSameRevisionsWhateverTheOrder(t *testing.T) {
+	base := time.Date(2026, 12, 4, 7, 0, 0, 0, time.UTC)
+	type ev struct {
+		k       Key
+		created time.Time
+		del     bool
+	}
+	var evs []ev
+	// Two tenants, seven Revisions each, some created in the same second
+	// (creationTimestamp has 1 s resolution: names break the tie).
+	for i := range 7 {
+		for _, ns := range []string{"b", "a"} {
+			evs = append(evs, ev{k: Key{ns, fmt.Sprintf("fill-%d", 7-i)}, created: base.Add(time.Duration(i/2) * time.Second)})
+		}
+	}
+	held := func(tbl *Table) []string {
+		var out []string
+		for _, ns := range []string{"a", "b"} {
+			for i := 1; i <= 7; i++ {
+				if _, ok := tbl.Lookup(Key{ns, fmt.Sprintf("fill-%d", i)}); ok {
+					out = append(out, ns+"/"+fmt.Sprintf("fill-%d", i))
+				}
+			}
+		}
+		return out
+	}
+	feed := func(order []ev, global, per int) (*Table, *recorder) {
+		rec := &recorder{}
+		tbl := NewTable(rec)
+		tbl.MaxRevisions, tbl.MaxRevisionsPerNamespace = global, per
+		for _, e := range order {
+			m := meta(e.k.Namespace, e.k.Name)
+			if e.del {
+				tbl.Delete(e.k)
+				continue
+			}
+			tbl.UpsertAt(m, e.created)
+		}
+		return tbl, rec
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, bounds := range [][2]int{{0, 3}, {5, 3}, {4, 0}, {0, 0}} {
+		ref, _ := feed(evs, bounds[0], bounds[1])
+		want := held(ref)
+		for trial := range 50 {
+			order := slices.Clone(evs)
+			rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			// A resync: everything again, in another order.
+			again := slices.Clone(evs)
+			rng.Shuffle(len(again), func(i, j int) { again[i], again[j] = again[j], again[i] })
+			tbl, _ := feed(append(order, again...), bounds[0], bounds[1])
+			if got := held(tbl); !slices.Equal(got, want) {
+				t.Fatalf("bounds %v, order %d: holds %v; in creation order it holds %v", bounds, trial, got, want)
+			}
+		}
+	}
+	// At a bound of 3, the oldest three of each namespace are held: fill-7
+	// and fill-6 (the first second), then fill-4 before fill-5 (the next
+	// second: the name breaks the tie).
+	ref, rec := feed(evs, 0, 3)
+	if got, want := held(ref), []string{"a/fill-4", "a/fill-6", "a/fill-7", "b/fill-4", "b/fill-6", "b/fill-7"}; !slices.Equal(got, want) {
+		t.Fatalf("holds %v, want the oldest three of each namespace %v", got, want)
+	}
+	// An older Revision heard of late displaces the newest held one (only
+	// before the first sync can that happen: later ones are newer), and
+	// the one it displaced is refused, the listener told.
+	late := meta("a", "fill-0")
+	ref.UpsertAt(late, base.Add(-time.Second))
+	if got, want := held(ref), []string{"a/fill-6", "a/fill-7", "b/fill-4", "b/fill-6", "b/fill-7"}; !slices.Equal(got, want) {
+		t.Fatalf("after an older Revision arrived: holds %v (fill-0 aside), want %v", got, want)
+	}
+	if _, ok := ref.Lookup(Key{"a", "fill-0"}); !ok {
+		t.Fatal("the older Revision is not held")
+	}
+	if l := rec.list(); !slices.Equal(l[len(l)-2:], []string{"delete a/fill-4", "add a/fill-0"}) {
+		t.Fatalf("listener's last changes %v, want the displaced one let go, then the older taken", l[len(l)-2:])
+	}
+	// A deletion gives the room to the oldest waiting, at once.
+	ref.Delete(Key{"a", "fill-0"})
+	if _, ok := ref.Lookup(Key{"a", "fill-4"}); !ok {
+		t.Fatal("the room a deletion made was not given back to the oldest waiting Revision")
 	}
 }
 
@@ -396,5 +489,27 @@ func TestConfigMapSourceRefusesToWatchEverything(t *testing.T) {
 		if err := src.Run(context.Background(), NewTable(nil)); err == nil {
 			t.Fatal("a source without a namespace ran")
 		}
+	}
+}
+
+// BenchmarkTableFill feeds 10000 Revisions over 10 namespaces, as a
+// replica's first LIST does: under the default bounds (nothing refused),
+// and with each namespace over a bound of 100 (oldest first, every
+// namespace sorted on each of its arrivals past the bound).
+func BenchmarkTableFill(b *testing.B) {
+	base := time.Date(2026, 12, 4, 0, 0, 0, 0, time.UTC)
+	for _, bc := range []struct {
+		name        string
+		global, per int
+	}{{"default bounds", 10000, 1000}, {"per-namespace 100", 10000, 100}, {"global 5000", 5000, 1000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				tbl := NewTable(nil)
+				tbl.MaxRevisions, tbl.MaxRevisionsPerNamespace = bc.global, bc.per
+				for i := range 10000 {
+					tbl.UpsertAt(meta(fmt.Sprintf("ns-%d", i%10), fmt.Sprintf("r-%05d", i)), base.Add(time.Duration(i)*time.Second))
+				}
+			}
+		})
 	}
 }

@@ -6,8 +6,12 @@ package revision
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/google/btree"
 
 	"lampyr.dev/serving/impl/contract/routermeta"
 )
@@ -55,6 +59,11 @@ func (e *RefusedError) Unwrap() error { return e.Err }
 type Sink interface {
 	// Upsert records the current metadata of a Revision.
 	Upsert(m routermeta.Metadata)
+	// UpsertAt is Upsert with the time the metadata was first published
+	// (its ConfigMap's creationTimestamp): when a bound leaves room for
+	// only some Revisions, the oldest are held, so every replica holds
+	// the same ones whatever order it heard of them in.
+	UpsertAt(m routermeta.Metadata, created time.Time)
 	// Delete forgets a Revision.
 	Delete(k Key)
 	// Refuse forgets the Revision e names, whose metadata exists but must
@@ -82,19 +91,27 @@ type Listener interface {
 
 // Table is the set of known Revisions. Lookups are lock-light because every
 // proxied request does one.
+//
+// Which Revisions a bound leaves room for is a function of the metadata
+// alone, never of the order it arrived in: the oldest (first published,
+// then by namespace and name) are held. fiber-router runs several
+// replicas, each with its own informer, and an informer's resync replays
+// its store in map order; first come, first served let two replicas hold
+// different Revisions of a namespace at its bound, so a KIngress probe
+// answered by one passed (the Route turned Ready) while requests reaching
+// the other got 404. A Revision waiting for room is taken as soon as a
+// deletion makes room, oldest first.
 type Table struct {
 	// MaxRevisions bounds the Revisions held (each costs a pool, metric
-	// series and per-Home state); 0 means no bound. Beyond it new Revisions
-	// are refused (RefusedFull) while known ones still take updates. A
-	// Revision refused so is taken at its next update or informer resync
-	// once a deletion has freed a slot.
+	// series and per-Home state); 0 means no bound. Beyond it the newest
+	// are refused (RefusedFull) while those held still take updates.
 	MaxRevisions int
 	// MaxRevisionsPerNamespace bounds the Revisions of any one namespace,
 	// so one tenant cannot fill the table and leave the others' Revisions
 	// Ready yet unknown to the router (404); 0 means no bound. Beyond it
-	// that namespace's new Revisions are refused (RefusedNamespaceFull)
-	// and taken once one of its own is deleted, as for MaxRevisions;
-	// other namespaces are not affected, and nothing known is evicted.
+	// that namespace's newest Revisions are refused (RefusedNamespaceFull)
+	// and taken once one of its own is deleted; other namespaces are not
+	// affected.
 	MaxRevisionsPerNamespace int
 	// OnRefused is told about refusals, once per Revision and cause: an
 	// informer's resync repeats them, an operator needs each once. Calls
@@ -103,18 +120,94 @@ type Table struct {
 	OnRefused func(*RefusedError)
 
 	mu       sync.RWMutex
-	m        map[Key]routermeta.Metadata
-	perNS    map[string]int // Revisions held per namespace
+	m        map[Key]routermeta.Metadata // held: what Lookup serves
+	perNS    map[string]int              // Revisions held per namespace
 	listener Listener
 	changeMu sync.Mutex // serializes listener calls in Upsert/Delete order
+	// Guarded by changeMu:
+	// cands is every usable Revision's metadata, held or waiting for room.
+	cands map[Key]candidate
+	// byNS ranks each namespace's candidates against its own bound; its
+	// held part (eligible) is ranked again, all namespaces together,
+	// against MaxRevisions in global, whose held part is what m holds.
+	byNS   map[string]*ranked
+	global *ranked
 	// refused holds the last reported refusal of each Revision whose
 	// metadata is refused now; cleared when it is used or deleted.
 	refused map[Key]string
 }
 
+type candidate struct {
+	m       routermeta.Metadata
+	created time.Time
+}
+
+// item is a candidate's place in line: first published first, then by
+// namespace and name.
+type item struct {
+	created time.Time
+	k       Key
+}
+
+func lessItem(a, b item) bool {
+	if !a.created.Equal(b.created) {
+		return a.created.Before(b.created)
+	}
+	if a.k.Namespace != b.k.Namespace {
+		return a.k.Namespace < b.k.Namespace
+	}
+	return a.k.Name < b.k.Name
+}
+
+// ranked splits items into the bound oldest (in) and the rest (wait);
+// a bound of 0 or less holds everything. Every operation is O(log n) and
+// says which items entered or left in.
+type ranked struct {
+	bound    int
+	in, wait *btree.BTreeG[item]
+}
+
+func newRanked(bound int) *ranked {
+	return &ranked{bound: bound, in: btree.NewG(16, lessItem), wait: btree.NewG(16, lessItem)}
+}
+
+func (r *ranked) add(it item) (entered, left []item) {
+	// wait is empty unless in is full.
+	if r.bound <= 0 || r.in.Len() < r.bound {
+		r.in.ReplaceOrInsert(it)
+		return []item{it}, nil
+	}
+	if newest, _ := r.in.Max(); lessItem(it, newest) {
+		r.in.DeleteMax()
+		r.wait.ReplaceOrInsert(newest)
+		r.in.ReplaceOrInsert(it)
+		return []item{it}, []item{newest}
+	}
+	r.wait.ReplaceOrInsert(it)
+	return nil, nil
+}
+
+func (r *ranked) remove(it item) (entered, left []item) {
+	if _, ok := r.in.Delete(it); !ok {
+		r.wait.Delete(it)
+		return nil, nil
+	}
+	if next, ok := r.wait.DeleteMin(); ok {
+		r.in.ReplaceOrInsert(next)
+		return []item{next}, []item{it}
+	}
+	return nil, []item{it}
+}
+
+func (r *ranked) len() int { return r.in.Len() + r.wait.Len() }
+
 // NewTable returns an empty table that tells l (may be nil) about changes.
+// Set MaxRevisions and MaxRevisionsPerNamespace before it is fed.
 func NewTable(l Listener) *Table {
-	return &Table{m: map[Key]routermeta.Metadata{}, perNS: map[string]int{}, listener: l, refused: map[Key]string{}}
+	return &Table{
+		m: map[Key]routermeta.Metadata{}, perNS: map[string]int{}, listener: l, refused: map[Key]string{},
+		cands: map[Key]candidate{}, byNS: map[string]*ranked{},
+	}
 }
 
 // Lookup returns the metadata of a Revision.
@@ -125,43 +218,43 @@ func (t *Table) Lookup(k Key) (routermeta.Metadata, bool) {
 	return m, ok
 }
 
-// Upsert implements Sink.
-func (t *Table) Upsert(m routermeta.Metadata) {
+// Upsert implements Sink, for metadata whose publication time is unknown
+// (tests, Static): it ranks by namespace and name alone.
+func (t *Table) Upsert(m routermeta.Metadata) { t.UpsertAt(m, time.Time{}) }
+
+// UpsertAt implements Sink.
+func (t *Table) UpsertAt(m routermeta.Metadata, created time.Time) {
 	t.changeMu.Lock()
 	defer t.changeMu.Unlock()
 	k := Key{m.Namespace, m.Revision}
-	t.mu.Lock()
-	old, had := t.m[k]
-	if !had {
-		// The namespace's own bound first: a tenant at its bound hears
-		// about its own Revisions, whatever the rest of the table holds.
-		if t.MaxRevisionsPerNamespace > 0 && t.perNS[k.Namespace] >= t.MaxRevisionsPerNamespace {
-			t.mu.Unlock()
-			t.report(&RefusedError{Key: k, Reason: RefusedNamespaceFull, Err: fmt.Errorf(
-				"fiber-router already holds --max-revisions-per-namespace=%d Revisions of namespace %s; delete some of them (or raise the flag)", t.MaxRevisionsPerNamespace, k.Namespace)})
+	if c, known := t.cands[k]; known {
+		// Known: held Revisions take the update; a waiting one keeps
+		// waiting (a resync repeats its refusal, reported once).
+		t.cands[k] = candidate{m, c.created}
+		t.mu.Lock()
+		old, held := t.m[k]
+		if held {
+			t.m[k] = m
+		}
+		t.mu.Unlock()
+		if !held {
+			t.reportWaiting(k)
 			return
 		}
-		if t.MaxRevisions > 0 && len(t.m) >= t.MaxRevisions {
-			t.mu.Unlock()
-			t.report(&RefusedError{Key: k, Reason: RefusedFull, Err: fmt.Errorf(
-				"fiber-router already holds --max-revisions=%d Revisions; raise it, or delete Revisions", t.MaxRevisions)})
-			return
-		}
-		t.perNS[k.Namespace]++
-	}
-	t.m[k] = m
-	t.mu.Unlock()
-	delete(t.refused, k)
-	if t.listener != nil {
-		if had {
-			if old == m {
-				return
-			}
+		if old != m && t.listener != nil {
 			t.listener.Changed(&old, &m)
-		} else {
-			t.listener.Changed(nil, &m)
 		}
+		return
 	}
+	t.cands[k] = candidate{m, created}
+	r := t.byNS[k.Namespace]
+	if r == nil {
+		r = newRanked(t.MaxRevisionsPerNamespace)
+		t.byNS[k.Namespace] = r
+	}
+	it := item{created, k}
+	entered, left := r.add(it)
+	t.apply(it, entered, left)
 }
 
 // Delete implements Sink.
@@ -169,31 +262,118 @@ func (t *Table) Delete(k Key) {
 	t.changeMu.Lock()
 	defer t.changeMu.Unlock()
 	delete(t.refused, k)
-	t.remove(k)
+	t.forget(k)
 }
 
 // Refuse implements Sink.
 func (t *Table) Refuse(e *RefusedError) {
 	t.changeMu.Lock()
 	defer t.changeMu.Unlock()
-	t.remove(e.Key)
+	t.forget(e.Key)
 	t.report(e)
 }
 
-// remove forgets k and tells the listener; changeMu is held.
-func (t *Table) remove(k Key) {
+// forget drops k from the candidates, and so from the table, and lets
+// the next in line take its room; changeMu is held.
+func (t *Table) forget(k Key) {
+	c, known := t.cands[k]
+	if !known {
+		return
+	}
+	delete(t.cands, k)
+	it := item{c.created, k}
+	r := t.byNS[k.Namespace]
+	entered, left := r.remove(it)
+	if r.len() == 0 {
+		delete(t.byNS, k.Namespace)
+	}
+	t.apply(it, entered, left)
+}
+
+// apply passes what entered and left a namespace's eligible part on to
+// the global ranking, then makes m what the global ranking holds, telling
+// the listener (what leaves first: a pool closes before its successor
+// opens) and OnRefused (every candidate left waiting); changeMu is held.
+func (t *Table) apply(changed item, entered, left []item) {
+	if t.global == nil {
+		t.global = newRanked(t.MaxRevisions)
+	}
+	touched := append([]item{changed}, entered...)
+	touched = append(touched, left...)
+	for _, it := range left {
+		e, l := t.global.remove(it)
+		touched = append(append(touched, e...), l...)
+	}
+	for _, it := range entered {
+		e, l := t.global.add(it)
+		touched = append(append(touched, e...), l...)
+	}
+	slices.SortFunc(touched, func(a, b item) int {
+		switch {
+		case lessItem(a, b):
+			return -1
+		case lessItem(b, a):
+			return 1
+		}
+		return 0
+	})
+	touched = slices.Compact(touched)
+
+	var out, in []Key
 	t.mu.Lock()
-	old, had := t.m[k]
-	if had {
+	for _, it := range touched {
+		_, held := t.m[it.k]
+		_, usable := t.cands[it.k]
+		want := usable && t.global.in.Has(it)
+		switch {
+		case held && !want:
+			out = append(out, it.k)
+		case !held && want:
+			in = append(in, it.k)
+		}
+	}
+	olds := make([]routermeta.Metadata, len(out))
+	for i, k := range out {
+		olds[i] = t.m[k]
 		delete(t.m, k)
 		if t.perNS[k.Namespace]--; t.perNS[k.Namespace] <= 0 {
 			delete(t.perNS, k.Namespace)
 		}
 	}
-	t.mu.Unlock()
-	if had && t.listener != nil {
-		t.listener.Changed(&old, nil)
+	for _, k := range in {
+		t.m[k] = t.cands[k].m
+		t.perNS[k.Namespace]++
 	}
+	t.mu.Unlock()
+	for i := range out {
+		if t.listener != nil {
+			t.listener.Changed(&olds[i], nil)
+		}
+	}
+	for _, k := range in {
+		delete(t.refused, k)
+		if t.listener != nil {
+			m := t.cands[k].m
+			t.listener.Changed(nil, &m)
+		}
+	}
+	for _, it := range touched {
+		if _, usable := t.cands[it.k]; usable && !t.global.in.Has(it) {
+			t.reportWaiting(it.k)
+		}
+	}
+}
+
+// reportWaiting reports why k, a usable Revision, is not held; changeMu
+// is held.
+func (t *Table) reportWaiting(k Key) {
+	if r := t.byNS[k.Namespace]; r != nil && r.in.Has(item{t.cands[k].created, k}) {
+		t.report(&RefusedError{Key: k, Reason: RefusedFull, Err: fmt.Errorf(
+			"fiber-router already holds --max-revisions=%d Revisions; raise it, or delete Revisions", t.MaxRevisions)})
+		return
+	}
+	t.report(&RefusedError{Key: k, Reason: RefusedNamespaceFull, Err: fmt.Errorf(
+		"fiber-router already holds --max-revisions-per-namespace=%d Revisions of namespace %s; delete some of them (or raise the flag)", t.MaxRevisionsPerNamespace, k.Namespace)})
 }
 
 // report passes e to OnRefused unless it was the Revision's last reported
