@@ -544,7 +544,7 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 	})
 	// Ready means published; give the routers' informers a moment.
 	time.Sleep(5 * time.Second)
-	// Each Service is asked several times, so both fiber-router replicas
+	// Each Service is asked six times, so both fiber-router replicas
 	// answer: a Ready Service one of them refuses (404) is the defect of
 	// replicas holding different Revisions at the bound (each used to
 	// take them first come, first served, in its own informer's order).
@@ -565,7 +565,9 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 		case codes[http.StatusNotFound] == 6:
 			b404++
 		}
-		if ready && codes[http.StatusOK] != 6 {
+		// 404 is the router not holding the Revision; anything else
+		// (a fiber that failed to start) is in the tally, not this defect.
+		if ready && codes[http.StatusNotFound] > 0 {
 			readyRefused = append(readyRefused, fmt.Sprintf("%s %v", name, codes))
 		}
 	}
@@ -588,7 +590,7 @@ func routerTable(ctx context.Context, s *side) (string, bool) {
 	obs := fmt.Sprintf("%s; B's %d Revisions: %d Ready, %d Services Ready, %d answer 6/6, %d 404 6/6; A's new Revision %s, its Service %s, %d/5 answered (%s)",
 		bound, nB, bRevs, bReady, bAnswered, b404, late, aService, handled, tally)
 	if len(readyRefused) > 0 {
-		obs += "; Ready Services not answered every time: " + strings.Join(readyRefused, ", ")
+		obs += "; Ready Services answering 404: " + strings.Join(readyRefused, ", ")
 	}
 	ok := perNS && handled == 5 && len(readyRefused) == 0
 	if ok {

@@ -162,7 +162,7 @@ var guardRails = []attack{
 	{
 		name:      "G5 router table: B creates Revisions past its per-namespace bound; A's new Revision",
 		appliesTo: onLampyr, tags: []string{"guardrails", "router-table"}, timeout: 35 * time.Minute,
-		expected:       "A's new Revision answers (no 404); B's beyond its bound run and answer 404; every one of B's Services that is Ready answers 6/6 (both fiber-router replicas hold the same Revisions)",
+		expected:       "A's new Revision answers (no 404); B's beyond its bound run and answer 404; no Ready Service of B answers 404 to any of 6 requests (both fiber-router replicas hold the same Revisions)",
 		withoutDefence: "a global table only (no --max-revisions-per-namespace, detected by fiber-router refusing the flag): B's Revisions fill --max-revisions, A's new Revision runs but answers 404 (its Service may not even become Ready), failing the row. Replicas admitting first come, first served (before the oldest-first rule): a Ready Service of B answered 404 from one replica (6 of 7 Ready, 4 answering 404), failing the row.",
 		run:            routerTable,
 	},
