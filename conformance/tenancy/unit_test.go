@@ -6,6 +6,8 @@ package tenancy
 import (
 	"context"
 	"fmt"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -416,5 +418,32 @@ func TestRestoreImageSnapshotsByImage(t *testing.T) {
 	}
 	if got := read(); got != "reg/admin@sha256:1: reg/snap@sha256:9\n" {
 		t.Errorf("after the finish step's restore: %q; want only the administrator's entry", got)
+	}
+}
+
+// TestWithoutDefencePatchesApply: the patches hack/without-defences.sh
+// removes the guard-rail defences with still apply to this tree, so the
+// proof that each row fails without its defence can be run again (a change
+// to the code they touch must carry its patch along).
+func TestWithoutDefencePatchesApply(t *testing.T) {
+	git, err := exec.LookPath("git")
+	if err != nil {
+		t.Skip("git is not installed: cannot check that the without-defence patches apply")
+	}
+	root, err := exec.Command(git, "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout (%v): cannot check that the without-defence patches apply", err)
+	}
+	patches, err := filepath.Glob("testdata/without-defences/*.patch")
+	if err != nil || len(patches) == 0 {
+		t.Fatalf("no patches under testdata/without-defences (%v)", err)
+	}
+	for _, p := range patches {
+		abs, _ := filepath.Abs(p)
+		cmd := exec.Command(git, "apply", "--check", abs)
+		cmd.Dir = strings.TrimSpace(string(root))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s no longer applies (update it with the code it removes a defence from): %v\n%s", p, err, out)
+		}
 	}
 }

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Each tenancy guard-rail row (conformance/tenancy, G1-G8) fails when its
+# defence is removed: this runs the rows against a Lampyr built with the
+# defences taken out, and checks that every row fails because its attack
+# succeeded (not because it could not be carried out).
+#
+#   hack/without-defences.sh [SET...]     (default: every set)
+#
+# Sets (docs/security.md, "Each guard-rail defence removed once"):
+#   code        conformance/tenancy/testdata/without-defences/code.patch:
+#               no quota Pod (G1a, G1b), egress from the Home (G2a, G2c),
+#               no per-namespace router bound (G5), no Home-wide pids bound
+#               (G6), a resolver that checks only the name asked (G8)
+#   capacity    capacity.patch: capacity booked before the template and the
+#               snapshot are read (G3)
+#   tarpit      tarpit.patch: one grant worker reading templates inline (G4;
+#               runs LAMPYR_TENANCY_TARPIT_DURATION, default 15m)
+#   externalips the Lampyr cluster's kube-apiserver without
+#               DenyServiceExternalIPs (G7), put back afterwards
+#
+# It reuses the stock/lampyr pair (creating it if missing), installs each
+# patched Lampyr from a git worktree of HEAD, and at the end installs this
+# checkout's Lampyr again. Reports: _artifacts/without-defences/SET/.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+art="${LAMPYR_ARTIFACTS:-$root/_artifacts}/without-defences"
+patches="$root/conformance/tenancy/testdata/without-defences"
+node="${LAMPYR_CLUSTER_NAME:-lampyr}-control-plane"
+export CGO_ENABLED=0 LAMPYR_E2E=1
+sets=("$@")
+[ ${#sets[@]} -gt 0 ] || sets=(code capacity tarpit externalips)
+
+focus_of() {
+	case "$1" in
+	code) echo 'tenant guard rails (G1a|G1b|G2a|G2c|G5|G6|G8) ' ;;
+	capacity) echo 'tenant guard rails G3 ' ;;
+	tarpit) echo 'tenant guard rails G4 ' ;;
+	externalips) echo 'tenant guard rails G7 ' ;;
+	*) echo "unknown set $1 (want code, capacity, tarpit or externalips)" >&2; return 1 ;;
+	esac
+}
+for s in "${sets[@]}"; do focus_of "$s" >/dev/null; done
+
+go run ./clusters/cmd/lampyr-clusters up stock lampyr
+
+# apiserver_plugins SED waits until the Lampyr node's kube-apiserver runs
+# with its admission plugins edited by SED.
+apiserver_plugins() {
+	docker exec "$node" sed -i "$1" /etc/kubernetes/manifests/kube-apiserver.yaml
+	local want
+	want=$(docker exec "$node" grep -o -- '--enable-admission-plugins=[^" ]*' /etc/kubernetes/manifests/kube-apiserver.yaml)
+	for _ in $(seq 1 120); do
+		if docker exec "$node" sh -c "ps -eo args | grep -q -- '^kube-apiserver .*$want\( \|\$\)'" &&
+			docker exec "$node" kubectl --kubeconfig /etc/kubernetes/admin.conf get --raw /readyz >/dev/null 2>&1; then
+			echo "kube-apiserver on $node runs with $want"
+			sleep 10 # the controllers' watches reconnect
+			return 0
+		fi
+		sleep 2
+	done
+	echo "kube-apiserver on $node did not come back with $want within 4 minutes" >&2
+	return 1
+}
+
+status=0
+for s in "${sets[@]}"; do
+	out="$art/$s"
+	rm -rf "$out"
+	mkdir -p "$out"
+	dir="$root"
+	case "$s" in
+	externalips)
+		apiserver_plugins 's/NodeRestriction,DenyServiceExternalIPs/NodeRestriction/'
+		trap "apiserver_plugins 's/=NodeRestriction\([\" ]\|\$\)/=NodeRestriction,DenyServiceExternalIPs\1/'" EXIT
+		;;
+	*)
+		dir=$(mktemp -d /tmp/lampyr-without-defences.XXXXXX)
+		git worktree add -q --detach "$dir" HEAD
+		git -C "$dir" apply "$patches/$s.patch"
+		;;
+	esac
+	echo "== $s: rows $(focus_of "$s")(log: $out/tenancy.log)"
+	start=$(date +%s)
+	(cd "$dir" && LAMPYR_ARTIFACTS="$out" go test -v -count=1 -timeout 150m ./conformance/tenancy/ -ginkgo.v \
+		-ginkgo.focus="$(focus_of "$s")" -ginkgo.junit-report="$out/tenancy-junit.xml") >"$out/tenancy.log" 2>&1 || true
+	echo "== $s: $(($(date +%s) - start)) s"
+	go run ./hack/without-defences "$out/tenancy-junit.xml" | tee "$out/verdict.txt" || status=1
+	if [ "$s" = externalips ]; then
+		apiserver_plugins 's/=NodeRestriction\([" ]\|$\)/=NodeRestriction,DenyServiceExternalIPs\1/'
+		trap - EXIT
+	else
+		git worktree remove --force "$dir"
+	fi
+done
+
+echo "== putting this checkout's Lampyr back on the clusters"
+go run ./clusters/cmd/lampyr-clusters up stock lampyr
+exit $status
