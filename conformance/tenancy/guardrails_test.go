@@ -478,18 +478,26 @@ func handlerCall(ctx context.Context, s *side, svc, ns, target string) (callResu
 // returns the last result and how many calls it took. A first outbound
 // call may wait for what carries it (Lampyr: the namespace's egress Pod,
 // created on first use) longer than the handler's 10 s.
+//
+// A call the timeout cuts short is not counted: the last answer stands
+// (a caller whose calls each take the handler's whole 10 s, as a dropped
+// connection does, would otherwise end on the cut one and report no
+// answer at all).
 func callUntil(ctx context.Context, s *side, svc, ns, target string, timeout time.Duration, done func(callResult) bool) (callResult, int, error) {
 	var last callResult
 	var lastErr error
+	answered := false
 	tries := 0
-	err := wait.PollUntilContextTimeout(ctx, 3*time.Second, timeout, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 3*time.Second, timeout, true, func(pctx context.Context) (bool, error) {
 		tries++
-		r, err := handlerCall(ctx, s, svc, ns, target)
+		r, err := handlerCall(pctx, s, svc, ns, target)
 		if err != nil {
-			lastErr = err
+			if pctx.Err() == nil || !answered {
+				lastErr = err
+			}
 			return false, nil
 		}
-		last, lastErr = r, nil
+		last, lastErr, answered = r, nil, true
 		return done(r), nil
 	})
 	if err != nil && lastErr != nil {

@@ -13,6 +13,7 @@ func TestVerdict(t *testing.T) {
 		{"passed", "", "PASSED", false},
 		{"failed", `attack "G6 Home processes" succeeded on Lampyr: ...`, "fails, as it must", true},
 		{"failed", `parity row "G1a quota": Lampyr differs from stock`, "fails, as it must", true},
+		{"failed", `control "G2a NetworkPolicy" failed on Lampyr (no answer (connect)): the refusals it backs prove nothing`, "fails, as it must", true},
 		{"failed", "G7: could not be carried out on Lampyr, so it proves nothing", "inconclusive", false},
 		{"failed", "A BeforeSuite node failed", "inconclusive", false},
 		{"skipped", "", "not run", false},
