@@ -16,7 +16,6 @@ func TestVerdict(t *testing.T) {
 		{"failed", `control "G2a NetworkPolicy" failed on Lampyr (no answer (connect)): the refusals it backs prove nothing`, "fails, as it must", true},
 		{"failed", "G7: could not be carried out on Lampyr, so it proves nothing", "inconclusive", false},
 		{"failed", "A BeforeSuite node failed", "inconclusive", false},
-		{"skipped", "", "not run", false},
 	} {
 		got, ok := verdict(c.status, c.message)
 		if ok != c.ok || !strings.HasPrefix(got, c.want) {
