@@ -27,8 +27,9 @@ import (
 // ---- G2 NetworkPolicy ----
 
 // npRows is the three NetworkPolicy rows' shared setup per side: A's db
-// behind "ingress only from Pods of this namespace", B's own echo (B's
-// control), and each tenant's caller Service. Made by the first of the rows
+// behind "ingress only from Pods of this namespace", A's open Service (no
+// policy: G2c's target, so that only A's own egress policy can stop the
+// call), B's own echo (B's control), and each tenant's caller Service. Made by the first of the rows
 // to run (on any order, or alone) and dropped by G2c when it passes.
 var npRows = struct {
 	sync.Mutex
@@ -39,6 +40,9 @@ type npSetup struct{ a, b *tenant }
 
 // dbURL is A's db as any Pod of the cluster names it.
 var dbURL = "http://db." + nsNPA + ".svc.cluster.local/"
+
+// openURL is A's open Service (a listener no policy selects).
+var openURL = "http://open." + nsNPA + ".svc.cluster.local/"
 
 // caller is each row's Knative Service that makes the calls (the fixture
 // handler's /call).
@@ -73,6 +77,9 @@ func ensureNP(ctx context.Context, s *side) *npSetup {
 	}
 	_, err = a.c.Kube.NetworkingV1().NetworkPolicies(nsNPA).Create(ctx, policy, metav1.CreateOptions{})
 	must(err, "tenant A creating NetworkPolicy db-same-namespace")
+	startListener(ctx, s, a, "open")
+	_, err = a.c.Kube.CoreV1().Services(nsNPA).Create(ctx, serviceFor(nsNPA, "open", "open", 80), metav1.CreateOptions{})
+	must(err, "tenant A creating Service open")
 	startListener(ctx, s, b, "echo")
 	_, err = b.c.Kube.CoreV1().Services(nsNPB).Create(ctx, serviceFor(nsNPB, "echo", "echo", 80), metav1.CreateOptions{})
 	must(err, "tenant B creating Service echo")
@@ -125,10 +132,13 @@ func npOtherDB(ctx context.Context, s *side) (string, string, bool) {
 
 func npOwnEgress(ctx context.Context, s *side) (string, string, bool) {
 	st := ensureNP(ctx, s)
-	before, tries, err := callUntil(ctx, s, caller, nsNPA, dbURL, 2*time.Minute, answered200)
+	// A's open Service: no ingress policy selects it, so only A's own
+	// egress policy can stop the call, wherever the call leaves from.
+	answered := func(r callResult) bool { return r.Status == 200 }
+	before, tries, err := callUntil(ctx, s, caller, nsNPA, openURL, 2*time.Minute, answered)
 	must(err, "A's caller before the policy")
-	if !answered200(before) {
-		abortf("A's call to its db got no answer before the egress policy (%s after %d calls): nothing for the policy to stop", before, tries)
+	if !answered(before) {
+		abortf("A's call to its open Service got no answer before the egress policy (%s after %d calls): nothing for the policy to stop", before, tries)
 	}
 	deny := &networkingv1.NetworkPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "default-deny-egress", Namespace: nsNPA},
@@ -154,10 +164,10 @@ func npOwnEgress(ctx context.Context, s *side) (string, string, bool) {
 	}()
 	t0 := time.Now()
 	// The enforcer applies a new policy within seconds.
-	after, n, err := callUntil(ctx, s, caller, nsNPA, dbURL, 90*time.Second, func(r callResult) bool { return r.Status == 0 })
+	after, n, err := callUntil(ctx, s, caller, nsNPA, openURL, 90*time.Second, func(r callResult) bool { return r.Status == 0 })
 	must(err, "A's caller with the policy")
 	took := time.Since(t0).Round(time.Second)
-	again, err := handlerCall(ctx, s, caller, nsNPA, dbURL)
+	again, err := handlerCall(ctx, s, caller, nsNPA, openURL)
 	must(err, "A's caller with the policy")
 	obs := fmt.Sprintf("before: %s; with A's default-deny egress: %s (%d calls, %s), then %s", before, after, n, took, again)
 	verdict := before.verdict() + " then " + after.verdict()

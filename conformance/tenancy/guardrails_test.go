@@ -139,7 +139,7 @@ var guardRails = []attack{
 		runParity:      npOtherDB,
 	},
 	{
-		name:      "G2c NetworkPolicy: A's own default-deny egress (DNS only) stops A's call to its db",
+		name:      "G2c NetworkPolicy: A's own default-deny egress (DNS only) stops A's call to its own open Service",
 		appliesTo: onBoth, parity: true, tags: []string{"guardrails", "networkpolicy"}, timeout: 20 * time.Minute,
 		expected:       "200 before, no answer with the policy, on both",
 		withoutDefence: "A's egress policies do not apply where its fibers' connections leave from (a Home): the call still answers 200 and the row fails.",
