@@ -149,7 +149,7 @@ var guardRails = []attack{
 		name:      "G3 capacity hog: B's Service names template and snapshot digests that do not exist (2Gi x max-scale 2), another asks more than B's share; A's next Service",
 		appliesTo: onLampyr, tags: []string{"guardrails", "capacity"}, timeout: 20 * time.Minute,
 		expected:       "B holds nothing; A's next Service Ready and answering; B's refusals name no installation-wide figure",
-		withoutDefence: "capacity booked before the template verifies: B's hog holds 4Gi, A's next Service (sized to fit only without it) is refused InsufficientMemory, and B's refusal says how much of the installation's capacity is free; the row fails on both counts.",
+		withoutDefence: "capacity booked before the template verifies: B's hog is admitted and holds 4Gi, A's next Service (sized to fit only without it) is refused InsufficientMemory, and the row fails (a refusal naming what the installation has free would fail it too).",
 		run:            capacityHog,
 	},
 	{
@@ -177,7 +177,7 @@ var guardRails = []attack{
 		name:      "G7 externalIPs: A's Service claims B's Home IP and fiber-router's Pod IP (stock: B's Pod and the activator)",
 		appliesTo: onBoth, tags: []string{"guardrails", "externalips"}, timeout: 12 * time.Minute,
 		expected:       "Forbidden by the API server (DenyServiceExternalIPs); B's victim answers 10/10; A's capturing Pod sees nothing",
-		withoutDefence: "a cluster without DenyServiceExternalIPs admits both Services: kube-proxy sends fiber-router's calls to B's Home (and the gateway's to fiber-router) to A's Pod, which records them (old Lampyr: with the router's credential) while B's requests fail.",
+		withoutDefence: "a cluster without DenyServiceExternalIPs admits both Services and the row fails on that alone; kube-proxy then sends part of fiber-router's dials to B's Home to A's Pod, so B's requests fail (5 of 10 answered 503 when checked), while the Home key fiber-router pins keeps it from sending A a request or a credential (old Lampyr: A recorded them with the router's credential).",
 		run:            externalIPs,
 	},
 	{
