@@ -135,7 +135,7 @@ var guardRails = []attack{
 		name:      "G2b NetworkPolicy: B's Service calls A's db",
 		appliesTo: onBoth, parity: true, tags: []string{"guardrails", "networkpolicy"}, timeout: 20 * time.Minute,
 		expected:       "no answer on both (B's call to its own namespace answers)",
-		withoutDefence: "the old path (from lampyr-homes) is refused too, so this row guards the design instead: an egress Pod shared across namespaces, or Homes admitted as a whole, would let B in and fail it.",
+		withoutDefence: "one egress Pod for every namespace (the first to ask, A), reached by every Home and serving any namespace's grant: B's call leaves from A's namespace, db's policy admits it, B gets 200 and the row fails (egress from the Home, the old path, is refused here too: this row guards the per-namespace egress Pod).",
 		runParity:      npOtherDB,
 	},
 	{
@@ -156,7 +156,7 @@ var guardRails = []attack{
 		name:      "G4 registry tarpit: B points 30 Revisions' template and snapshot at a registry that accepts TCP and never answers; A's Service and grant meanwhile",
 		appliesTo: onLampyr, tags: []string{"guardrails", "tarpit"}, timeout: tarpitDuration() + 20*time.Minute,
 		expected:       fmt.Sprintf("for %s (%s): A answers every request, A's grant expiresAt moves and is never past", tarpitDuration(), tarpitVar),
-		withoutDefence: "one grant-controller worker fetching templates inline: B's fetches hold it, A's renewal waits behind them, A's grant expires and A answers 503: errors > 0 and an expiresAt in the past fail the row.",
+		withoutDefence: "one grant-controller worker fetching templates inline: B's fetches hold it, A's renewal waits behind them, A's grant expires and A answers 503: errors > 0 and an expiresAt in the past fail the row (run: expiresAt never moved, A answered 295/450, every request 503 from the grant's expiry in minute 10).",
 		run:            registryTarpit,
 	},
 	{
