@@ -1,0 +1,376 @@
+// Package operations is the day-2 operations suite (issue 33): with the
+// prober (clusters/prober) sending requests, a long stream and an open
+// WebSocket to Services on both clusters of the pair, it rolls, kills,
+// deletes and stops the parts a platform team rolls, kills, deletes and
+// stops, the same on both where stock has the same part, and writes what
+// clients saw: per scenario, phase and side, requests sent and failed and
+// the longest time without an answer (_artifacts/operations/*.md).
+//
+// Every spec asserts issue 33's goal on Lampyr: no failed request while a
+// part is rolled, deleted or down. Stock runs the same scenario beside it
+// as the reference (the stock column never fails a spec, as in the
+// hostile-tenant suite): its failures are printed and in the report; the
+// framework's stock cluster runs one activator (upstream's HPA minimum;
+// the HPA has no metrics here), so rolling it replaces the only one, which
+// a production installation with several activators would not see.
+package operations
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/e2e-framework/pkg/envconf"
+
+	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/harness"
+	"lampyr.dev/serving/clusters/prober"
+	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/ly"
+)
+
+// The suite's own variables (docs/environment.md).
+const (
+	// opsOutage is how long the control-plane outage scenario keeps the
+	// grant controller (Lampyr) and the controller (stock) at zero
+	// replicas; issue 33 asks for 30m (beyond the grant TTL of 10m).
+	opsOutage = "LAMPYR_OPS_OUTAGE"
+	// opsSteady is how long each scenario's traffic runs before and after
+	// what it does.
+	opsSteady = "LAMPYR_OPS_STEADY"
+)
+
+var suite = harness.New(harness.Config{
+	Name:         "operations",
+	Folder:       "operations",
+	Recipe:       "just test-operations",
+	Clusters:     harness.Paired(),
+	Knobs:        []string{opsOutage, opsSteady},
+	SetupTimeout: 60 * time.Minute,
+})
+
+func TestOperations(t *testing.T) { suite.Run(t) }
+
+var _ = suite.Setup("building the handler (runnable and snapshot)", setupOps)
+
+const ns = "operations"
+
+type side = harness.Target
+
+type opsRun struct {
+	stock, lampyr *side
+	sides         []*side
+	sealer        *ly.Sealer
+	runnable      string
+	snap          name.Digest
+	built         *ly.Built
+	project       *ly.Project
+	inst          *ly.Installation
+}
+
+func the() *opsRun { return harness.State[*opsRun](suite) }
+
+func setupOps(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	r := &opsRun{}
+	var err error
+	if r.stock, err = harness.TargetFrom(ctx, "stock"); err != nil {
+		return ctx, err
+	}
+	if r.lampyr, err = harness.TargetFrom(ctx, "lampyr"); err != nil {
+		return ctx, err
+	}
+	r.sides = []*side{r.stock, r.lampyr}
+	ctx = harness.With(ctx, r)
+	for _, s := range r.sides {
+		if err := s.Clients.FreshNamespace(ctx, ns, 3*time.Minute); err != nil {
+			return ctx, err
+		}
+	}
+	if r.runnable, err = harness.Image(ctx, r.lampyr, "lampyr.dev/serving/fixtures/cmd/handler"); err != nil {
+		return ctx, err
+	}
+	dir := filepath.Join(e2eutil.RepoRoot(), "fixtures/cmd/handler")
+	if r.project, err = ly.LoadProject(dir); err != nil {
+		return ctx, err
+	}
+	if r.built, err = ly.Build(ctx, dir, r.project, ly.BuildOptions{ArtifactDir: filepath.Join(GinkgoT().TempDir(), "artifact")}); err != nil {
+		return ctx, err
+	}
+	tag, _ := ly.ParseImageTag(r.lampyr.Registry + "/operations/handler:snapshot")
+	pushed, err := ly.Push(ctx, r.built, tag)
+	if err != nil {
+		return ctx, err
+	}
+	r.snap = pushed.Ref
+	r.inst = r.lampyr.Installation
+	if r.sealer, err = e2eutil.Sealer(); err != nil {
+		return ctx, err
+	}
+	return ctx, nil
+}
+
+// service is the identical Service applied to both sides (its template
+// sealed for its first Revision: Lampyr needs it, stock ignores it).
+func service(svc string) *unstructured.Unstructured {
+	r := the()
+	p := *r.project
+	p.Name = svc
+	tmpl, err := ly.SealTemplate(context.Background(), r.inst, r.sealer.Key, ns, svc+"-00001", r.snap, r.built.Config, p.Policy())
+	Expect(err).NotTo(HaveOccurred())
+	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: r.runnable, Snapshot: r.snap.String(), Template: tmpl.String(), Public: true})
+	u.SetNamespace(ns)
+	return u
+}
+
+// deployBoth applies svc to both sides and waits until each answers.
+func deployBoth(ctx context.Context, svc string) {
+	u := service(svc)
+	for _, s := range the().sides {
+		Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
+	}
+	for _, s := range the().sides {
+		_, err := s.Clients.WaitReady(ctx, e2eutil.KServices, ns, svc, 5*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), "%s on %s", svc, s.Name)
+		Eventually(func() (int, error) {
+			code, _, _, err := e2eutil.Get(ctx, s.Gateway, svc+"."+ns+".example.com", "/")
+			return code, err
+		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(500*time.Millisecond).Should(Equal(http.StatusOK), "%s on %s", svc, s.Name)
+	}
+}
+
+// probe starts the prober on svc on both sides: requests, a stream and a
+// WebSocket.
+func probe(ctx context.Context, svc string) *prober.Prober {
+	var ps []harness.Probed
+	for _, s := range the().sides {
+		ps = append(ps, harness.Probed{Cluster: s.Name, Namespace: ns, Name: svc, Kinds: []prober.Kind{prober.Requests, prober.Stream, prober.WebSocket}})
+	}
+	p, err := harness.StartProber(suite.Context(), "steady", ps, prober.Options{})
+	Expect(err).NotTo(HaveOccurred())
+	return p
+}
+
+// finish stops p, writes its report under scenario and prints it.
+func finish(p *prober.Prober, scenario string) prober.Report {
+	r := p.Stop()
+	path, err := harness.WriteProberReport(suite.Context(), scenario, r)
+	Expect(err).NotTo(HaveOccurred())
+	fmt.Fprintf(GinkgoWriter, "%s (%s, %s):\n%s\n", scenario, path, r.Duration.Round(time.Second), r.Markdown(20))
+	return r
+}
+
+func steady(ctx context.Context) {
+	d, err := time.ParseDuration(or(suite.Knob(opsSteady), "30s"))
+	Expect(err).NotTo(HaveOccurred(), "%s: want a duration such as 30s", opsSteady)
+	sleepCtx(ctx, d)
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// restartDeployment rolls Deployment ns/name as `kubectl rollout restart`
+// does and waits until the rollout is complete.
+func restartDeployment(ctx context.Context, s *side, depNS, dep string) time.Duration {
+	start := time.Now()
+	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, start.Format(time.RFC3339))
+	_, err := s.Clients.Kube.AppsV1().Deployments(depNS).Patch(ctx, dep, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+	Expect(err).NotTo(HaveOccurred(), "restarting %s/%s on %s", depNS, dep, s.Name)
+	waitRolledOut(ctx, s, depNS, dep)
+	return time.Since(start)
+}
+
+func waitRolledOut(ctx context.Context, s *side, depNS, dep string) {
+	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+		d, err := s.Clients.Kube.AppsV1().Deployments(depNS).Get(ctx, dep, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		return rolledOut(d), nil
+	})
+	Expect(err).NotTo(HaveOccurred(), "%s/%s on %s did not finish rolling out", depNS, dep, s.Name)
+}
+
+func rolledOut(d *appsv1.Deployment) bool {
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	st := d.Status
+	return st.ObservedGeneration >= d.Generation && st.UpdatedReplicas == want && st.Replicas == want && st.AvailableReplicas == want
+}
+
+// scale sets Deployment depNS/dep's replicas and returns the old count.
+func scale(ctx context.Context, s *side, depNS, dep string, n int32) int32 {
+	sc, err := s.Clients.Kube.AppsV1().Deployments(depNS).GetScale(ctx, dep, metav1.GetOptions{})
+	Expect(err).NotTo(HaveOccurred(), "reading the scale of %s/%s on %s", depNS, dep, s.Name)
+	old := sc.Spec.Replicas
+	sc.Spec.Replicas = n
+	_, err = s.Clients.Kube.AppsV1().Deployments(depNS).UpdateScale(ctx, dep, sc, metav1.UpdateOptions{})
+	Expect(err).NotTo(HaveOccurred(), "scaling %s/%s on %s to %d", depNS, dep, s.Name, n)
+	return old
+}
+
+// judge fails the spec when Lampyr failed a request and prints stock's
+// failures as the reference; the report was written before.
+func judge(r prober.Report, what string) {
+	if n := r.Failed("stock"); n > 0 {
+		fmt.Fprintf(GinkgoWriter, "reference: %s: stock failed %d attempts:\n%s\n", what, n, failureLines(r, "stock"))
+	}
+	Expect(r.Failed("lampyr")).To(BeZero(), "%s: lampyr failed %d attempts:\n%s", what, r.Failed("lampyr"), failureLines(r, "lampyr"))
+}
+
+func failureLines(r prober.Report, s string) string {
+	var lines []string
+	for _, f := range r.Failures {
+		if f.Side == s {
+			lines = append(lines, fmt.Sprintf("%s %s %s: %s", f.At.UTC().Format("15:04:05"), f.Phase, f.Kind, f.Err))
+		}
+	}
+	if len(lines) > 5 {
+		lines = append(lines[:5], fmt.Sprintf("... %d more", len(lines)-5))
+	}
+	return strings.Join(lines, "\n")
+}
+
+var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, ContinueOnFailure, func() {
+	BeforeAll(func(ctx SpecContext) { deployBoth(ctx, "steady") })
+
+	It("rolls the request path's shared proxy: fiber-router on Lampyr, the activator on stock", func(ctx SpecContext) {
+		p := probe(ctx, "steady")
+		steady(ctx)
+		p.Phase("rolling")
+		took := map[string]time.Duration{}
+		for _, s := range the().sides {
+			dep := "activator"
+			depNS := "knative-serving"
+			if s == the().lampyr {
+				dep, depNS = "fiber-router", contract.SystemNamespace
+			}
+			took[s.Name] = restartDeployment(ctx, s, depNS, dep)
+		}
+		p.Phase("after")
+		steady(ctx)
+		r := finish(p, "roll-proxy")
+		fmt.Fprintf(GinkgoWriter, "rollouts: stock activator %s, Lampyr fiber-router %s\n", took["stock"].Round(time.Second), took["lampyr"].Round(time.Second))
+		judge(r, "rolling the shared proxy")
+	})
+
+	It("deletes the Pod that runs the Revision: its Home on Lampyr, its Pod on stock", func(ctx SpecContext) {
+		p := probe(ctx, "steady")
+		steady(ctx)
+		p.Phase("deleted")
+		for _, s := range the().sides {
+			var pods []string
+			if s == the().lampyr {
+				l, err := e2eutil.HomePods(ctx, s.Clients, ns, "steady-00001")
+				Expect(err).NotTo(HaveOccurred())
+				for _, x := range l.Items {
+					pods = append(pods, x.Namespace+"/"+x.Name)
+				}
+			} else {
+				l, err := s.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=steady-00001"})
+				Expect(err).NotTo(HaveOccurred())
+				for _, x := range l.Items {
+					pods = append(pods, x.Namespace+"/"+x.Name)
+				}
+			}
+			Expect(pods).NotTo(BeEmpty(), "no Pod runs steady-00001 on %s", s.Name)
+			for _, pn := range pods {
+				pns, pname, _ := strings.Cut(pn, "/")
+				Expect(s.Clients.Kube.CoreV1().Pods(pns).Delete(ctx, pname, metav1.DeleteOptions{})).To(Succeed())
+			}
+			fmt.Fprintf(GinkgoWriter, "%s: deleted %v\n", s.Name, pods)
+		}
+		sleepCtx(ctx, 30*time.Second)
+		p.Phase("after")
+		steady(ctx)
+		r := finish(p, "delete-pod")
+		judge(r, "deleting the Revision's Pod")
+	})
+
+	It("stops the control plane: the grant controller on Lampyr, the controller on stock; a new Service waits and becomes Ready after", func(ctx SpecContext) {
+		outage, err := time.ParseDuration(or(suite.Knob(opsOutage), "2m"))
+		Expect(err).NotTo(HaveOccurred(), "%s: want a duration such as 30m", opsOutage)
+		p := probe(ctx, "steady")
+		steady(ctx)
+		p.Phase("outage")
+		type stopped struct {
+			s        *side
+			ns, dep  string
+			replicas int32
+		}
+		var down []stopped
+		for _, s := range the().sides {
+			st := stopped{s: s, ns: "knative-serving", dep: "controller"}
+			if s == the().lampyr {
+				st.ns, st.dep = contract.SystemNamespace, "lampyr-grant-controller"
+			}
+			st.replicas = scale(ctx, s, st.ns, st.dep, 0)
+			down = append(down, st)
+		}
+		restored := false
+		restore := func(ctx context.Context) {
+			if restored {
+				return
+			}
+			restored = true
+			for _, st := range down {
+				scale(ctx, st.s, st.ns, st.dep, max(st.replicas, 1))
+			}
+		}
+		DeferCleanup(func(ctx SpecContext) { restore(ctx) })
+		// A new Service while the controller is away.
+		u := service("during")
+		for _, s := range the().sides {
+			Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
+		}
+		sleepCtx(ctx, outage)
+		for _, s := range the().sides {
+			got, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, "during", metav1.GetOptions{})
+			if err == nil {
+				st, reason, msg := e2eutil.Condition(got, "Ready")
+				fmt.Fprintf(GinkgoWriter, "%s: Service during, at the end of the outage: Ready=%s %s %q\n", s.Name, st, reason, msg)
+			}
+		}
+		p.Phase("returning")
+		restore(ctx)
+		for _, st := range down {
+			waitRolledOut(ctx, st.s, st.ns, st.dep)
+		}
+		var readyIn []string
+		for _, s := range the().sides {
+			start := time.Now()
+			_, err := s.Clients.WaitReady(ctx, e2eutil.KServices, ns, "during", 5*time.Minute)
+			Expect(err).NotTo(HaveOccurred(), "Service during on %s after the controller returned", s.Name)
+			readyIn = append(readyIn, fmt.Sprintf("%s %s", s.Name, time.Since(start).Round(time.Second)))
+		}
+		fmt.Fprintf(GinkgoWriter, "Service during Ready after the controller returned: %s\n", strings.Join(readyIn, ", "))
+		p.Phase("after")
+		steady(ctx)
+		r := finish(p, fmt.Sprintf("control-plane-outage-%s", outage))
+		judge(r, fmt.Sprintf("a %s control-plane outage", outage))
+	})
+})
