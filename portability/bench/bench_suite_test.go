@@ -27,6 +27,7 @@ import (
 	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/ly"
 )
 
@@ -133,7 +134,7 @@ func setupBench(ctx context.Context, _ *envconf.Config) (context.Context, error)
 	r.sides = []*side{r.stock, r.lampyr}
 	ctx = harness.With(ctx, r)
 	for _, s := range r.sides {
-		Expect(s.Clients.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
+		freshNamespace(ctx, s, s == r.lampyr)
 	}
 	if r.runnable, err = harness.Image(ctx, r.lampyr, "lampyr.dev/serving/fixtures/cmd/handler"); err != nil {
 		return ctx, err
@@ -210,8 +211,21 @@ func finishBench(ctx context.Context, _ *envconf.Config) (context.Context, error
 	return ctx, resetAutoscaler(ctx, r.stock)
 }
 
-func freshNamespace(ctx context.Context, s *side) {
+// freshNamespace makes the bench's namespace anew. On Lampyr its
+// administrator gives it the whole installation's fiber memory
+// (contract.FiberMemoryShareAnnotation: 100%): the bench is the only
+// tenant, and its max-scale 20 Services (20 x 128Mi each) held side by
+// side exceed the default per-namespace share (50% of
+// fiber-memory-capacity), which refused the cold Service with
+// NamespaceShareExceeded once issue 31's share arrived.
+func freshNamespace(ctx context.Context, s *side, lampyr bool) {
 	Expect(s.Clients.FreshNamespace(ctx, ns, 3*time.Minute)).To(Succeed())
+	if !lampyr {
+		return
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"100%%"}}}`, contract.FiberMemoryShareAnnotation)
+	_, err := s.Clients.Kube.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	Expect(err).NotTo(HaveOccurred(), "giving namespace %s the installation's fiber memory on %s", ns, s.Name)
 }
 
 // service is the identical Service applied to both sides (the template is
