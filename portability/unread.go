@@ -36,9 +36,18 @@ type UnreadBodyTally struct {
 	Continues     int
 	LateContinues int
 	// Leaks are answers that named an internal address (127.0.0.1, a fiber).
-	Leaks    []string
+	Leaks []string
+	// Examples are the first few answers other than 200 (or client
+	// errors): when, the request's case, status, request ID and the start
+	// of the body, which says which hop answered (Traefik's "Bad Gateway",
+	// fiber-router's "fiber-router: ...", the activator's text), so a
+	// failure in CI can be traced in that run's dump of the hop's logs.
+	Examples []string
 	Duration time.Duration
 }
+
+// maxUnreadExamples bounds Examples.
+const maxUnreadExamples = 3
 
 // Failures is the number of requests not answered 200.
 func (t *UnreadBodyTally) Failures() int { return t.Requests - t.Outcomes["200"] }
@@ -53,7 +62,18 @@ func (t *UnreadBodyTally) String() string {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s x%d", k, t.Outcomes[k]))
 	}
-	return fmt.Sprintf("%d requests in %s: %s; %d 100 Continue (%d after %s, answers slower than that)", t.Requests, t.Duration.Round(time.Millisecond), strings.Join(parts, ", "), t.Continues, t.LateContinues, expectContinueTimeout)
+	s := fmt.Sprintf("%d requests in %s: %s; %d 100 Continue (%d after %s, answers slower than that)", t.Requests, t.Duration.Round(time.Millisecond), strings.Join(parts, ", "), t.Continues, t.LateContinues, expectContinueTimeout)
+	if len(t.Examples) > 0 {
+		s += "; first failures: " + strings.Join(t.Examples, " | ")
+	}
+	return s
+}
+
+func (t *UnreadBodyTally) example(sent time.Time, i int, size int, chunked, expect bool, what string) {
+	if len(t.Examples) >= maxUnreadExamples {
+		return
+	}
+	t.Examples = append(t.Examples, fmt.Sprintf("#%d at %s (%d bytes, chunked %t, expect %t, after %s): %s", i, sent.UTC().Format("15:04:05.000"), size, chunked, expect, time.Since(sent).Round(time.Millisecond), what))
 }
 
 // unreadBodyCases cycle through sizes, framing and Expect.
@@ -116,6 +136,7 @@ func UnreadBodies(ctx context.Context, gateway, host string, n int) *UnreadBodyT
 		resp, err := hc.Do(req)
 		if err != nil {
 			t.Outcomes["error: "+err.Error()]++
+			t.example(sent, i, c.size, c.chunked, c.expect, "error: "+err.Error())
 			continue
 		}
 		raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -125,6 +146,9 @@ func UnreadBodies(ctx context.Context, gateway, host string, n int) *UnreadBodyT
 			outcome += " (reading: " + err.Error() + ")"
 		}
 		t.Outcomes[outcome]++
+		if resp.StatusCode != 200 || err != nil {
+			t.example(sent, i, c.size, c.chunked, c.expect, fmt.Sprintf("%s request-id %q server %q: %.200q", outcome, resp.Header.Get("X-Request-Id"), resp.Header.Get("Server"), raw))
+		}
 		if resp.StatusCode != 200 && (bytes.Contains(raw, []byte("127.0.0.1")) || bytes.Contains(raw, []byte("fiber "))) {
 			t.Leaks = append(t.Leaks, fmt.Sprintf("%d %.200s", resp.StatusCode, raw))
 		}

@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,5 +42,27 @@ func TestUnreadBodiesTellsEagerFromLateContinues(t *testing.T) {
 				t.Fatalf("%s; want %d answered 200, %d 100 Continue before %s and %d after", got, n, tc.early, expectContinueTimeout, tc.late)
 			}
 		})
+	}
+}
+
+// TestUnreadBodiesNamesTheHopThatFailed: a failure's example carries the
+// status, request ID and body start (which hop answered), bounded to
+// maxUnreadExamples.
+func TestUnreadBodiesNamesTheHopThatFailed(t *testing.T) {
+	n := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n++
+		if n%2 == 0 {
+			w.Header().Set("X-Request-Id", "req-"+strconv.Itoa(n))
+			http.Error(w, "fiber-router: the fiber failed before it answered", http.StatusBadGateway)
+		}
+	}))
+	defer srv.Close()
+	got := UnreadBodies(context.Background(), srv.URL, "h.example.com", 10)
+	if got.Failures() != 5 || len(got.Examples) != maxUnreadExamples {
+		t.Fatalf("%s; want 5 failures and %d examples", got, maxUnreadExamples)
+	}
+	if s := got.String(); !strings.Contains(s, `502 request-id "req-2"`) || !strings.Contains(s, "the fiber failed before it answered") {
+		t.Fatalf("the tally does not name the failing answer: %s", s)
 	}
 }
