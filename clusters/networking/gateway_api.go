@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/clusters/build/stubs"
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/manifest"
@@ -120,7 +121,7 @@ func (GatewayAPI) Publish(ctx context.Context, p *publish.Publisher) (map[string
 	var refs map[string]string
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() (err error) {
-		traefik, err = publishTraefik(gctx, p, inputs.TraefikGatewayVersion)
+		traefik, err = publishTraefik(gctx, p, TraefikGatewaySpec, inputs.TraefikGatewayVersion)
 		return err
 	})
 	g.Go(func() error {
@@ -142,11 +143,9 @@ func (GatewayAPI) Publish(ctx context.Context, p *publish.Publisher) (map[string
 }
 
 // TraefikGatewayArgs run Traefik's Gateway API provider alone, with an
-// entry point per Gateway listener port. localAddress, when known, is what
-// Traefik reports as every Gateway's address (the cluster-local Service's
-// ClusterIP: see GatewayConfig).
-func TraefikGatewayArgs(localAddress string) []any {
-	args := []any{
+// entry point per Gateway listener port.
+func TraefikGatewayArgs() []any {
+	return []any{
 		fmt.Sprintf("--entryPoints.web.address=:%d", gwWebPort),
 		fmt.Sprintf("--entryPoints.internal.address=:%d", gwInternalPort),
 		fmt.Sprintf("--entryPoints.websecure.address=:%d", gwTLSPort),
@@ -164,48 +163,24 @@ func TraefikGatewayArgs(localAddress string) []any {
 		// Route change waits for it: apply quickly.
 		"--providers.providersThrottleDuration=100ms",
 	}
-	if localAddress != "" {
-		args = append(args, "--providers.kubernetesgateway.statusaddress.ip="+localAddress)
-	}
-	return args
 }
 
 // GatewayConfig is config-gateway's data: net-gateway-api's Gateways, and
 // the Services whose Pods it probes (the port named http). No
 // supported-features: Traefik has no per-route request timeouts.
-//
-// The local Gateway names no Service when Traefik reports the internal
-// Service's ClusterIP as its address (localAddressed): net-gateway-api then
-// gives every KIngress that IP as its private load balancer, and Serving
-// makes each Route's placeholder Service headless with that IP in its
-// Endpoints instead of an ExternalName to traefik-internal, which Traefik
-// refuses as a backend ("type ExternalName is not supported"). That is what
-// serves a DomainMapping: its KIngress routes to the placeholder, rewriting
-// the host (measured: 40 of 40 requests 500 before, 200 after). The prober
-// then dials that ClusterIP on port 80 (net-gateway-api's lister: a Gateway
-// without a Service is probed at its first status address).
-func GatewayConfig(localAddressed bool) map[string]string {
+func GatewayConfig() map[string]string {
 	entry := func(gw, svc string) string {
-		e := map[string]any{"class": GatewayClassName, "gateway": traefikNamespace + "/" + gw}
-		if svc != "" {
-			e["service"] = traefikNamespace + "/" + svc
-		}
-		b, _ := yaml.Marshal([]map[string]any{e})
+		b, _ := yaml.Marshal([]map[string]any{{
+			"class":   GatewayClassName,
+			"gateway": traefikNamespace + "/" + gw,
+			"service": traefikNamespace + "/" + svc,
+		}})
 		return string(b)
-	}
-	local := "traefik-internal"
-	if localAddressed {
-		local = ""
 	}
 	return map[string]string{
 		"external-gateways": entry(ExternalGateway, "traefik"),
-		"local-gateways":    entry(LocalGateway, local),
+		"local-gateways":    entry(LocalGateway, "traefik-internal"),
 	}
-}
-
-// LocalService implements LocalAddressed: Traefik's cluster-local Service.
-func (GatewayAPI) LocalService(Gateway) *unstructured.Unstructured {
-	return traefikService("traefik-internal", "ClusterIP", servicePort{"http", 80, gwInternalPort, 0})
 }
 
 // Manifests renders the Gateway API CRDs, Traefik with its Gateway API
@@ -226,7 +201,7 @@ func (GatewayAPI) Manifests(images map[string]string, gw Gateway) ([]*unstructur
 	if err != nil {
 		return nil, err
 	}
-	objs := append(crds, traefikObjects(images["traefik"], TraefikGatewayArgs(gw.LocalAddress), []any{
+	objs := append(crds, traefikObjects(images["traefik"], TraefikGatewayArgs(), []any{
 		map[string]any{"name": "web", "containerPort": int64(gwWebPort)},
 		map[string]any{"name": "internal", "containerPort": int64(gwInternalPort)},
 		map[string]any{"name": "websecure", "containerPort": int64(gwTLSPort)},
@@ -235,11 +210,17 @@ func (GatewayAPI) Manifests(images map[string]string, gw Gateway) ([]*unstructur
 		"sysctls": []any{map[string]any{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}},
 	},
 		traefikService("traefik", "NodePort", servicePort{"http", 80, gwWebPort, gw.NodePort}, servicePort{"https", 443, gwTLSPort, gw.TLSNodePort}),
-		GatewayAPI{}.LocalService(gw),
+		traefikService("traefik-internal", "ClusterIP", servicePort{"http", 80, gwInternalPort, 0}),
 	)...)
+	// The patched provider follows an ExternalName backend to the local
+	// gateway's own Service only (a Route's placeholder, which a
+	// DomainMapping's KIngress routes to: TraefikGatewaySpec).
+	if err := setTraefikEnv(objs, stubs.TraefikExternalNameEnv, traefikNamespace+"/traefik-internal"); err != nil {
+		return nil, err
+	}
 	objs = append(objs, rbac...)
 	objs = append(objs, gatewayClass(), gateway(ExternalGateway, gwWebPort), gateway(LocalGateway, gwInternalPort))
-	ngw, err := netGatewayAPIObjects(images, gw.LocalAddress != "")
+	ngw, err := netGatewayAPIObjects(images)
 	if err != nil {
 		return nil, err
 	}
@@ -284,7 +265,7 @@ func gateway(name string, port int) *unstructured.Unstructured {
 // netGatewayAPIObjects renders net-gateway-api's config/ with the images
 // built here and config-gateway pointing at Traefik. config-gateway comes
 // first: net-gateway-api's webhook validates it once registered.
-func netGatewayAPIObjects(images map[string]string, localAddressed bool) ([]*unstructured.Unstructured, error) {
+func netGatewayAPIObjects(images map[string]string) ([]*unstructured.Unstructured, error) {
 	mod, err := gobuild.Download(context.Background(), netGatewayAPIModule, inputs.NetGatewayAPIVersion)
 	if err != nil {
 		return nil, err
@@ -304,7 +285,7 @@ func netGatewayAPIObjects(images map[string]string, localAddressed bool) ([]*uns
 	found := false
 	for _, o := range all {
 		if o.GetKind() == "ConfigMap" && o.GetName() == "config-gateway" {
-			for k, v := range GatewayConfig(localAddressed) {
+			for k, v := range GatewayConfig() {
 				if err := unstructured.SetNestedField(o.Object, v, "data", k); err != nil {
 					return nil, err
 				}

@@ -25,21 +25,6 @@ type Gateway struct {
 	// KIngress TLS (0: none); the framework's clusters publish it on
 	// 127.0.0.1 (clusters.TLSPortFor).
 	TLSNodePort int
-	// LocalAddress is the ClusterIP of a LocalAddressed provider's
-	// cluster-local Service, filled in by the install once it exists
-	// ("" until then).
-	LocalAddress string
-}
-
-// LocalAddressed is a provider that reports its cluster-local Service's
-// ClusterIP as the local Gateway's address. Knative Serving then gives each
-// Route a headless placeholder Service whose Endpoints hold that IP, which
-// the gateway can follow (it refuses ExternalName backends, what Serving
-// makes from a hostname): a DomainMapping's KIngress routes to that
-// placeholder with its host rewritten. The install applies LocalService
-// first and passes its ClusterIP to Manifests as Gateway.LocalAddress.
-type LocalAddressed interface {
-	LocalService(gw Gateway) *unstructured.Unstructured
 }
 
 // TLSNodePortOffset pins the HTTPS NodePort next to the HTTP one (30080,
@@ -183,7 +168,7 @@ func IngressFinalizer(p Provider) string {
 func Specs(ctx context.Context, p Provider) ([]gobuild.Spec, error) {
 	switch p.(type) {
 	case GatewayAPI:
-		t, err := TraefikSpec(ctx, inputs.TraefikGatewayVersion)
+		t, err := TraefikGatewaySpec(ctx, inputs.TraefikGatewayVersion)
 		if err != nil {
 			return nil, err
 		}

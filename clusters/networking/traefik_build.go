@@ -60,9 +60,31 @@ func TraefikSpec(ctx context.Context, version string) (gobuild.Spec, error) {
 	return s, nil
 }
 
-// publishTraefik builds Traefik at version and pushes its image.
-func publishTraefik(ctx context.Context, p *publish.Publisher, version string) (string, error) {
-	spec, err := TraefikSpec(ctx, version)
+// TraefikGatewaySpec is TraefikSpec with the Gateway API provider patched
+// to follow an ExternalName backend to the gateway's own Services, and only
+// to them (stubs.TraefikGatewayExternalName, which says why; the Deployment
+// lists them in stubs.TraefikExternalNameEnv).
+func TraefikGatewaySpec(ctx context.Context, version string) (gobuild.Spec, error) {
+	s, err := TraefikSpec(ctx, version)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	dl, err := gobuild.Download(ctx, traefikModule, version)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	patch, err := stubs.TraefikGatewayExternalName(traefikModule, version, dl.Dir)
+	if err != nil {
+		return gobuild.Spec{}, err
+	}
+	s.Patches = append(s.Patches, patch)
+	return s, nil
+}
+
+// publishTraefik builds Traefik at version with build (TraefikSpec or
+// TraefikGatewaySpec) and pushes its image.
+func publishTraefik(ctx context.Context, p *publish.Publisher, build func(context.Context, string) (gobuild.Spec, error), version string) (string, error) {
+	spec, err := build(ctx, version)
 	if err != nil {
 		return "", err
 	}
@@ -145,6 +167,27 @@ func traefikObjects(img string, args []any, ports []any, podSecurity map[string]
 		}},
 	}
 	return append(objs, services...)
+}
+
+// setTraefikEnv sets one environment variable on the traefik container of
+// the Deployment among objs.
+func setTraefikEnv(objs []*unstructured.Unstructured, name, value string) error {
+	for _, o := range objs {
+		if o.GetKind() != "Deployment" || o.GetName() != "traefik" {
+			continue
+		}
+		cs, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		for _, c := range cs {
+			cm := c.(map[string]any)
+			if cm["name"] != "traefik" {
+				continue
+			}
+			env, _ := cm["env"].([]any)
+			cm["env"] = append(env, map[string]any{"name": name, "value": value})
+			return unstructured.SetNestedSlice(o.Object, cs, "spec", "template", "spec", "containers")
+		}
+	}
+	return fmt.Errorf("no traefik container to set %s on", name)
 }
 
 // servicePort is one port of a Traefik Service.

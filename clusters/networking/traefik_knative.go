@@ -45,7 +45,7 @@ func (TraefikKnative) Gateway(nodePort int) Gateway {
 
 // Publish builds Traefik from its pinned module (CGO off, unmodified).
 func (TraefikKnative) Publish(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	ref, err := publishTraefik(ctx, p, inputs.TraefikKnativeVersion)
+	ref, err := publishTraefik(ctx, p, TraefikSpec, inputs.TraefikKnativeVersion)
 	if err != nil {
 		return nil, err
 	}

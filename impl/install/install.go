@@ -16,7 +16,6 @@ import (
 	"slices"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -126,21 +125,15 @@ func Install(ctx context.Context, c *Clients, p *publish.Publisher, log *progres
 	if err != nil {
 		return err
 	}
+	prov, err := o.Provider.Manifests(provImages, o.Provider.Gateway(o.NodePort))
+	if err != nil {
+		return err
+	}
+	if err := labelGatewayNamespace(prov, o.Provider.Gateway(o.NodePort).Namespace); err != nil {
+		return err
+	}
 	a, err := apply.New(c.Config, log)
 	if err != nil {
-		return err
-	}
-	gw := o.Provider.Gateway(o.NodePort)
-	if la, ok := o.Provider.(networking.LocalAddressed); ok {
-		if gw.LocalAddress, err = localAddress(ctx, c, a, la.LocalService(gw)); err != nil {
-			return err
-		}
-	}
-	prov, err := o.Provider.Manifests(provImages, gw)
-	if err != nil {
-		return err
-	}
-	if err := labelGatewayNamespace(prov, gw.Namespace); err != nil {
 		return err
 	}
 	sw, err := switchProvider(ctx, c, a, log, o.Provider, o.NodePort)
@@ -173,30 +166,6 @@ func Install(ctx context.Context, c *Clients, p *publish.Publisher, log *progres
 		}
 	}
 	return sw.releaseIngresses(ctx, c, log)
-}
-
-// localAddress applies a provider's cluster-local Service (and its
-// namespace) ahead of the rest and returns the ClusterIP the cluster gave
-// it, which the provider's manifests name (networking.LocalAddressed).
-func localAddress(ctx context.Context, c *Clients, a *apply.Applier, svc *unstructured.Unstructured) (string, error) {
-	// Created if missing, never applied: an apply of the bare Namespace
-	// would drop, until the full apply, the gateway label the install puts
-	// on it (and NetworkPolicies select the gateway by).
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: svc.GetNamespace()}}
-	if _, err := c.Kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return "", fmt.Errorf("creating namespace %s: %w", ns.Name, err)
-	}
-	if err := a.Apply(ctx, []*unstructured.Unstructured{svc}); err != nil {
-		return "", fmt.Errorf("applying the gateway's cluster-local Service %s/%s: %w", svc.GetNamespace(), svc.GetName(), err)
-	}
-	got, err := c.Kube.CoreV1().Services(svc.GetNamespace()).Get(ctx, svc.GetName(), metav1.GetOptions{})
-	if err != nil {
-		return "", err
-	}
-	if got.Spec.ClusterIP == "" || got.Spec.ClusterIP == "None" {
-		return "", fmt.Errorf("the gateway's cluster-local Service %s/%s has no ClusterIP", svc.GetNamespace(), svc.GetName())
-	}
-	return got.Spec.ClusterIP, nil
 }
 
 // InstalledProvider returns the networking provider a cluster's Knative
