@@ -56,7 +56,11 @@ type Config struct {
 	// (a crashed router must not leak fibers). Fresh mode only; reuse uses
 	// IdleTimeout.
 	LeaseTimeout time.Duration
-	// StartConcurrency bounds parallel fiber starts when refilling.
+	// StartConcurrency bounds the fiber starts running at once, for the
+	// warm pool and for acquisitions alike: a burst of requests on an empty
+	// pool waits for a start slot instead of starting up to MaxFibers
+	// sandboxes together, which on a small node made every start miss its
+	// start-up timeout (HandlerNotListening, "helper did not report ready").
 	StartConcurrency int
 	// Observer, if set, is told about events (for metrics).
 	Observer Observer
@@ -121,6 +125,9 @@ type Pool struct {
 	backoff   time.Duration
 	notBefore time.Time
 
+	// starts holds one token per running Backend.Start (StartConcurrency).
+	starts chan struct{}
+
 	wake chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -163,6 +170,7 @@ func New(cfg Config) (*Pool, error) {
 		cfg:      cfg,
 		fibers:   map[string]*Fiber{},
 		changed:  make(chan struct{}),
+		starts:   make(chan struct{}, cfg.StartConcurrency),
 		wake:     make(chan struct{}, 1),
 		stop:     make(chan struct{}),
 	}
@@ -299,11 +307,26 @@ func (p *Pool) Acquire(ctx context.Context) (*Fiber, error) {
 	}
 }
 
-// startOne starts a fiber for a slot already reserved in p.starting.
+// startOne starts a fiber for a slot already reserved in p.starting. It
+// waits (as long as ctx allows) for one of the StartConcurrency start slots;
+// the start itself then has the spec's start-up timeout plus 10 s, however
+// long the wait was.
 func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
+	select {
+	case p.starts <- struct{}{}:
+	case <-ctx.Done():
+		p.unreserveStart()
+		return nil, ctx.Err()
+	case <-p.stop:
+		p.unreserveStart()
+		return nil, ErrClosed
+	}
 	id := newID()
 	t0 := time.Now()
-	bf, err := p.cfg.Backend.Start(ctx, id, p.cfg.Spec)
+	sctx, cancel := context.WithTimeout(ctx, p.cfg.Spec.StartupTimeout+10*time.Second)
+	bf, err := p.cfg.Backend.Start(sctx, id, p.cfg.Spec)
+	cancel()
+	<-p.starts
 	if p.cfg.Observer != nil {
 		p.cfg.Observer.FiberStarted(time.Since(t0), err)
 	}
@@ -333,6 +356,15 @@ func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
 	p.mu.Unlock()
 	go p.watch(f)
 	return f, nil
+}
+
+// unreserveStart gives back a start slot reserved in p.starting that never
+// began.
+func (p *Pool) unreserveStart() {
+	p.mu.Lock()
+	p.starting--
+	p.notifyLocked()
+	p.mu.Unlock()
 }
 
 // Back-off between failed starts: doubling from the first to the longest,
@@ -554,7 +586,6 @@ func (p *Pool) Counts() (warm, leased, starting int) {
 
 func (p *Pool) refillLoop() {
 	defer p.wg.Done()
-	sem := make(chan struct{}, p.cfg.StartConcurrency)
 	for {
 		// No start begins before the back-off of the last failure ends
 		// (recordStartLocked), whoever wakes the loop: a broken snapshot
@@ -581,12 +612,9 @@ func (p *Pool) refillLoop() {
 			if !need {
 				break
 			}
-			sem <- struct{}{}
 			go func() {
-				defer func() { <-sem }()
-				ctx, cancel := context.WithTimeout(context.Background(), p.cfg.Spec.StartupTimeout+10*time.Second)
-				defer cancel()
-				if _, err := p.startOne(ctx, "warm"); err != nil && !errors.Is(err, ErrClosed) {
+				// startOne waits for a start slot and bounds the start.
+				if _, err := p.startOne(context.Background(), "warm"); err != nil && !errors.Is(err, ErrClosed) {
 					p.cfg.Logf("warming a fiber: %v", err)
 				}
 				p.kick()

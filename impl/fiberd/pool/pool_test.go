@@ -19,9 +19,11 @@ import (
 // tests and fiberd's integration tests run both together.
 type fakeBackend struct {
 	started atomic.Int64
-	delay   time.Duration
-	mu      sync.Mutex
-	live    map[string]*fakeFiber
+	// running and peak count starts in progress (peak: the most at once).
+	running, peak atomic.Int64
+	delay         time.Duration
+	mu            sync.Mutex
+	live          map[string]*fakeFiber
 	// fail, while set, is the error of every start.
 	fail error
 }
@@ -42,7 +44,14 @@ func (f *fakeFiber) kill()                                      { f.once.Do(func
 func (b *fakeBackend) Name() string { return "fake" }
 func (b *fakeBackend) Start(ctx context.Context, id string, _ *backend.Spec) (backend.Fiber, error) {
 	b.started.Add(1)
+	n := b.running.Add(1)
+	for {
+		if p := b.peak.Load(); n <= p || b.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
 	time.Sleep(b.delay)
+	b.running.Add(-1)
 	b.mu.Lock()
 	fail := b.fail
 	b.mu.Unlock()
@@ -295,4 +304,65 @@ func TestSandboxFailureIsNotAHandlerFailure(t *testing.T) {
 	if f, _ := p.StartFailure(); f != nil {
 		t.Fatalf("StartFailure() = %+v, want nil for a sandbox failure", f)
 	}
+}
+
+// TestBurstOnAnEmptyPoolStartsAFewAtATime: 24 acquisitions at once on a pool
+// with no warm fibers and room for all of them run at most StartConcurrency
+// starts together (before, each started its own at once: on a small node
+// hundreds of sandboxes starting together all missed their start-up
+// timeout), and every one gets a fiber although the burst takes longer than
+// one start's timeout.
+func TestBurstOnAnEmptyPoolStartsAFewAtATime(t *testing.T) {
+	be := &fakeBackend{delay: 150 * time.Millisecond}
+	p, err := New(Config{Spec: &backend.Spec{StartupTimeout: 100 * time.Millisecond}, Backend: be, Mode: ModeFresh,
+		MaxFibers: 24, StartConcurrency: 3, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 24)
+	for i := 0; i < 24; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if _, err := p.Acquire(ctx); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("acquire: %v", err)
+	}
+	if peak := be.peak.Load(); peak > 3 {
+		t.Errorf("%d starts ran at once, want at most StartConcurrency 3", peak)
+	}
+	if got := be.started.Load(); got != 24 {
+		t.Errorf("%d starts, want 24", got)
+	}
+}
+
+// TestAStartWaitingForASlotGivesUpWithItsCaller: a caller whose context ends
+// while every start slot is busy gets its context's error and gives its
+// reserved slot back (the pool does not count a start that never began).
+func TestAStartWaitingForASlotGivesUpWithItsCaller(t *testing.T) {
+	be := &fakeBackend{delay: 500 * time.Millisecond}
+	p, err := New(Config{Spec: &backend.Spec{StartupTimeout: time.Second}, Backend: be, Mode: ModeFresh,
+		MaxFibers: 4, StartConcurrency: 1, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	go p.Acquire(context.Background()) // holds the only slot for 500 ms
+	eventually(t, "the first start running", func() bool { return be.running.Load() == 1 })
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := p.Acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("acquire = %v, want the context's deadline", err)
+	}
+	eventually(t, "only the first start counted", func() bool { _, _, starting := p.Counts(); return starting <= 1 })
 }

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -143,9 +142,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, status, reason, msg)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), l.spec.StartupTimeout+10*time.Second)
-	defer cancel()
-	f, err := l.pool.Acquire(ctx)
+	// The router's request bounds the wait (its acquire call gives up
+	// after 30 s); a fiber start, once it has a start slot, is bounded by
+	// the pool (start-up timeout plus 10 s).
+	f, err := l.pool.Acquire(r.Context())
 	switch {
 	case errors.Is(err, pool.ErrMaxFibers):
 		s.metrics.refused.Inc()
