@@ -111,6 +111,9 @@ func newRouter(t testing.TB, fd *fiberdtest.Instance, o envOptions, src revision
 	t.Helper()
 	pc := proxy.DefaultConfig()
 	pc.QueueTimeout = 2 * time.Second
+	// Requests to a Revision without a serving Home are held this long
+	// (hold_test.go in proxy covers the hold itself).
+	pc.HomeWait = time.Second
 	if o.proxy != nil {
 		o.proxy(&pc)
 	}

@@ -46,6 +46,13 @@ type Config struct {
 	// DefaultMaxFibers applies when a Revision's maxFibers is 0; 0 leaves
 	// the cap to fiberd.
 	DefaultMaxFibers int
+	// HomeWait is how long a request is held while its Revision has no
+	// Home that can start fibers: the Home Pod was deleted, evicted or
+	// drained and its replacement is starting (the Revision's metadata is
+	// not ready, or its Home refuses or cannot be reached). Knative's
+	// activator holds requests for a Revision without a ready Pod the same
+	// way. At most MaxQueue requests per Revision are held; 0 holds none.
+	HomeWait time.Duration
 	// FiberTunnels carries reuse-mode requests over a byte tunnel per fiber
 	// (fiberd's tunnel call) instead of through fiberd's HTTP proxy, when
 	// the client supports it. Homes without the call fall back by
@@ -56,7 +63,7 @@ type Config struct {
 // DefaultConfig matches Knative's defaults where one exists
 // (revision-timeout-seconds 300).
 func DefaultConfig() Config {
-	return Config{DefaultTimeout: 300 * time.Second, QueueTimeout: 10 * time.Second, MaxQueue: 1000, FiberTunnels: true}
+	return Config{DefaultTimeout: 300 * time.Second, QueueTimeout: 10 * time.Second, HomeWait: 30 * time.Second, MaxQueue: 1000, FiberTunnels: true}
 }
 
 // Router is the http.Handler behind ports 80 and 81. It is also the
@@ -78,6 +85,9 @@ type Router struct {
 	// homes counts the routes naming each Home, so the client's per-Home
 	// state is dropped when the last of them goes (fibers.Forgetter).
 	homes map[fibers.Home]int
+	// changed is closed (and replaced) whenever a route changes, waking
+	// the requests held for a Home.
+	changed chan struct{}
 
 	// hardStop ends every request still running when draining gives up.
 	hardStop context.Context
@@ -94,7 +104,7 @@ func New(cfg Config, client fibers.Client, m *metrics.Metrics, logger *slog.Logg
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Router{
 		cfg: cfg, client: client, metrics: m, log: logger,
-		routes: map[revision.Key]*route{}, homes: map[fibers.Home]int{},
+		routes: map[revision.Key]*route{}, homes: map[fibers.Home]int{}, changed: make(chan struct{}),
 		hardStop: ctx, stopAll: cancel,
 	}
 	h1, h2 := busyRetry{newHTTP1Transport()}, busyRetry{newH2CTransport()}
@@ -145,18 +155,18 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	header.RewriteHostOut(req)
 
 	k, rt, status, msg := r.resolve(nsVals, revVals)
-	if rt == nil || rt.pool == nil {
-		if status == http.StatusServiceUnavailable {
-			w.Header().Set("Retry-After", "1")
-		}
+	if rt == nil {
 		r.fail(w, reqID, status, msg)
 		r.countUnrouted(status)
 		return
 	}
 	sw := &statusWriter{ResponseWriter: w}
+	counted := false
 	defer func() {
-		rt.dur.Observe(time.Since(start).Seconds())
-		rt.count(r.metrics, k, sw.code())
+		if counted {
+			rt.dur.Observe(time.Since(start).Seconds())
+			rt.count(r.metrics, k, sw.code())
+		}
 	}()
 
 	timeout := r.cfg.DefaultTimeout
@@ -171,7 +181,24 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	defer stop()
 	sw.deadline = ctx
 
-	lease, err := rt.pool.Get(ctx)
+	lease, err := r.lease(ctx, start, nsVals, revVals, &k, &rt)
+	switch {
+	case rt == nil:
+		// The Revision went away while the request was held.
+		r.fail(w, reqID, http.StatusNotFound, fmt.Sprintf("revision %s is not known to fiber-router", quoteKey(k)))
+		r.countUnrouted(http.StatusNotFound)
+		return
+	case errors.Is(err, errNotRoutable):
+		if req.Context().Err() != nil {
+			w.WriteHeader(499)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		r.fail(w, reqID, http.StatusServiceUnavailable, fmt.Sprintf("revision %s is not ready", quoteKey(k)))
+		r.countUnrouted(http.StatusServiceUnavailable)
+		return
+	}
+	counted = true
 	if err != nil {
 		r.leaseError(sw, req, reqID, k, err)
 		return

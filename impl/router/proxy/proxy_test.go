@@ -46,11 +46,24 @@ func routerKey(t testing.TB) (ed25519.PublicKey, *routercred.Minter) {
 
 func newFixture(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata)) *fixture {
 	t.Helper()
+	return newFixtureConfig(t, h, mutate, nil)
+}
+
+// newFixtureConfig is newFixture with the router's Config changed by
+// config.
+func newFixtureConfig(t *testing.T, h http.Handler, mutate func(*routermeta.Metadata), config func(*proxy.Config)) *fixture {
+	t.Helper()
 	pub, minter := routerKey(t)
 	fd := fakefiberd.Start("hello-00001-home", pub, h)
 	t.Cleanup(fd.Close)
 	cfg := proxy.DefaultConfig()
 	cfg.QueueTimeout = 200 * time.Millisecond
+	// Short, so the refusals below answer quickly; hold_test.go holds
+	// for longer.
+	cfg.HomeWait = 300 * time.Millisecond
+	if config != nil {
+		config(&cfg)
+	}
 	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), metrics.New(), nil)
 	tbl := revision.NewTable(rt)
 	m := routermeta.Metadata{

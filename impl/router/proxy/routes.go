@@ -3,6 +3,7 @@ package proxy
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"lampyr.dev/serving/impl/contract/routermeta"
 	"lampyr.dev/serving/impl/router/fibers"
@@ -19,6 +20,9 @@ type route struct {
 	reqs map[int]requestSeries // status code -> series, filled lazily
 	mu   sync.Mutex
 	dur  interface{ Observe(float64) }
+	// held counts the requests held for the Revision's Home (hold.go);
+	// shared by every version of the route.
+	held *atomic.Int32
 }
 
 type requestSeries interface{ Inc() }
@@ -32,6 +36,7 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 		rt := r.routes[k]
 		delete(r.routes, k)
 		unused, ok := r.unuseHome(rt)
+		r.notifyChangedLocked()
 		r.mu.Unlock()
 		r.retire(rt)
 		if ok {
@@ -46,8 +51,9 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 	prev := r.routes[k]
 	nr := &route{meta: *cur, reqs: map[int]requestSeries{}}
 	if prev != nil {
-		nr.obs, nr.dur, nr.reqs = prev.obs, prev.dur, prev.reqs
+		nr.obs, nr.dur, nr.reqs, nr.held = prev.obs, prev.dur, prev.reqs, prev.held
 	} else {
+		nr.held = new(atomic.Int32)
 		nr.obs = r.metrics.Revision(cur.Namespace, cur.Revision)
 		nr.dur = r.metrics.RequestDuration.WithLabelValues(cur.Namespace, cur.Revision)
 	}
@@ -70,6 +76,7 @@ func (r *Router) Changed(old, cur *routermeta.Metadata) {
 	r.useHome(nr)
 	unused, forget := r.unuseHome(prev)
 	r.routes[k] = nr
+	r.notifyChangedLocked()
 	r.mu.Unlock()
 	r.retire(retire)
 	if forget {
