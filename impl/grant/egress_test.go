@@ -39,7 +39,7 @@ func TestEgressDefaultsFromTheCluster(t *testing.T) {
 		t.Errorf("logged %v", logged)
 	}
 	g := &v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "hello-00001", Namespace: "team-a"}}
-	pod := resources.MakeHomePod(g, cfg, contract.HomesNamespace)
+	pod := resources.MakeHomePod(g, cfg, contract.HomesNamespace, 0)
 	args := map[string]bool{}
 	for _, a := range pod.Spec.Containers[0].Args {
 		args[a] = true
@@ -64,7 +64,7 @@ func TestEgressOffWithoutServiceCIDRs(t *testing.T) {
 		if len(c.EgressAllow) != 0 {
 			t.Fatalf("allow %v without ServiceCIDRs", c.EgressAllow)
 		}
-		pod := resources.MakeHomePod(&v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}}, &c, contract.HomesNamespace)
+		pod := resources.MakeHomePod(&v1alpha1.CapacityGrant{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: "y"}}, &c, contract.HomesNamespace, 0)
 		for _, a := range pod.Spec.Containers[0].Args {
 			if a == "--egress=cluster" {
 				t.Fatal("Home runs egress without allowed ranges")

@@ -130,9 +130,14 @@ func withMemory(q string, max int32) grantOpt {
 }
 
 func homePod(g *v1alpha1.CapacityGrant, mut func(*corev1.Pod)) *corev1.Pod {
-	p := resources.MakeHomePod(g, testConfig(), homesNS)
+	p := resources.MakeHomePod(g, testConfig(), homesNS, 0)
 	mut(p)
 	return p
+}
+
+// homePodN is g's Home Pod number n (a replacement), as created.
+func homePodN(g *v1alpha1.CapacityGrant, n int) *corev1.Pod {
+	return resources.MakeHomePod(g, testConfig(), homesNS, n)
 }
 
 func homeService(g *v1alpha1.CapacityGrant) *corev1.Service {

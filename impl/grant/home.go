@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/artifact"
@@ -57,8 +59,12 @@ func (r *Reconciler) deleteHome(ctx context.Context, namespace, name string, kee
 		return ok && ns == namespace && n == name && (keepUID == "" || o.GetLabels()[contract.GrantUIDLabel] != keepUID)
 	}
 	var errs []error
-	if p, err := r.pods.Pods(r.homesNamespace).Get(homeName); err == nil && mine(p) && p.DeletionTimestamp == nil {
-		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
+	if pods, err := r.pods.Pods(r.homesNamespace).List(homePodsOf(namespace, name)); err == nil {
+		for _, p := range pods {
+			if mine(p) && p.DeletionTimestamp == nil {
+				errs = append(errs, ignoreNotFound(r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{})))
+			}
+		}
 	}
 	if s, err := r.services.Services(r.homesNamespace).Get(homeName); err == nil && mine(s) {
 		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Services(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
@@ -131,34 +137,67 @@ func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityG
 
 // reconcilePod runs the Home Pod and returns it once it is this grant's
 // and current (nil while it is being created or replaced).
+//
+// A Home Pod being deleted (by hand, by an eviction or a node drain, or
+// here because it failed or runs an outdated image) drains: fiberd lets
+// the requests under way finish within its grace period, timeoutSeconds.
+// Its replacement does not wait for that: it is created at once under the
+// next free name (HomePodName), so the Revision is served again as soon as
+// the new Pod is Ready, and fiber-router holds requests until then.
 func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
-	want := resources.MakeHomePod(g, cfg, r.homesNamespace)
-	have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
-	if apierrs.IsNotFound(err) {
-		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
-		}
-		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
-		return nil, nil
-	}
+	pods, err := r.pods.Pods(r.homesNamespace).List(homePodsOf(g.Namespace, g.Name))
 	if err != nil {
 		return nil, err
 	}
-	switch ownershipOf(have, g) {
-	case foreign:
-		return nil, ignoreTaken(r.taken(g, "Pod", have))
-	case leftover:
-		if have.DeletionTimestamp == nil {
-			if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
-				return nil, fmt.Errorf("replacing a leftover Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
+	var live []*corev1.Pod
+	draining := ""
+	for _, p := range pods {
+		switch {
+		case ownershipOf(p, g) == leftover:
+			if p.DeletionTimestamp == nil {
+				if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+					return nil, fmt.Errorf("replacing a leftover Home Pod %s/%s: %w", r.homesNamespace, p.Name, err)
+				}
 			}
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, p.Name)
+			return nil, nil
+		case p.DeletionTimestamp != nil:
+			draining = p.Name
+		default:
+			live = append(live, p)
 		}
-		g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s of an earlier grant of this name is being replaced.", r.homesNamespace, have.Name)
+	}
+	if len(live) == 0 {
+		want, err := r.newHomePod(g, cfg)
+		if err != nil {
+			return nil, ignoreTaken(err)
+		}
+		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
+		}
+		if draining != "" {
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is being deleted and drains its requests; its replacement %s created.", r.homesNamespace, draining, want.Name)
+		} else {
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
+		}
 		return nil, nil
+	}
+	// More than one live Pod (a create the cache had not shown yet): keep
+	// the oldest, which is the one most likely Ready.
+	sort.Slice(live, func(i, j int) bool {
+		return live[i].CreationTimestamp.Before(&live[j].CreationTimestamp) ||
+			(live[i].CreationTimestamp.Equal(&live[j].CreationTimestamp) && live[i].Name < live[j].Name)
+	})
+	have := live[0]
+	for _, extra := range live[1:] {
+		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, extra.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+			return nil, fmt.Errorf("deleting a second Home Pod %s/%s: %w", r.homesNamespace, extra.Name, err)
+		}
 	}
 	// Pods are immutable where it matters, so a Home that failed or runs an
 	// outdated image is replaced rather than updated.
-	if have.DeletionTimestamp == nil && (have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image) {
+	want := resources.MakeHomePod(g, cfg, r.homesNamespace, 0)
+	if have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image {
 		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
 			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
 		}
@@ -167,6 +206,30 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	markHome(g, have)
 	return have, nil
+}
+
+// homePodsOf selects the Home Pods labelled as grant namespace/name's, of
+// any UID.
+func homePodsOf(namespace, name string) labels.Selector {
+	return labels.SelectorFromSet(labels.Set{resources.ComponentKey: resources.Component, contract.GrantNamespaceLabel: namespace, contract.GrantLabel: name})
+}
+
+// newHomePod is g's next Home Pod under the first name no Pod holds. A Pod
+// of someone else under the Home's own name stops the grant (HomeNameTaken),
+// as a Service or Secret does.
+func (r *Reconciler) newHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
+	for n := 0; ; n++ {
+		want := resources.MakeHomePod(g, cfg, r.homesNamespace, n)
+		have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
+		switch {
+		case apierrs.IsNotFound(err):
+			return want, nil
+		case err != nil:
+			return nil, err
+		case n == 0 && ownershipOf(have, g) == foreign:
+			return nil, r.taken(g, "Pod", have)
+		}
+	}
 }
 
 // ignoreTaken: a taken name is reported in the condition, not retried.

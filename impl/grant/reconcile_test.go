@@ -271,6 +271,36 @@ func TestReconcile(t *testing.T) {
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {
+		// Deleted by hand, evicted or drained: its replacement starts at
+		// once under the next name while it drains its requests.
+		Name: "a Home Pod being deleted is replaced at once under another name",
+		Key:  "default/hello-00001",
+		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
+			ready(p)
+			p.DeletionTimestamp = &metav1.Time{Time: now}
+			p.Finalizers = []string{"test/keep"} // the fake tracker keeps a Pod with a deletion time only with one
+		}),
+		WantCreates: []runtime.Object{homePodN(grant("hello-00001", admitted), 1)},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now),
+			homeNotReady(contract.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" is being deleted and drains its requests; its replacement "+hn+"-1 created.")))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		Name: "of two live Home Pods the older is kept",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			second := homePodN(g, 1)
+			second.CreationTimestamp = metav1.Time{Time: now.Add(time.Second)}
+			return append(running(g, now, func(p *corev1.Pod) { ready(p); p.CreationTimestamp = metav1.Time{Time: now} }), second)
+		}(),
+		WantDeletes: []clientgotesting.DeleteActionImpl{clientgotesting.NewDeleteAction(corev1.SchemeGroupVersion.WithResource("pods"), homesNS, hn+"-1")},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
 		Name: "Home Pod crash-looping reports why",
 		Key:  "default/hello-00001",
 		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {

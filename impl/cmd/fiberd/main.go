@@ -236,6 +236,15 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 	log.Printf("fiberd: serving on %s (fibers in %s)", ln.Addr(), cgroupParent)
 	go func() {
 		<-ctx.Done()
+		// SIGTERM: the Home Pod is being deleted, evicted or drained. Its
+		// grace period is the grant's timeoutSeconds plus 5 s, so the
+		// requests under way may run to their own limit first.
+		d := srv.DrainTimeout()
+		log.Printf("fiberd: shutting down: no new fibers; waiting up to %s for %d requests and tunnels under way", d, srv.Active())
+		dctx, cancel := context.WithTimeout(context.Background(), d)
+		left := srv.Drain(dctx)
+		cancel()
+		log.Printf("fiberd: drained (%d left, ended now)", left)
 		srv.Close()
 	}()
 	err = srv.Serve(ln)

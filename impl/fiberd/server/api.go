@@ -112,6 +112,10 @@ func (s *Server) current() (*loaded, *signedgrant.Claims, int, contract.Reason, 
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, drainingMsg)
+		return
+	}
 	l, _, status, reason, msg := s.current()
 	if l == nil {
 		writeErr(w, status, reason, msg)
@@ -137,6 +141,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, drainingMsg)
+		return
+	}
 	l, _, status, reason, msg := s.current()
 	if l == nil {
 		writeErr(w, status, reason, msg)

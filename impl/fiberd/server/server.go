@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1/remote"
@@ -114,6 +115,12 @@ type Server struct {
 
 	spliceOnce sync.Once
 	splicer    *sockmap.Splicer
+
+	// draining: Drain was called; no fiber is acquired any more.
+	draining atomic.Bool
+	// active counts proxied requests and tunnels under way, which Drain
+	// waits for.
+	active atomic.Int64
 }
 
 type loaded struct {
@@ -176,7 +183,11 @@ func New(cfg Config) (*Server, error) {
 	s.mux.Handle("POST "+client.FibersPath, s.auth(http.HandlerFunc(s.acquire)))
 	s.mux.Handle("GET "+client.FibersPath, s.auth(http.HandlerFunc(s.list)))
 	s.mux.Handle("DELETE "+client.FibersPath+"/{id}", s.auth(http.HandlerFunc(s.release)))
-	s.mux.Handle("POST "+client.FibersPath+"/{id}/tunnel", s.auth(http.HandlerFunc(s.tunnel)))
+	s.mux.Handle("POST "+client.FibersPath+"/{id}/tunnel", s.auth(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.active.Add(1)
+		defer s.active.Add(-1)
+		s.tunnel(w, r)
+	})))
 	s.mux.Handle("GET "+client.GrantPath, s.auth(http.HandlerFunc(s.grantInfo)))
 	go s.grantLoop()
 	return s, nil
@@ -255,8 +266,50 @@ func (s *Server) Pool() *pool.Pool {
 
 func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get(client.FiberHeader); id != "" {
+		s.active.Add(1)
+		defer s.active.Add(-1)
 		s.proxy(w, r, id)
 		return
 	}
 	s.mux.ServeHTTP(w, r)
 }
+
+// Drain is fiberd's answer to SIGTERM (its Home Pod deleted, evicted or
+// drained from its node): from now on no fiber is acquired (503 NotReady,
+// which fiber-router holds requests on until the replacement Home serves)
+// and /readyz fails, while the requests and tunnels under way go on. It
+// returns once none is left, or when ctx ends; then call Close.
+func (s *Server) Drain(ctx context.Context) (left int64) {
+	s.draining.Store(true)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if n := s.active.Load(); n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return s.active.Load()
+		case <-t.C:
+		}
+	}
+}
+
+// Active is the number of proxied requests and tunnels under way.
+func (s *Server) Active() int64 { return s.active.Load() }
+
+// DrainTimeout is how long Drain may wait: the grant's timeoutSeconds
+// (maxRequestSeconds) plus 2 s, inside the Home Pod's termination grace
+// (timeoutSeconds plus 5 s); 5 s without a grant.
+func (s *Server) DrainTimeout() time.Duration {
+	s.mu.Lock()
+	g := s.grant
+	s.mu.Unlock()
+	if g == nil || g.MaxRequestSeconds <= 0 {
+		return 5 * time.Second
+	}
+	return time.Duration(g.MaxRequestSeconds)*time.Second + 2*time.Second
+}
+
+// drainingMsg is what a draining Home answers.
+const drainingMsg = "this Home is shutting down (its Pod is being deleted) and starts no fiber; its replacement serves the Revision"

@@ -123,7 +123,7 @@ func TestMakeHomePodEgressDial(t *testing.T) {
 		cfg := config.Defaults()
 		cfg.Egress = mode
 		cfg.EgressAllow = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}
-		args := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes").Spec.Containers[0].Args
+		args := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes", 0).Spec.Containers[0].Args
 		var got []string
 		for _, a := range args {
 			if strings.HasPrefix(a, "--egress-dial=") || strings.HasPrefix(a, "--egress-api=") {

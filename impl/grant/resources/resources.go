@@ -273,11 +273,32 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 	}
 }
 
+// HomeGracePeriodSeconds is the Home Pod's termination grace: fiberd drains
+// on SIGTERM (refuses new fibers, lets requests under way finish), so a
+// deleted, evicted or drained Home gives its requests their full
+// timeoutSeconds, as Knative gives a Revision's Pods (terminationGrace-
+// PeriodSeconds = timeoutSeconds). Its replacement starts meanwhile under
+// another name (HomePodName).
+func HomeGracePeriodSeconds(g *v1alpha1.CapacityGrant) int64 {
+	return max(g.Spec.MaxRequestSeconds, 0) + 5
+}
+
+// HomePodName is the name of g's Home Pod number n: HomeName for 0 (every
+// Home before replacements overlapped, and the first of each), then
+// HomeName-1, -2, ... for a replacement started while its predecessor
+// still drains.
+func HomePodName(g *v1alpha1.CapacityGrant, n int) string {
+	if n == 0 {
+		return HomeName(g)
+	}
+	return HomeName(g) + "-" + strconv.Itoa(n)
+}
+
 // MakeHomePod runs fiberd for g. It is privileged because the process
 // backend creates namespaces, mounts and memory cgroups for its fibers; it
 // gets no service-account token and no service links, so nothing of the
 // cluster's identity can reach a fiber.
-func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNamespace string) *corev1.Pod {
+func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNamespace string, n int) *corev1.Pod {
 	helperPath := "/lampyr-helper"
 	storage := cfg.HomeStorageLimit
 	volumes := []corev1.Volume{
@@ -359,11 +380,11 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 		FailureThreshold: 3,
 	}
 	return &corev1.Pod{
-		ObjectMeta: meta(g, homesNamespace),
+		ObjectMeta: metav1.ObjectMeta{Name: HomePodName(g, n), Namespace: homesNamespace, Labels: Labels(g)},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](5),
+			TerminationGracePeriodSeconds: ptr.To(HomeGracePeriodSeconds(g)),
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			InitContainers:                inits,
 			Containers: []corev1.Container{{

@@ -61,7 +61,7 @@ func TestMakeHomePod(t *testing.T) {
 	cfg := config.Defaults()
 	cfg.HomeImage = "kind.local/fiberd@sha256:" + strings.Repeat("c", 64)
 	g := grant(v1alpha1.ExecutionFresh, 4)
-	p := MakeHomePod(g, cfg, "lampyr-homes")
+	p := MakeHomePod(g, cfg, "lampyr-homes", 0)
 	c := p.Spec.Containers[0]
 	if p.Name != HomeName(g) || p.Namespace != "lampyr-homes" || len(p.OwnerReferences) != 0 || !IsHomeOf(p, g) {
 		t.Fatalf("identity %s/%s owners %v labels %v", p.Namespace, p.Name, p.OwnerReferences, p.Labels)
@@ -105,7 +105,7 @@ func TestMakeHomePod(t *testing.T) {
 	}
 
 	cfg.HelperImage = "kind.local/helper:1"
-	p = MakeHomePod(g, cfg, "lampyr-homes")
+	p = MakeHomePod(g, cfg, "lampyr-homes", 0)
 	if len(p.Spec.InitContainers) != 1 || p.Spec.InitContainers[0].Image != cfg.HelperImage ||
 		!strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--helper="+HelperMountPath+"/lampyr-helper") {
 		t.Fatalf("helper image not wired: %+v", p.Spec.InitContainers)
@@ -134,7 +134,7 @@ func TestMakeHomeServiceAndSecret(t *testing.T) {
 	if s.Spec.Selector[contract.GrantUIDLabel] != string(g.UID) || s.Spec.Ports[0].Port != APIPort || HomeEndpoint(g, "lampyr-homes") != HomeName(g)+".lampyr-homes.svc:9090" {
 		t.Fatalf("service %+v endpoint %s", s.Spec, HomeEndpoint(g, "lampyr-homes"))
 	}
-	pod := MakeHomePod(g, config.Defaults(), "lampyr-homes")
+	pod := MakeHomePod(g, config.Defaults(), "lampyr-homes", 0)
 	for k, v := range s.Spec.Selector {
 		if pod.Labels[k] != v {
 			t.Fatalf("Service selector %s=%s does not select the Home Pod (labels %v)", k, v, pod.Labels)
@@ -174,7 +174,7 @@ func TestHomeNames(t *testing.T) {
 	if n := HomeName(long); len(n) > 63 || len(validation.IsDNS1035Label(n)) > 0 {
 		t.Fatalf("Home name %q is not a DNS-1035 label", n)
 	}
-	p := MakeHomePod(a, config.Defaults(), "lampyr-homes")
+	p := MakeHomePod(a, config.Defaults(), "lampyr-homes", 0)
 	if ns, name, ok := GrantKeyOf(p); !ok || ns != "demo" || name != "hello-00001" {
 		t.Fatalf("GrantKeyOf = %s %s %v", ns, name, ok)
 	}
@@ -188,7 +188,7 @@ func TestMakeHomePodRegistryMirrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes")
+	p := MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes", 0)
 	if !strings.Contains(strings.Join(p.Spec.Containers[0].Args, " "), "--registry-mirror=localhost:5002=kind-registry:5000") {
 		t.Fatalf("args %v", p.Spec.Containers[0].Args)
 	}
