@@ -334,12 +334,14 @@ func registryTarpit(ctx context.Context, s *side) (string, bool) {
 		}
 		bStates[k]++
 	}
-	// A grant renewed at half its TTL moves at least this often.
+	// A grant renewed every grant-renew-interval (at most half its TTL)
+	// moves at least this often.
 	moves := len(expiries) - 1
-	wantMoves := max(int(d/(cfg.GrantTTL/2))-1, 0)
+	every := cfg.GrantTTL - cfg.RenewBefore()
+	wantMoves := max(int(d/every)-1, 0)
 	table := tarpitTable(minutes)
 	writeTarpitRecord(s, d, minutes)
-	grantText := fmt.Sprintf("A's grant expiresAt moved %d times (want >= %d at TTL %s): %s; seen in the past %d times", moves, wantMoves, cfg.GrantTTL, strings.Join(expiries, " → "), past)
+	grantText := fmt.Sprintf("A's grant expiresAt moved %d times (want >= %d, renewed every %s): %s; seen in the past %d times", moves, wantMoves, every, strings.Join(expiries, " → "), past)
 	if lastGrantErr != nil && len(expiries) == 0 {
 		grantText = "A's grant never read: " + lastGrantErr.Error()
 	}

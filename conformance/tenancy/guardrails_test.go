@@ -156,7 +156,7 @@ var guardRails = []attack{
 		name:      "G4 registry tarpit: B points 30 Revisions' template and snapshot at a registry that accepts TCP and never answers; A's Service and grant meanwhile",
 		appliesTo: onLampyr, tags: []string{"guardrails", "tarpit"}, timeout: tarpitDuration() + 20*time.Minute,
 		expected:       fmt.Sprintf("for %s (%s): A answers every request, A's grant expiresAt moves and is never past", tarpitDuration(), tarpitVar),
-		withoutDefence: "one grant-controller worker fetching templates inline: B's fetches hold it, A's renewal waits behind them, A's grant expires and A answers 503: errors > 0 and an expiresAt in the past fail the row (run: expiresAt never moved, A answered 295/450, every request 503 from the grant's expiry in minute 10).",
+		withoutDefence: "one grant-controller worker fetching templates inline: B's fetches hold it and A's renewal waits behind them: an expiresAt that does not move every grant-renew-interval (5m) fails the row from 15 min on; at grant-ttl 10m (before 2026-12-04) A's grant also expired and A answered 503 (run: expiresAt never moved, A answered 295/450, every request 503 from the grant's expiry in minute 10); at today's 1h A's Home outlives the stall, but its renewals (new keys, new terms) do not arrive.",
 		run:            registryTarpit,
 	},
 	{

@@ -130,10 +130,12 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGran
 	case err != nil:
 		return err
 	case !admitted:
-		// A grant that lost its admission is not renewed: its Home stops
-		// serving at its grant's expiry (and the Revision stops being
-		// routed to at once, since it is no longer Ready).
-		return nil
+		// A grant that lost its admission loses its Home now, not at its
+		// signed grant's expiry (grant-ttl is long, so that Homes outlive
+		// a grant controller outage): its reserved memory is the
+		// namespace's and the installation's again. The Revision stopped
+		// being routed to already, since it is no longer Ready.
+		return r.deleteHome(ctx, g.Namespace, g.Name, "")
 	}
 	r.nameHome(g)
 	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)

@@ -159,11 +159,14 @@ func TestReconcile(t *testing.T) {
 	}, {
 		Name: "an admitted grant that grows beyond the free capacity loses its admission",
 		Key:  "default/hello-00001",
-		Objects: []runtime.Object{big,
-			// Holds 256Mi; now asks 512Mi; 1Gi - 768Mi (big) = 256Mi free.
-			grant("hello-00001", withMemory("128Mi", 4), admitted, reserve(256<<20))},
+		// Holds 256Mi; now asks 512Mi; 1Gi - 768Mi (big) = 256Mi free. Its
+		// Home goes now, not at its signed grant's expiry.
+		Objects: append([]runtime.Object{big},
+			running(grant("hello-00001", withMemory("128Mi", 4), admitted, reserve(256<<20)), now, ready)...),
+		WantDeletes: deleteHome(hn),
 		WantStatusUpdates: statusUpdate(grant("hello-00001", withMemory("128Mi", 4), admitted, reserve(256<<20), reconciled(
 			markNotAdmitted(contract.ReasonInsufficientMemory, capacityMsg("512Mi", "128Mi", 4, "256Mi"))))),
+		SkipNamespaceValidation: true,
 	}, {
 		Name: "an admitted grant keeps its reservation when the configuration shrinks",
 		Key:  "default/hello-00001",

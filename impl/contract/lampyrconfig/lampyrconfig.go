@@ -32,6 +32,7 @@ const (
 	KeyMaxFibersPerGrant   = "max-fibers-per-grant"
 	KeyDefaultMaxFibers    = "default-max-fibers"
 	KeyGrantTTL            = "grant-ttl"
+	KeyGrantRenewInterval  = "grant-renew-interval"
 	KeyHomeImage           = "home-image"
 	KeyHelperImage         = "helper-image"
 	KeyHomeWarmFibers      = "home-warm-fibers"
@@ -105,7 +106,7 @@ const (
 // GrantKeys are the keys the grant controller parses.
 var GrantKeys = []string{
 	KeyFiberMemoryCapacity, KeyMaxMemoryPerFiber, KeyMaxFibersPerGrant, KeyDefaultMaxFibers,
-	KeyGrantTTL, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeRegistryMirrors,
+	KeyGrantTTL, KeyGrantRenewInterval, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeRegistryMirrors,
 	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit, KeyNamespaceFiberMemoryShare,
 	KeyFiberEgress, KeyFiberEgressDomains, KeyFiberEgressDenyNames, KeyFiberEgressAllowCIDRs, KeyFiberEgressDenyCIDRs,
 }
@@ -174,8 +175,14 @@ type Config struct {
 	MaxFibersPerGrant int32
 	// DefaultMaxFibers applies when a grant's maxFibers is 0.
 	DefaultMaxFibers int32
-	// GrantTTL is the life of a signed grant; it is renewed at half-life.
+	// GrantTTL is the life of a signed grant: how long its Home serves
+	// without the grant controller (an outage, an upgrade). Revoking a
+	// grant does not wait for it: the grant controller deletes the Home of
+	// a grant that lost its admission.
 	GrantTTL time.Duration
+	// GrantRenewInterval is how often a grant is renewed (re-signed), so
+	// new keys and terms reach Homes within it; at most half of GrantTTL.
+	GrantRenewInterval time.Duration
 	// HomeImage runs fiberd (and holds /lampyr-helper unless HelperImage is set).
 	HomeImage string
 	// HelperImage, if set, supplies lampyr-helper through an init container.
@@ -238,9 +245,17 @@ func EgressAPIURL(systemNamespace string) string {
 	return fmt.Sprintf("http://%s.%s.svc:%d", contract.GrantControllerName, systemNamespace, contract.EgressAPIPort)
 }
 
-// RenewBefore is how long before expiry a grant is renewed: at half-life, so
-// a Home survives one missed renewal plus the kubelet's Secret sync delay.
-func (c *Config) RenewBefore() time.Duration { return c.GrantTTL / 2 }
+// RenewBefore is how long before expiry a grant is renewed: once it is
+// GrantRenewInterval old, or at half-life when that comes first, so a Home
+// survives a missed renewal plus the kubelet's Secret sync delay, and a
+// grant controller away for up to GrantTTL minus that age.
+func (c *Config) RenewBefore() time.Duration {
+	every := c.GrantRenewInterval
+	if every <= 0 || every > c.GrantTTL/2 {
+		every = c.GrantTTL / 2
+	}
+	return c.GrantTTL - every
+}
 
 // Defaults is the configuration of an empty ConfigMap.
 func Defaults() *Config {
@@ -249,7 +264,8 @@ func Defaults() *Config {
 		MaxMemoryPerFiber:   resource.MustParse("2Gi"),
 		MaxFibersPerGrant:   100,
 		DefaultMaxFibers:    10,
-		GrantTTL:            10 * time.Minute,
+		GrantTTL:            time.Hour,
+		GrantRenewInterval:  5 * time.Minute,
 		HomeWarmFibers:      2,
 		HomeCPULimit:        resource.MustParse("1"),
 		FiberCPULimit:       resource.MustParse("1"),
@@ -316,9 +332,17 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 	KeyGrantTTL: func(c *Config, v string, _ map[string]string) error {
 		ttl, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil || ttl < 30*time.Second {
-			return fmt.Errorf("%s %q: want a duration of at least 30s, e.g. 10m", KeyGrantTTL, v)
+			return fmt.Errorf("%s %q: want a duration of at least 30s, e.g. 1h", KeyGrantTTL, v)
 		}
 		c.GrantTTL = ttl
+		return nil
+	},
+	KeyGrantRenewInterval: func(c *Config, v string, _ map[string]string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 10*time.Second {
+			return fmt.Errorf("%s %q: want a duration of at least 10s, e.g. 5m (grants are renewed that often, at most at half of grant-ttl)", KeyGrantRenewInterval, v)
+		}
+		c.GrantRenewInterval = d
 		return nil
 	},
 	KeyHomeImage: func(c *Config, v string, _ map[string]string) error {
