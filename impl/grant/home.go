@@ -167,45 +167,86 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 			live = append(live, p)
 		}
 	}
-	if len(live) == 0 {
-		want, err := r.newHomePod(g, cfg)
+	want := resources.MakeHomePod(g, cfg, r.homesNamespace, 0)
+	image := want.Spec.Containers[0].Image
+	var current, outdated []*corev1.Pod
+	for _, p := range live {
+		switch {
+		case p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded:
+			// Pods are immutable where it matters: a Home that ended is
+			// replaced (its replacement next, once the cache shows it
+			// terminating).
+			if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+				return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, p.Name, err)
+			}
+			g.Status.MarkHomeFailed(contract.ReasonHomeFailed, "Home Pod %s/%s is %s; replacing it. %s", r.homesNamespace, p.Name, p.Status.Phase, p.Status.Message)
+			return nil, nil
+		case p.Spec.Containers[0].Image != image:
+			outdated = append(outdated, p)
+		default:
+			current = append(current, p)
+		}
+	}
+	oldestFirst(current)
+	oldestFirst(outdated)
+	if len(current) == 0 {
+		// No Home runs the configured image: start one. A Home of an
+		// outdated image (an upgrade) keeps serving until it is Ready:
+		// make before break.
+		next, err := r.newHomePod(g, cfg)
 		if err != nil {
 			return nil, ignoreTaken(err)
 		}
-		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, want, metav1.CreateOptions{}); err != nil {
-			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, want.Name, err)
+		if _, err := r.kube.CoreV1().Pods(r.homesNamespace).Create(ctx, next, metav1.CreateOptions{}); err != nil {
+			return nil, fmt.Errorf("creating Home Pod %s/%s: %w", r.homesNamespace, next.Name, err)
 		}
-		if draining != "" {
-			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is being deleted and drains its requests; its replacement %s created.", r.homesNamespace, draining, want.Name)
-		} else {
-			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, want.Name)
+		switch {
+		case len(outdated) > 0 && podReady(outdated[0]):
+			markHome(g, outdated[0])
+			return outdated[0], nil
+		case draining != "":
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is being deleted and drains its requests; its replacement %s created.", r.homesNamespace, draining, next.Name)
+		default:
+			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s created.", r.homesNamespace, next.Name)
 		}
 		return nil, nil
 	}
-	// More than one live Pod (a create the cache had not shown yet): keep
-	// the oldest, which is the one most likely Ready.
-	sort.Slice(live, func(i, j int) bool {
-		return live[i].CreationTimestamp.Before(&live[j].CreationTimestamp) ||
-			(live[i].CreationTimestamp.Equal(&live[j].CreationTimestamp) && live[i].Name < live[j].Name)
-	})
-	have := live[0]
-	for _, extra := range live[1:] {
+	// More than one Home of the configured image (a create the cache had
+	// not shown yet): keep the oldest.
+	have := current[0]
+	for _, extra := range current[1:] {
 		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, extra.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
 			return nil, fmt.Errorf("deleting a second Home Pod %s/%s: %w", r.homesNamespace, extra.Name, err)
 		}
 	}
-	// Pods are immutable where it matters, so a Home that failed or runs an
-	// outdated image is replaced rather than updated.
-	want := resources.MakeHomePod(g, cfg, r.homesNamespace, 0)
-	if have.Status.Phase == corev1.PodFailed || have.Status.Phase == corev1.PodSucceeded || have.Spec.Containers[0].Image != want.Spec.Containers[0].Image {
-		if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, have.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
-			return nil, fmt.Errorf("replacing Home Pod %s/%s: %w", r.homesNamespace, have.Name, err)
+	if !podReady(have) {
+		// The new Home is starting: an outdated one that is Ready serves
+		// until then.
+		for _, o := range outdated {
+			if podReady(o) {
+				markHome(g, o)
+				return o, nil
+			}
 		}
-		g.Status.MarkHomeFailed(contract.ReasonHomeFailed, "Home Pod %s/%s %s; replacing it. %s", r.homesNamespace, have.Name, phaseOrImage(have, want), have.Status.Message)
-		return nil, nil
+	} else {
+		// The new Home is Ready (and the router metadata names it from
+		// this reconcile on): the outdated ones drain and go.
+		for _, o := range outdated {
+			if err := r.kube.CoreV1().Pods(r.homesNamespace).Delete(ctx, o.Name, metav1.DeleteOptions{}); err != nil && !apierrs.IsNotFound(err) {
+				return nil, fmt.Errorf("deleting outdated Home Pod %s/%s: %w", r.homesNamespace, o.Name, err)
+			}
+		}
 	}
 	markHome(g, have)
 	return have, nil
+}
+
+// oldestFirst sorts Pods by creation, then name.
+func oldestFirst(pods []*corev1.Pod) {
+	sort.Slice(pods, func(i, j int) bool {
+		return pods[i].CreationTimestamp.Before(&pods[j].CreationTimestamp) ||
+			(pods[i].CreationTimestamp.Equal(&pods[j].CreationTimestamp) && pods[i].Name < pods[j].Name)
+	})
 }
 
 // homePodsOf selects the Home Pods labelled as grant namespace/name's, of
@@ -240,12 +281,6 @@ func ignoreTaken(err error) error {
 	return err
 }
 
-func phaseOrImage(have, want *corev1.Pod) string {
-	if have.Spec.Containers[0].Image != want.Spec.Containers[0].Image {
-		return "runs an outdated image"
-	}
-	return "is " + string(have.Status.Phase)
-}
 
 // markHome translates the Home Pod's status into HomeReady.
 func markHome(g *v1alpha1.CapacityGrant, p *corev1.Pod) {

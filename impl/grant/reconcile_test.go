@@ -304,6 +304,38 @@ func TestReconcile(t *testing.T) {
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {
+		// An upgrade changed the Home image: the outdated Home serves
+		// until its replacement is Ready (make before break).
+		Name: "a Home of an outdated image keeps serving while its replacement starts",
+		Key:  "default/hello-00001",
+		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
+			ready(p)
+			p.Spec.Containers[0].Image = "kind.local/fiberd@sha256:" + strings.Repeat("0", 64)
+		}),
+		WantCreates: []runtime.Object{homePodN(grant("hello-00001", admitted), 1)},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		Name: "once the replacement is Ready the outdated Home goes",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			next := homePodN(g, 1)
+			ready(next)
+			next.CreationTimestamp = metav1.Time{Time: now.Add(time.Second)}
+			return append(running(g, now, func(p *corev1.Pod) {
+				ready(p)
+				p.Spec.Containers[0].Image = "kind.local/fiberd@sha256:" + strings.Repeat("0", 64)
+			}), next)
+		}(),
+		WantDeletes: []clientgotesting.DeleteActionImpl{clientgotesting.NewDeleteAction(corev1.SchemeGroupVersion.WithResource("pods"), homesNS, hn)},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
 		Name: "Home Pod crash-looping reports why",
 		Key:  "default/hello-00001",
 		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
