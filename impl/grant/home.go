@@ -281,7 +281,6 @@ func ignoreTaken(err error) error {
 	return err
 }
 
-
 // markHome translates the Home Pod's status into HomeReady.
 func markHome(g *v1alpha1.CapacityGrant, p *corev1.Pod) {
 	for _, c := range p.Status.Conditions {
