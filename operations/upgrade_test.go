@@ -17,6 +17,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/grant/resources"
 )
 
 // opsUpgradeFrom names the earlier Lampyr the upgrade scenario installs
@@ -95,14 +96,16 @@ func homeImage(ctx context.Context) (string, error) {
 	return "", fmt.Errorf("neither config-lampyr's %s nor the grant controller's LAMPYR_GRANT_IMAGE names the Home image", lampyrconfig.KeyHomeImage)
 }
 
-// homesSettled waits until Revision rev has exactly one live Home Pod, Ready
-// and running the Home image the installation configures (others may still
-// be draining), and returns how long that took.
+// homesSettled waits until Revision rev has exactly one live Home Pod, Ready,
+// running the Home image the installation configures and under the Home's
+// own name (a replacement moves back to it, so an earlier grant controller
+// finds it after a downgrade); others may still be draining. It returns how
+// long that took.
 func homesSettled(ctx context.Context, rev string) time.Duration {
 	s := the().lampyr
 	start := time.Now()
 	var last string
-	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 5*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		want, err := homeImage(ctx)
 		if err != nil {
 			last = err.Error()
@@ -126,7 +129,7 @@ func homesSettled(ctx context.Context, rev string) time.Duration {
 			if p.DeletionTimestamp == nil {
 				live++
 			}
-			if ready && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == want {
+			if ready && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == want && p.Name == resources.HomeNameFor(ns, rev) {
 				settled++
 			}
 		}

@@ -169,6 +169,15 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	want := resources.MakeHomePod(g, cfg, r.homesNamespace, 0)
 	image := want.Spec.Containers[0].Image
+	// The Home's own name (HomePodName 0) is preferred: a replacement
+	// under another name moves back to it once it is free.
+	canonical, err := r.pods.Pods(r.homesNamespace).Get(resources.HomeName(g))
+	if err != nil && !apierrs.IsNotFound(err) {
+		return nil, err
+	}
+	canonicalFree := canonical == nil || apierrs.IsNotFound(err)
+	canonicalServes := !canonicalFree && ownershipOf(canonical, g) == ownedByGrant && canonical.DeletionTimestamp == nil &&
+		canonical.Spec.Containers[0].Image == image && canonical.Status.Phase != corev1.PodFailed && canonical.Status.Phase != corev1.PodSucceeded
 	var current, outdated []*corev1.Pod
 	for _, p := range live {
 		switch {
@@ -182,6 +191,12 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 			g.Status.MarkHomeFailed(contract.ReasonHomeFailed, "Home Pod %s/%s is %s; replacing it. %s", r.homesNamespace, p.Name, p.Status.Phase, p.Status.Message)
 			return nil, nil
 		case p.Spec.Containers[0].Image != image:
+			outdated = append(outdated, p)
+		case p.Name != resources.HomeName(g) && (canonicalFree || canonicalServes):
+			// A replacement that outlived its predecessor goes back to
+			// the Home's own name the same way (make before break): an
+			// earlier grant controller, after a downgrade, knows only
+			// that name, and would start a second Home beside this one.
 			outdated = append(outdated, p)
 		default:
 			current = append(current, p)

@@ -336,6 +336,51 @@ func TestReconcile(t *testing.T) {
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {
+		// After a replacement: the Home runs as <home>-1 and its
+		// predecessor is gone. It moves back to the Home's own name, which
+		// an earlier grant controller (a downgrade) knows; -1 serves
+		// meanwhile.
+		Name: "a replacement under another name moves back to the Home's own name",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			p := homePodN(g, 1)
+			ready(p)
+			return []runtime.Object{g, homeSecret(g, now), homeService(g), p}
+		}(),
+		WantCreates: []runtime.Object{homePod(grant("hello-00001", admitted), noop)},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		Name: "the Home under its own name starting: the replacement still serves",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			p := homePodN(g, 1)
+			ready(p)
+			return append(running(g, now, noop), p)
+		}(),
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		Name: "the Home under its own name Ready: the replacement goes",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			p := homePodN(g, 1)
+			ready(p)
+			return append(running(g, now, ready), p)
+		}(),
+		WantDeletes: []clientgotesting.DeleteActionImpl{clientgotesting.NewDeleteAction(corev1.SchemeGroupVersion.WithResource("pods"), homesNS, hn+"-1")},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
 		Name: "Home Pod crash-looping reports why",
 		Key:  "default/hello-00001",
 		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
