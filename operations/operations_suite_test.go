@@ -60,7 +60,7 @@ var suite = harness.New(harness.Config{
 	Folder:       "operations",
 	Recipe:       "just test-operations",
 	Clusters:     harness.Paired(),
-	Knobs:        []string{opsOutage, opsSteady},
+	Knobs:        []string{opsOutage, opsSteady, opsUpgradeFrom},
 	SetupTimeout: 60 * time.Minute,
 })
 
