@@ -116,6 +116,9 @@ type Settings struct {
 	// LampyrSources say where the lampyr profile's components come from
 	// (zero: built from this checkout).
 	LampyrSources install.LampyrSources
+	// Workers gives every cluster this run creates that many worker nodes
+	// beside its control plane (0: one node, the default).
+	Workers int
 }
 
 // Env ties the cache, the state directory and the registry together.
@@ -152,7 +155,8 @@ func (e *Env) Manager() *kindcluster.Manager {
 	return kindcluster.NewManager(e.StateDir, e.Log)
 }
 
-// Spec is the offline single-node spec for a named cluster.
+// Spec is the offline spec for a named cluster: one node, or a control
+// plane and Settings.Workers workers.
 func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 	return kindcluster.Spec{
 		Name:      name,
@@ -166,6 +170,7 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		// Test clusters: etcd on the node's tmpfs unless asked otherwise
 		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
 		EtcdOnTmpfs: !e.EtcdOnDisk,
+		Workers:     e.Workers,
 	}
 }
 

@@ -6,7 +6,9 @@
 package environ
 
 import (
+	"fmt"
 	"os"
+	"strconv"
 	"path/filepath"
 
 	"lampyr.dev/serving/clusters"
@@ -38,6 +40,9 @@ const (
 	DebianMirror = inputsenv.DebianMirror
 	// Networking names the networking provider installs use.
 	Networking = "LAMPYR_NETWORKING"
+	// Workers is how many worker nodes each cluster a run creates gets
+	// beside its control plane (default 0: one node).
+	Workers = "LAMPYR_CLUSTER_WORKERS"
 	// Eventing=1 adds Knative Eventing to what `lampyr-clusters up` installs.
 	Eventing = "LAMPYR_EVENTING"
 	// ConformanceKubeconfig and ConformanceGateway name a third party's
@@ -76,6 +81,7 @@ func Clusters() clusters.Settings {
 		EtcdOnDisk:   Set(EtcdOnDisk),
 		DebianMirror: inputsenv.Mirror(),
 		Online:       Set(Online),
+		Workers:      workers(),
 		LampyrSources: install.LampyrSources{
 			InputsDir:          os.Getenv(ClusterInputs),
 			ControllerManifest: os.Getenv(ControllerManifest),
@@ -83,6 +89,22 @@ func Clusters() clusters.Settings {
 			HelperImage:        os.Getenv(HelperImage),
 		},
 	}
+}
+
+// workers is LAMPYR_CLUSTER_WORKERS: a count from 0 to 8. Anything else
+// stops the run, naming the variable, rather than making a cluster of
+// another shape than asked.
+func workers() int {
+	v := os.Getenv(Workers)
+	if v == "" {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 8 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want a number of worker nodes from 0 to 8 (unset: one node)\n", Workers, v)
+		os.Exit(2)
+	}
+	return n
 }
 
 // Provider is the networking provider to install (LAMPYR_NETWORKING; unset,

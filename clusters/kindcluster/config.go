@@ -43,6 +43,11 @@ type Spec struct {
 	// that restarts (host reboot, `docker restart`) comes back with an
 	// empty etcd, so such a cluster must be recreated.
 	EtcdOnTmpfs bool `json:"etcdOnTmpfs,omitempty"`
+	// Workers adds that many worker nodes beside the control plane (0: the
+	// single-node cluster every suite uses by default). The offline CNI
+	// (ptp) then gets each node's own pod range and a route to every other
+	// node's (podnet.go), as kindnetd would give them.
+	Workers int `json:"workers,omitempty"`
 }
 
 // APIServerAdmissionPlugins are the admission plugins every cluster's
@@ -58,6 +63,12 @@ const APIServerAdmissionPlugins = "NodeRestriction,DenyServiceExternalIPs"
 func (s Spec) Validate() error {
 	if s.Name == "" || strings.ToLower(s.Name) != s.Name || strings.ContainsAny(s.Name, " _/.:") {
 		return fmt.Errorf("cluster name %q: use lower-case letters, digits and '-'", s.Name)
+	}
+	if s.Workers < 0 || s.Workers > 8 {
+		return fmt.Errorf("cluster %s: workers %d: want 0 (a single node) to 8", s.Name, s.Workers)
+	}
+	if s.Workers > 0 && !s.DisableDefaultCNI {
+		return fmt.Errorf("cluster %s: workers need the offline CNI (disableDefaultCNI), whose pod network podnet.go lays across the nodes", s.Name)
 	}
 	if s.NodeImage == "" {
 		return fmt.Errorf("cluster %s: nodeImage is empty: build it with `just cluster-inputs`", s.Name)
@@ -125,6 +136,9 @@ func (s Spec) KindConfig() ([]byte, error) {
 		n.ExtraPortMappings = append(n.ExtraPortMappings, portMapping{ContainerPort: p.NodePort, HostPort: p.HostPort, ListenAddress: "127.0.0.1", Protocol: "TCP"})
 	}
 	cfg.Nodes = []node{n}
+	for range s.Workers {
+		cfg.Nodes = append(cfg.Nodes, node{Role: "worker"})
+	}
 	if s.CgroupV1 {
 		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: KubeletConfiguration\nfailCgroupV1: false\n")
 	}

@@ -271,6 +271,13 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 	if err != nil {
 		return info, true, err
 	}
+	if s.Workers > 0 {
+		if err := m.Log.Step(fmt.Sprintf("Laying the pod network across %s's %d nodes", s.Name, s.Workers+1), func() error {
+			return m.podNetwork(ctx, s.Name)
+		}); err != nil {
+			return info, true, err
+		}
+	}
 	if err := m.connect(ctx, info); err != nil {
 		return info, true, err
 	}
