@@ -8,8 +8,8 @@ package environ
 import (
 	"fmt"
 	"os"
-	"strconv"
 	"path/filepath"
+	"strconv"
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/environ/inputsenv"
