@@ -71,9 +71,18 @@ type Options struct {
 	Path string
 	Want func(status int, body []byte) error
 	// StreamChunks and StreamDelay: each stream asks for this many chunks
-	// this far apart (default 300 chunks 1s apart: a 5-minute stream).
+	// this far apart (default 240 chunks 1s apart: a 4-minute stream).
+	// Knative ends every request, stream and WebSocket at the Revision's
+	// timeoutSeconds (300 s by default), on stock and on Lampyr alike: a
+	// probe that outlives it measures that limit, not what a scenario did
+	// (a 30-minute outage run saw both sides' WebSockets cut every 5
+	// minutes and their streams at chunk 299 of 300).
 	StreamChunks int
 	StreamDelay  time.Duration
+	// WebSocketLife is how long one WebSocket stays open before the prober
+	// closes it cleanly and opens the next (default 4m, under Knative's
+	// default timeoutSeconds: see StreamChunks).
+	WebSocketLife time.Duration
 	// Client sends the requests and streams (default: a client of its own
 	// that keeps connections alive, as a real client would).
 	Client *http.Client
@@ -101,7 +110,10 @@ func (o *Options) defaults() {
 		}
 	}
 	if o.StreamChunks <= 0 {
-		o.StreamChunks = 300
+		o.StreamChunks = 240
+	}
+	if o.WebSocketLife <= 0 {
+		o.WebSocketLife = 4 * time.Minute
 	}
 	if o.StreamDelay <= 0 {
 		o.StreamDelay = time.Second
@@ -399,7 +411,13 @@ func (p *Prober) wsConn(ctx context.Context, t Target) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	end := time.Now().Add(p.opts.WebSocketLife)
 	for i := 0; ctx.Err() == nil; i++ {
+		if time.Now().After(end) {
+			// Closed by the prober before the Revision's timeout would.
+			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(p.opts.Timeout))
+			return
+		}
 		msg := fmt.Sprintf("probe-%d", i)
 		_ = conn.SetWriteDeadline(time.Now().Add(p.opts.Timeout))
 		if err := conn.WriteMessage(websocket.TextMessage, []byte(msg)); err != nil {

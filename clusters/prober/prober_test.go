@@ -167,3 +167,29 @@ func TestProberSeesASilentGateway(t *testing.T) {
 		}
 	}
 }
+
+// TestProberRenewsWebSocketsBeforeTheRevisionTimeout: Knative ends a
+// WebSocket at the Revision's timeoutSeconds on both sides; the prober
+// closes each one cleanly after WebSocketLife and opens the next, which is
+// not a failure, while a server that cuts one is.
+func TestProberRenewsWebSocketsBeforeTheRevisionTimeout(t *testing.T) {
+	f := &flaky{}
+	var conns atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/ws" {
+			conns.Add(1)
+		}
+		f.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	p := Start(context.Background(), "steady", []Target{{Side: "s", Service: "svc", Gateway: srv.URL, Host: "svc.example", Kinds: []Kind{WebSocket}}},
+		Options{Interval: 20 * time.Millisecond, Timeout: time.Second, WebSocketLife: 200 * time.Millisecond})
+	time.Sleep(900 * time.Millisecond)
+	r := p.Stop()
+	if n := r.Failed("s"); n != 0 {
+		t.Fatalf("%d failures from renewing WebSockets:\n%s", n, r.Markdown(5))
+	}
+	if n := conns.Load(); n < 3 {
+		t.Fatalf("%d WebSockets opened in 900ms with a life of 200ms, want at least 3", n)
+	}
+}
