@@ -4,7 +4,7 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 # Static builds everywhere: the cluster images are built with CGO off
-# (clusters/build/gobuild), and a package compiled for `go test` with the
+# (impl/build/gobuild), and a package compiled for `go test` with the
 # same settings is reused from Go's build cache by the image builds instead
 # of being compiled a second time. Nothing here uses cgo.
 export CGO_ENABLED := "0"

@@ -10,18 +10,18 @@ import (
 	"path/filepath"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/clusters/netpol"
-	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 	"lampyr.dev/serving/impl/trust/seal"
 
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // Gateway NodePorts. The paired clusters publish their gateway on

@@ -3,7 +3,7 @@ package clusters
 import (
 	"testing"
 
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 func TestGatewayPortsAndPairedProfiles(t *testing.T) {

@@ -3,10 +3,10 @@ package clusters
 import (
 	"context"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/firstrun"
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/build/gobuild"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // Announce prints, before a run's long steps and only when the cache lacks

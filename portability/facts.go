@@ -10,9 +10,9 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // TargetFacts reads what a ConformanceReport records of each target, the

@@ -13,7 +13,7 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // TargetsVar names a targets file: the proof runs over the targets it

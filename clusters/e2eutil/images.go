@@ -9,8 +9,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
 )
 
 // RepoRoot is the root of this repository (the directory holding go.mod).

@@ -13,8 +13,8 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/environ/inputsenv"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // The variables read here.

@@ -4,7 +4,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 func TestProviderDefaultAndOverride(t *testing.T) {

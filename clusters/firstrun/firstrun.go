@@ -12,8 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/inputs"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 // ColdMinutes is how long each build takes from nothing (empty Go build and

@@ -30,9 +30,9 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // ConnectExternals records a Target for each declared cluster that names

@@ -19,9 +19,9 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // Options are what the environment decides for a run; New reads them

@@ -9,7 +9,7 @@ import (
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
 	"lampyr.dev/serving/clusters"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func TestTargetFromNamesWhatThereIs(t *testing.T) {

@@ -10,9 +10,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/build/nodeimage"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // An action is one step of Build, kind's style (its cluster create

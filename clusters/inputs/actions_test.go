@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // recorded is an action that notes its name when it runs and fails when

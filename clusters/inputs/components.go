@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 // EtcdSpec builds the etcd server kubeadm runs as a static pod.

@@ -13,11 +13,11 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"lampyr.dev/serving/clusters/build/filelock"
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
 	"lampyr.dev/serving/clusters/build/nodeimage"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/build/filelock"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // recipe is bumped whenever the way an input is assembled changes without

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 const kubeadmList = `registry.k8s.io/kube-apiserver:v1.35.4

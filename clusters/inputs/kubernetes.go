@@ -6,7 +6,7 @@ import (
 	"os"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 // KubernetesCommands are the k8s.io/kubernetes commands a node needs: the

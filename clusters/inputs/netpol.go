@@ -7,9 +7,9 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
 	"lampyr.dev/serving/clusters/build/nodeimage"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
 )
 
 // KubeRouterModule holds the NetworkPolicy enforcer's controller.

@@ -14,8 +14,8 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"lampyr.dev/serving/clusters/build/image"
 	"lampyr.dev/serving/clusters/build/nodeimage"
+	"lampyr.dev/serving/impl/build/image"
 )
 
 // PodSubnet is the pod range of every offline cluster (single node each,

@@ -8,7 +8,7 @@ import (
 	"sigs.k8s.io/kind/pkg/cluster/nodes"
 	"sigs.k8s.io/kind/pkg/cluster/nodeutils"
 
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // Registry is the shared local registry, run as Kind's local-registry

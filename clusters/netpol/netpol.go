@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
-	"lampyr.dev/serving/clusters/apply"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/install/apply"
+	"lampyr.dev/serving/impl/progress"
 )
 
 const (

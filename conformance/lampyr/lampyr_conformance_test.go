@@ -30,8 +30,8 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 var (

@@ -16,8 +16,8 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
 

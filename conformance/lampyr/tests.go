@@ -19,9 +19,9 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/contract"
 	grantconfig "lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
 

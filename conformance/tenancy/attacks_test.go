@@ -254,7 +254,7 @@ var attacks = []attack{
 		expected:  "the same DomainMapping path to A's own Pod answers 200 (control); the ExternalName one never answers 200",
 		run:       domainMappingExternalName,
 		withoutDefence: "Traefik's Gateway API provider, as built here, follows an ExternalName backend only to the " +
-			"local gateway's own Service (clusters/build/stubs.TraefikGatewayExternalName, which serves Routes' " +
+			"local gateway's own Service (impl/build/stubs.TraefikGatewayExternalName, which serves Routes' " +
 			"placeholders behind DomainMappings) and refuses every other one; a gateway that dials any ExternalName " +
 			"(traefik#13050's option, docs/networking.md declines it) answers 200 with kube-dns's coredns_ metrics " +
 			"through A's domain",

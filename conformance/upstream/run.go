@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // Suite is one upstream test package.

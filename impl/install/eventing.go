@@ -7,12 +7,12 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/apply"
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/progress"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/install/apply"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // EventingImages builds Knative Eventing's images from the pinned module the

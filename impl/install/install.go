@@ -1,6 +1,6 @@
 // Package install puts an install profile on a cluster: Knative Serving
-// rendered from the pinned module (clusters/knative), a networking provider
-// (clusters/networking) and, for the lampyr profile, Lampyr's own
+// rendered from the pinned module (impl/install/knative), a networking provider
+// (impl/install/networking) and, for the lampyr profile, Lampyr's own
 // components. Images are built here and pulled by digest from the local
 // registry. It ships in `ly cluster install` and the suites' harness uses
 // it, so it takes its own Clients and reads no environment variable: the
@@ -23,13 +23,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
-	"lampyr.dev/serving/clusters/apply"
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/install/apply"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/networking"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // ServingCommands are the knative.dev/serving commands a release builds.

@@ -14,13 +14,13 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
+	"lampyr.dev/serving/impl/build/publish"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/manifest"
 )
 
 // Lampyr's installation inputs may come from outside instead of this

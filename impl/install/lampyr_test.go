@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install/manifest"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 func implObjects(t *testing.T) []*unstructured.Unstructured {

@@ -25,9 +25,9 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
 

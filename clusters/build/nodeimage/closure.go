@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/image"
+	"lampyr.dev/serving/impl/build/image"
 )
 
 // ParseDepends turns a dpkg Depends/Pre-Depends field into the package names

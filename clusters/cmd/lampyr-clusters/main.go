@@ -26,8 +26,8 @@ import (
 
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/networking"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/install/networking"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func main() {

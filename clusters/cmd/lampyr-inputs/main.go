@@ -21,7 +21,7 @@ import (
 	"lampyr.dev/serving/clusters/environ/inputsenv"
 	"lampyr.dev/serving/clusters/firstrun"
 	"lampyr.dev/serving/clusters/inputs"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/networking"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 type options struct {

@@ -9,11 +9,11 @@ import (
 	"slices"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/progress"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/install/knative"
 	"lampyr.dev/serving/impl/ly"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // testImages are the knative.dev/serving/test/test_images packages the

@@ -36,8 +36,8 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func main() {
@@ -54,7 +54,7 @@ func main() {
 }
 
 // run is a conformance run: the flags, then a short list of named steps,
-// each printed with its duration (clusters/progress), in the order they
+// each printed with its duration (impl/progress), in the order they
 // depend on each other. It returns the process exit code: 2 for a mistake
 // the user fixes (flags, a cluster that is not set up), 130 when
 // interrupted, 1 for any other failure and for a failed conformance result.

@@ -14,9 +14,9 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/progress"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func TestDigestTemplateNamesEachImageByDigest(t *testing.T) {

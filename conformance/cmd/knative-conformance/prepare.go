@@ -12,13 +12,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
-	"lampyr.dev/serving/clusters/apply"
-	"lampyr.dev/serving/clusters/build/gobuild"
 	"lampyr.dev/serving/clusters/e2eutil"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/build/gobuild"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/install/apply"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/manifest"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // prepareCluster sets what the suites need and the installation does not

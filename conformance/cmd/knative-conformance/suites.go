@@ -9,8 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"lampyr.dev/serving/clusters/knative"
 	"lampyr.dev/serving/conformance/upstream"
+	"lampyr.dev/serving/impl/install/knative"
 )
 
 // suites are the upstream conformance packages, by short name.

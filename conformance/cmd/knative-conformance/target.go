@@ -13,10 +13,10 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/conformance/upstream"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/networking"
 )
 
 // resolveTarget settles what is tested and where: the networking provider

@@ -13,7 +13,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/clusters/kindcluster"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // clusterInstall is `ly cluster install`: the lampyr install profile

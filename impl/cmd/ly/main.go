@@ -39,8 +39,8 @@ import (
 	"golang.org/x/term"
 
 	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/networking"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
 

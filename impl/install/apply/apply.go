@@ -27,7 +27,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // FieldManager owns every field this framework applies.

@@ -6,8 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/inputs"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/publish"
 )
 
 // TraefikKnative is Traefik v3.6.12 with its experimental Knative provider:
@@ -29,7 +28,7 @@ func (TraefikKnative) Name() string { return TraefikKnativeName }
 
 // Describe implements Provider.
 func (TraefikKnative) Describe() string {
-	return "Traefik " + inputs.TraefikKnativeVersion + ", experimental Knative provider"
+	return "Traefik " + TraefikKnativeVersion + ", experimental Knative provider"
 }
 
 // IngressClass implements Provider.
@@ -45,7 +44,7 @@ func (TraefikKnative) Gateway(nodePort int) Gateway {
 
 // Publish builds Traefik from its pinned module (CGO off, unmodified).
 func (TraefikKnative) Publish(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	ref, err := publishTraefik(ctx, p, TraefikSpec, inputs.TraefikKnativeVersion)
+	ref, err := publishTraefik(ctx, p, TraefikSpec, TraefikKnativeVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +93,7 @@ func (TraefikKnative) Manifests(images map[string]string, gw Gateway) ([]*unstru
 	if img == "" {
 		return nil, fmt.Errorf("%s manifests: no traefik image (run Publish first)", TraefikKnativeName)
 	}
-	rbac, err := traefikRBAC(inputs.TraefikKnativeVersion, "kubernetes-knative-rbac.yml", "traefik-")
+	rbac, err := traefikRBAC(TraefikKnativeVersion, "kubernetes-knative-rbac.yml", "traefik-")
 	if err != nil {
 		return nil, err
 	}

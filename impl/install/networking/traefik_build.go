@@ -10,10 +10,10 @@ import (
 	"golang.org/x/mod/modfile"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/stubs"
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/build/stubs"
+	"lampyr.dev/serving/impl/install/manifest"
 )
 
 // Both Traefik-based providers run Traefik in this namespace, as

@@ -6,9 +6,9 @@
 // empty struct types that dynamic.HTTPConfiguration and dynamic.Router
 // embed (extension points for Traefik's own distributions); v3.7.9 uses
 // nothing else of it. If a later Traefik needs more, its build fails naming
-// this package (clusters/build/gobuild says it is supplied from source).
+// this package (impl/build/gobuild says it is supplied from source).
 //
-// This directory is source for the scratch build (clusters/build/stubs
+// This directory is source for the scratch build (impl/build/stubs
 // embeds it); it is compiled here too so go vet checks it.
 package ext
 

@@ -19,8 +19,8 @@ import (
 	"golang.org/x/mod/modfile"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/manifest"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/install/manifest"
 )
 
 // ServingModule and ServingVersion pin Knative Serving 1.23.

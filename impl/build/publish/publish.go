@@ -15,9 +15,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/image"
-	"lampyr.dev/serving/clusters/progress"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/image"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // Publisher builds and pushes.

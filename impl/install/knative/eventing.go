@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 // EventingModule and EventingVersion pin Knative Eventing 1.23, the release

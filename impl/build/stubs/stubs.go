@@ -1,5 +1,5 @@
 // Package stubs holds the source of modules the Go module proxy cannot
-// serve but a pinned build needs, supplied to clusters/build/gobuild as
+// serve but a pinned build needs, supplied to impl/build/gobuild as
 // Spec.Local (a directory replace in the scratch module). Each stand-in is
 // as small as what the pinned module uses of it, and says why it exists.
 package stubs
@@ -13,7 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
+	"lampyr.dev/serving/impl/build/gobuild"
 )
 
 //go:embed traefik-dynamic-ext/*.go
@@ -27,7 +27,7 @@ const TraefikDynamicExtPath = "github.com/traefik/traefik/dynamic/ext"
 // (traefik-dynamic-ext/ext.go says what it holds and why).
 func TraefikDynamicExt() gobuild.LocalModule {
 	return module(TraefikDynamicExtPath, "traefik-dynamic-ext",
-		"clusters/build/stubs/traefik-dynamic-ext: Traefik v3.7's nested module, which the module proxy refuses")
+		"impl/build/stubs/traefik-dynamic-ext: Traefik v3.7's nested module, which the module proxy refuses")
 }
 
 func module(modPath, dir, origin string) gobuild.LocalModule {
@@ -63,7 +63,7 @@ const legoDNSFile = "providers/dns/zz_gen_dns_providers.go"
 func LegoDNS(modulePath, version string) gobuild.ModulePatch {
 	return gobuild.ModulePatch{
 		Path: modulePath, Version: version,
-		Files: map[string]string{legoDNSFile: `// Replaced by lampyr.dev/serving clusters/build/stubs.LegoDNS: an offline
+		Files: map[string]string{legoDNSFile: `// Replaced by lampyr.dev/serving impl/build/stubs.LegoDNS: an offline
 // test build of Traefik has no use for ACME DNS-01 providers.
 
 package dns
@@ -76,10 +76,10 @@ import (
 
 // NewDNSChallengeProviderByName knows no provider in this build.
 func NewDNSChallengeProviderByName(name string) (challenge.Provider, error) {
-	return nil, fmt.Errorf("ACME DNS provider %q is not built into this offline test build of Traefik (lampyr.dev/serving clusters/build/stubs.LegoDNS)", name)
+	return nil, fmt.Errorf("ACME DNS provider %q is not built into this offline test build of Traefik (lampyr.dev/serving impl/build/stubs.LegoDNS)", name)
 }
 `},
-		Origin: "clusters/build/stubs.LegoDNS: lego's ACME DNS provider registry left out of the offline test Traefik",
+		Origin: "impl/build/stubs.LegoDNS: lego's ACME DNS provider registry left out of the offline test Traefik",
 	}
 }
 
@@ -105,7 +105,7 @@ const traefikExternalNameRefusal = `	if service.Spec.Type == corev1.ServiceTypeE
 // routes to that Service's own endpoints: the name is never resolved or
 // dialled, so no other name can be reached this way.
 const traefikExternalNameFollow = `	if service.Spec.Type == corev1.ServiceTypeExternalName {
-		// Patched by lampyr.dev/serving (clusters/build/stubs.TraefikGatewayExternalName).
+		// Patched by lampyr.dev/serving (impl/build/stubs.TraefikGatewayExternalName).
 		target, ok := lampyrExternalNameTarget(service.Spec.ExternalName)
 		if !ok {
 			return nil, corev1.ServicePort{}, errors.New("type ExternalName is not supported for Kubernetes Service reference")
@@ -128,7 +128,7 @@ const traefikExternalNameTarget = `
 // ` + TraefikExternalNameEnv + ` (namespace/name,...): the name is the
 // Service's own DNS name (name.namespace, name.namespace.svc or
 // name.namespace.svc.<cluster domain>). Added by lampyr.dev/serving
-// (clusters/build/stubs.TraefikGatewayExternalName).
+// (impl/build/stubs.TraefikGatewayExternalName).
 func lampyrExternalNameTarget(externalName string) ([2]string, bool) {
 	host := strings.TrimSuffix(strings.ToLower(externalName), ".")
 	for _, s := range strings.Split(os.Getenv("` + TraefikExternalNameEnv + `"), ",") {
@@ -172,7 +172,7 @@ func TraefikGatewayExternalName(module, version, moduleDir string) (gobuild.Modu
 	}
 	src := string(raw)
 	if n := strings.Count(src, traefikExternalNameRefusal); n != 1 {
-		return gobuild.ModulePatch{}, fmt.Errorf("patching %s@%s: %s holds the ExternalName refusal %d times, want once: the patch (clusters/build/stubs.TraefikGatewayExternalName) no longer matches this version", module, version, TraefikGatewayFile, n)
+		return gobuild.ModulePatch{}, fmt.Errorf("patching %s@%s: %s holds the ExternalName refusal %d times, want once: the patch (impl/build/stubs.TraefikGatewayExternalName) no longer matches this version", module, version, TraefikGatewayFile, n)
 	}
 	for _, imp := range []string{`"errors"`, `"fmt"`, `"os"`, `"strings"`, `gatev1 "sigs.k8s.io/gateway-api/apis/v1"`} {
 		if !strings.Contains(src, "\t"+imp+"\n") {
@@ -183,6 +183,6 @@ func TraefikGatewayExternalName(module, version, moduleDir string) (gobuild.Modu
 	return gobuild.ModulePatch{
 		Path: module, Version: version,
 		Files:  map[string]string{TraefikGatewayFile: src},
-		Origin: "clusters/build/stubs.TraefikGatewayExternalName: Traefik's Gateway API provider follows an ExternalName only to the Services listed in " + TraefikExternalNameEnv,
+		Origin: "impl/build/stubs.TraefikGatewayExternalName: Traefik's Gateway API provider follows an ExternalName only to the Services listed in " + TraefikExternalNameEnv,
 	}, nil
 }

@@ -8,10 +8,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/inputs"
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/install/manifest"
 )
 
 // Kourier is Knative's default KIngress (net-kourier v0.48.0): its
@@ -25,7 +24,7 @@ func init() { register(Kourier{}) }
 
 const (
 	kourierModule    = "knative.dev/net-kourier"
-	kourierVersion   = inputs.NetKourierVersion
+	kourierVersion   = NetKourierVersion
 	kourierPackage   = "knative.dev/net-kourier/cmd/kourier"
 	kourierNamespace = "kourier-system"
 	// KourierEnvoyImage is the gateway image net-kourier's release names.

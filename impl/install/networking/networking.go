@@ -11,9 +11,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/inputs"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
 )
 
 // Gateway is where a provider receives public traffic.
@@ -168,14 +167,14 @@ func IngressFinalizer(p Provider) string {
 func Specs(ctx context.Context, p Provider) ([]gobuild.Spec, error) {
 	switch p.(type) {
 	case GatewayAPI:
-		t, err := TraefikGatewaySpec(ctx, inputs.TraefikGatewayVersion)
+		t, err := TraefikGatewaySpec(ctx, TraefikGatewayVersion)
 		if err != nil {
 			return nil, err
 		}
 		n, err := NetGatewayAPISpec(ctx)
 		return []gobuild.Spec{t, n}, err
 	case TraefikKnative:
-		t, err := TraefikSpec(ctx, inputs.TraefikKnativeVersion)
+		t, err := TraefikSpec(ctx, TraefikKnativeVersion)
 		return []gobuild.Spec{t}, err
 	case Kourier:
 		return []gobuild.Spec{kourierSpec()}, nil

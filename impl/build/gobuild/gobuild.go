@@ -30,7 +30,7 @@ import (
 
 	"golang.org/x/mod/modfile"
 
-	"lampyr.dev/serving/clusters/build/filelock"
+	"lampyr.dev/serving/impl/build/filelock"
 )
 
 // Spec says what to build.

@@ -10,12 +10,11 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
-	"lampyr.dev/serving/clusters/build/gobuild"
-	"lampyr.dev/serving/clusters/build/stubs"
-	"lampyr.dev/serving/clusters/inputs"
-	"lampyr.dev/serving/clusters/knative"
-	"lampyr.dev/serving/clusters/manifest"
-	"lampyr.dev/serving/clusters/publish"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/build/stubs"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/install/manifest"
 )
 
 // GatewayAPI is Knative's own KIngress implementation over Gateway API,
@@ -69,7 +68,7 @@ func (GatewayAPI) Name() string { return GatewayAPIName }
 // Describe implements Provider.
 func (GatewayAPI) Describe() string {
 	return fmt.Sprintf("net-gateway-api %s over Traefik %s's Gateway API provider (Gateway API %s standard CRDs)",
-		inputs.NetGatewayAPIVersion, inputs.TraefikGatewayVersion, inputs.GatewayAPIVersion)
+		NetGatewayAPIVersion, TraefikGatewayVersion, GatewayAPIVersion)
 }
 
 // IngressFinalizer: net-gateway-api finalizes its KIngresses (it removes
@@ -108,7 +107,7 @@ func NetGatewayAPISpec(ctx context.Context) (gobuild.Spec, error) {
 		req[m] = pins[m]
 	}
 	return gobuild.Spec{
-		Name: "net-gateway-api", Module: netGatewayAPIModule, Version: inputs.NetGatewayAPIVersion,
+		Name: "net-gateway-api", Module: netGatewayAPIModule, Version: NetGatewayAPIVersion,
 		Packages: []string{netGatewayAPIController, netGatewayAPIWebhook},
 		Require:  req, LDFlags: "-s -w",
 	}, nil
@@ -121,7 +120,7 @@ func (GatewayAPI) Publish(ctx context.Context, p *publish.Publisher) (map[string
 	var refs map[string]string
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() (err error) {
-		traefik, err = publishTraefik(gctx, p, TraefikGatewaySpec, inputs.TraefikGatewayVersion)
+		traefik, err = publishTraefik(gctx, p, TraefikGatewaySpec, TraefikGatewayVersion)
 		return err
 	})
 	g.Go(func() error {
@@ -197,7 +196,7 @@ func (GatewayAPI) Manifests(images map[string]string, gw Gateway) ([]*unstructur
 	if err != nil {
 		return nil, err
 	}
-	rbac, err := traefikRBAC(inputs.TraefikGatewayVersion, "kubernetes-gateway-rbac.yml", "traefik-gwapi-")
+	rbac, err := traefikRBAC(TraefikGatewayVersion, "kubernetes-gateway-rbac.yml", "traefik-gwapi-")
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +230,7 @@ func (GatewayAPI) Manifests(images map[string]string, gw Gateway) ([]*unstructur
 // release, with its safe-upgrades ValidatingAdmissionPolicy, as its
 // standard-install.yaml bundles them.
 func gatewayAPICRDs() ([]*unstructured.Unstructured, error) {
-	mod, err := gobuild.Download(context.Background(), gatewayAPIModule, inputs.GatewayAPIVersion)
+	mod, err := gobuild.Download(context.Background(), gatewayAPIModule, GatewayAPIVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +265,7 @@ func gateway(name string, port int) *unstructured.Unstructured {
 // built here and config-gateway pointing at Traefik. config-gateway comes
 // first: net-gateway-api's webhook validates it once registered.
 func netGatewayAPIObjects(images map[string]string) ([]*unstructured.Unstructured, error) {
-	mod, err := gobuild.Download(context.Background(), netGatewayAPIModule, inputs.NetGatewayAPIVersion)
+	mod, err := gobuild.Download(context.Background(), netGatewayAPIModule, NetGatewayAPIVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -276,7 +275,7 @@ func netGatewayAPIObjects(images map[string]string) ([]*unstructured.Unstructure
 	}
 	objs := make([]knative.Object, len(all))
 	for i, o := range all {
-		objs[i] = knative.Object{Unstructured: o, Source: netGatewayAPIModule + "@" + inputs.NetGatewayAPIVersion + "/config"}
+		objs[i] = knative.Object{Unstructured: o, Source: netGatewayAPIModule + "@" + NetGatewayAPIVersion + "/config"}
 	}
 	if err := knative.ResolveImages(objs, images); err != nil {
 		return nil, err
@@ -297,7 +296,7 @@ func netGatewayAPIObjects(images map[string]string) ([]*unstructured.Unstructure
 		rest = append(rest, o)
 	}
 	if !found {
-		return nil, fmt.Errorf("%s@%s/config has no config-gateway ConfigMap", netGatewayAPIModule, inputs.NetGatewayAPIVersion)
+		return nil, fmt.Errorf("%s@%s/config has no config-gateway ConfigMap", netGatewayAPIModule, NetGatewayAPIVersion)
 	}
 	for _, o := range rest {
 		if ns := o.GetNamespace(); ns != "" && ns != knative.Namespace {
