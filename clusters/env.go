@@ -1,26 +1,21 @@
 // Package clusters is the framework's entry point for Kind clusters: it
 // builds the offline inputs (clusters/inputs), runs the local registry and
-// creates, reuses and deletes named clusters (clusters/kindcluster).
+// creates, reuses and deletes named clusters (clusters/kindcluster). It
+// installs the stock and lampyr profiles on them with the product's
+// installer (impl/install.Installer), which `ly cluster install` uses too.
 package clusters
 
 import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
-	"strings"
-
-	"lampyr.dev/serving/clusters/netpol"
-	"lampyr.dev/serving/impl/build/gobuild"
-	"lampyr.dev/serving/impl/build/publish"
-	"lampyr.dev/serving/impl/install"
-	"lampyr.dev/serving/impl/install/knative"
-	"lampyr.dev/serving/impl/install/networking"
-	"lampyr.dev/serving/impl/ly"
-	"lampyr.dev/serving/impl/trust/seal"
 
 	"lampyr.dev/serving/clusters/inputs"
 	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/clusters/netpol"
+	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/progress"
 )
 
@@ -31,7 +26,7 @@ import (
 const (
 	StockGatewayPort  = 31080
 	LampyrGatewayPort = 32080
-	DefaultNodePort   = 30080
+	DefaultNodePort   = install.DefaultNodePort
 )
 
 // TLSPortFor is the gateway's HTTPS mapping for a cluster name: its NodePort
@@ -65,10 +60,10 @@ func GatewayPortFor(name string) kindcluster.PortMapping {
 // its name).
 var Paired = []Cluster{{Name: "stock", Profile: ProfileStock}, {Name: "lampyr", Profile: ProfileLampyr}}
 
-// Install profiles.
+// Install profiles (the installer's).
 const (
-	ProfileStock  = "stock"
-	ProfileLampyr = "lampyr"
+	ProfileStock  = install.ProfileStock
+	ProfileLampyr = install.ProfileLampyr
 )
 
 // Cluster is a named cluster and the install profile it gets (empty: a
@@ -89,13 +84,12 @@ func PairedProfile(name string) (string, bool) {
 	return "", false
 }
 
-// Domain is config-domain's domain on both profiles (identical, so the
-// defaulted Services compare equal). Knative 1.23 without a configured
-// domain makes every Route cluster-local (svc.cluster.local).
-const Domain = "example.com"
+// Domain is config-domain's domain on both profiles (install.Domain).
+const Domain = install.Domain
 
-// RegistryContainer is the local registry's container name.
-const RegistryContainer = "lampyr-registry"
+// RegistryContainer is the local registry's container name (the one the
+// installer's default mirror names).
+const RegistryContainer = install.LocalRegistryContainer
 
 // Settings are the cluster framework's settings, read at the edge
 // (clusters/environ) and handed down.
@@ -217,168 +211,44 @@ func cgroupV2() bool {
 	return err == nil
 }
 
+// Installer is the product's installer (impl/install) on this Env: the
+// cache's Go builds, the local registry and its in-cluster mirror, this
+// checkout and the Settings' sources.
+func (e *Env) Installer() *install.Installer {
+	return &install.Installer{
+		Cache:          e.Cache,
+		Registry:       fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
+		RegistryMirror: fmt.Sprintf("localhost:%d=%s:5000", kindcluster.DefaultRegistryPort, RegistryContainer),
+		Root:           RepoRoot(),
+		Online:         e.Online,
+		Sources:        e.LampyrSources,
+		Log:            e.Log,
+	}
+}
+
+// installTarget is what the installer needs of a Kind cluster: its
+// kubeconfig and its gateway's NodePort.
+func installTarget(info kindcluster.Info) install.Cluster {
+	return install.Cluster{Name: info.Name, Kubeconfig: info.Kubeconfig, NodePort: info.Gateway().NodePort}
+}
+
 // Publisher builds images and pushes them to the local registry.
-func (e *Env) Publisher() *publish.Publisher {
-	return &publish.Publisher{
-		Go:       &gobuild.Builder{WorkDir: filepath.Join(e.Cache, "go"), Log: e.Log},
-		Registry: fmt.Sprintf("localhost:%d", kindcluster.DefaultRegistryPort),
-		Log:      e.Log,
-	}
-}
+func (e *Env) Publisher() *publish.Publisher { return e.Installer().Publisher() }
 
-// Prebuild starts, in the background and at background build priority
-// (gobuild.Background), the Go builds the installs of these profiles will
-// ask for (Knative Serving, the networking provider, Lampyr from this
-// checkout), so that they run beside the cluster inputs instead of after
-// the clusters are up. It runs the install code itself with a build-only
-// Publisher, so it asks for exactly the builds (the same specs and cache
-// keys) the installs will. A build that fails here is logged and left to
-// the install, which runs it again and reports it.
+// Prebuild starts the Go builds the installs of these profiles will ask
+// for in the background (install.Installer.Prebuild).
 func (e *Env) Prebuild(ctx context.Context, profiles []string, provider string) {
-	prov, err := networking.Get(provider)
-	if err != nil {
-		return // the install reports it
-	}
-	want := map[string]bool{}
-	for _, p := range profiles {
-		want[p] = true
-	}
-	if !want[ProfileStock] && !want[ProfileLampyr] {
-		return
-	}
-	bp := e.Publisher()
-	bp.BuildOnly, bp.Registry = true, "prebuild.invalid"
-	ctx = gobuild.Background(ctx)
-	what := []string{"Knative Serving " + knative.ServingVersion, prov.Name() + " (" + prov.Describe() + ")"}
-	if want[ProfileLampyr] {
-		what = append(what, "Lampyr from this checkout")
-	}
-	e.Log.Printf("   prebuilding in the background, beside the cluster inputs: %s", strings.Join(what, "; "))
-	run := func(name string, fn func() error) {
-		go func() {
-			if err := fn(); err != nil && ctx.Err() == nil {
-				e.Log.Printf("   prebuild of %s failed (its install builds it again and reports it): %v", name, err)
-			}
-		}()
-	}
-	run("Knative Serving", func() error { _, err := install.ServingImages(ctx, bp); return err })
-	run(prov.Name(), func() error { _, err := prov.Publish(ctx, bp); return err })
-	if want[ProfileLampyr] {
-		run("Lampyr", func() error { _, err := install.LampyrComponents(ctx, RepoRoot(), bp, e.LampyrSources); return err })
-	}
+	e.Installer().Prebuild(ctx, profiles, provider)
 }
 
-// Install puts a profile on a cluster with a networking provider (a name
-// networking.Get knows). A cluster that carries another provider is
-// switched: what only the other one installed is deleted first.
+// Install puts a profile on a cluster with a networking provider
+// (install.Installer.Install).
 func (e *Env) Install(ctx context.Context, info kindcluster.Info, profile, provider string) error {
-	prov, err := networking.Get(provider)
-	if err != nil {
-		return err
-	}
-	provider = prov.Name()
-	c, err := install.NewClients(info.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	switch profile {
-	case ProfileStock:
-		return e.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			return install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Stock, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Online: e.Online})
-		})
-	case ProfileLampyr:
-		return e.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, info.Name), func() error {
-			comps, err := install.LampyrComponents(ctx, RepoRoot(), e.Publisher(), e.LampyrSources)
-			if err != nil {
-				return err
-			}
-			if err := install.SetBackendStrategy(comps.Objects, BackendStrategyFor(provider)); err != nil {
-				return err
-			}
-			// References name the registry as the host reaches it
-			// (localhost:5002); inside the cluster fiberd reaches the
-			// registry container on the kind network.
-			mirror := fmt.Sprintf("localhost:%d=%s:5000", kindcluster.DefaultRegistryPort, RegistryContainer)
-			if err := install.SetConfig(comps.Objects, "home-registry-mirrors", mirror); err != nil {
-				return err
-			}
-			if err := install.Install(ctx, c, e.Publisher(), e.Log, install.Options{Profile: knative.Lampyr, Provider: prov, NodePort: info.Gateway().NodePort, Domain: Domain, Extra: comps.Objects, Online: e.Online}); err != nil {
-				return err
-			}
-			return e.authorizeLocalSealer(ctx, info)
-		})
-	}
-	return fmt.Errorf("unknown profile %q: want stock or lampyr", profile)
+	return e.Installer().Install(ctx, installTarget(info), profile, provider)
 }
 
-// backendStrategies is the feasibility gate's selection per networking
-// provider (`just test-feasibility`: the first strategy, in the seed's
-// order, that passes every proof; the gate fails if this table disagrees
-// with what it measured). The matrix and its evidence: docs/networking.md.
-var backendStrategies = map[string]string{
-	// Traefik's Knative provider dials a backend's ClusterIP: an
-	// ExternalName backend answers 404 while the KIngress says Ready.
-	networking.TraefikKnativeName: "endpointslice",
-	// Traefik's Gateway API provider refuses ExternalName backends ("type
-	// ExternalName is not supported for Kubernetes Service reference") and
-	// answers 500, which net-gateway-api's best-effort probe takes for
-	// Ready; it dials the EndpointSlices' ready addresses (2026-12-01:
-	// externalname 500 on every request, endpointslice every proof).
-	networking.GatewayAPIName: "endpointslice",
-	// Kourier (Envoy) resolves an ExternalName as DNS, as seed 000 proved;
-	// not measured here (its gateway must be pulled from a registry).
-	"kourier": "externalname",
-}
-
-// BackendStrategyFor is the Revision backend strategy Lampyr uses behind a
-// networking provider (the gate's result; endpointslice for a provider the
-// gate never measured, since it works behind any gateway that follows a
-// Service's endpoints).
-func BackendStrategyFor(provider string) string {
-	if p, err := networking.Get(provider); err == nil {
-		provider = p.Name()
-	}
-	if s, ok := backendStrategies[provider]; ok {
-		return s
-	}
-	return "endpointslice"
-}
-
-// authorizeLocalSealer authorizes this machine's `ly` sealer identity for
-// every namespace, as `ly cluster install` does for its installer: the
-// suites and the portability proof deploy with it (docs/security.md "Keys
-// and their rotation").
-func (e *Env) authorizeLocalSealer(ctx context.Context, info kindcluster.Info) error {
-	path, err := ly.SealerKeyPath("")
-	if err != nil {
-		return err
-	}
-	s, err := ly.LoadSealer(path, true)
-	if err != nil {
-		return err
-	}
-	lc, err := ly.Connect(info.Kubeconfig, "")
-	if err != nil {
-		return err
-	}
-	ch, err := ly.AuthorizeSealer(ctx, lc, ly.SealerAuthorization{Name: ly.DefaultSealerName(), Key: s.Key.Public(), Namespaces: []string{seal.AllNamespaces}})
-	if err != nil {
-		return fmt.Errorf("authorizing this machine's ly sealer identity %s (key %s) on %s: %w", s.Path, s.KeyID(), info.Name, err)
-	}
-	e.Log.Printf("   sealer identity %s (key %s, %s) %s for every namespace", ch.Name, s.KeyID()[:16], s.Path, ch.Action)
-	return nil
-}
-
-// InstallEventing adds Knative Eventing (core, MT channel-based Broker,
-// InMemoryChannel) to a cluster that has a profile installed: the same
-// objects on stock and on Lampyr. Optional; Serving-only installs never
-// call it.
+// InstallEventing adds Knative Eventing to a cluster that has a profile
+// installed (install.Installer.InstallEventing).
 func (e *Env) InstallEventing(ctx context.Context, info kindcluster.Info) error {
-	c, err := install.NewClients(info.Kubeconfig)
-	if err != nil {
-		return err
-	}
-	return e.Log.Step(fmt.Sprintf("Installing Knative Eventing %s on %s", knative.EventingVersion, info.Name), func() error {
-		return install.InstallEventing(ctx, c, e.Publisher(), e.Log, 0)
-	})
+	return e.Installer().InstallEventing(ctx, installTarget(info))
 }

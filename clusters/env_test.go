@@ -1,9 +1,15 @@
 package clusters
 
 import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"testing"
 
-	"lampyr.dev/serving/impl/install/networking"
+	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/progress"
 )
 
 func TestGatewayPortsAndPairedProfiles(t *testing.T) {
@@ -22,20 +28,34 @@ func TestGatewayPortsAndPairedProfiles(t *testing.T) {
 	}
 }
 
-func TestBackendStrategyFor(t *testing.T) {
-	for prov, want := range map[string]string{
-		"gateway-api":     "endpointslice",
-		"traefik-knative": "endpointslice",
-		"traefik":         "endpointslice", // the old name of traefik-knative
-		"kourier":         "externalname",
-	} {
-		if got := BackendStrategyFor(prov); got != want {
-			t.Errorf("BackendStrategyFor(%s) = %s, want %s", prov, got, want)
-		}
+// TestInstallerAgreesWithKind: `ly cluster install` uses the installer's
+// defaults and reads the framework's cluster records without this
+// package; they must be what the framework's Kind clusters use.
+func TestInstallerAgreesWithKind(t *testing.T) {
+	e := NewEnv(progress.New(io.Discard), Settings{Cache: t.TempDir()})
+	i := e.Installer()
+	if def := (&install.Installer{Cache: e.Cache}).Publisher().Registry; i.Registry != def {
+		t.Errorf("the framework's registry %s, the installer's default %s", i.Registry, def)
 	}
-	for _, n := range networking.Names() {
-		if _, ok := backendStrategies[n]; !ok {
-			t.Errorf("provider %s has no backend strategy from the feasibility gate", n)
-		}
+	if i.RegistryMirror != install.LocalRegistryMirror {
+		t.Errorf("the framework's registry mirror %s, the installer's default %s", i.RegistryMirror, install.LocalRegistryMirror)
+	}
+	if i.Root != install.RepoRoot() {
+		t.Errorf("RepoRoot %s, install.RepoRoot %s", i.Root, install.RepoRoot())
+	}
+
+	dir := t.TempDir()
+	m := kindcluster.NewManager(dir, e.Log)
+	info := kindcluster.Info{Name: "lampyr", Ports: []kindcluster.PortMapping{GatewayPortFor("lampyr"), TLSPortFor("lampyr")}}
+	b, _ := json.MarshalIndent(info, "", "  ")
+	if err := os.WriteFile(filepath.Join(dir, "lampyr.json"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read, err := m.ReadInfo("lampyr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := install.RecordedNodePort(dir, "lampyr"); !ok || p != read.Gateway().NodePort || p != LampyrGatewayPort {
+		t.Errorf("install.RecordedNodePort = %d, %v; the record's gateway NodePort is %d", p, ok, read.Gateway().NodePort)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 	"lampyr.dev/serving/portability"
@@ -132,7 +133,7 @@ func finishGate(ctx context.Context, _ *envconf.Config) (context.Context, error)
 	}
 	// Leave the installation on its default strategy for the provider it
 	// runs, and undo a sabotage.
-	err := g.setStrategy(ctx, clusters.BackendStrategyFor(g.Provider))
+	err := g.setStrategy(ctx, install.BackendStrategyFor(g.Provider))
 	if g.routerReplicas > 0 {
 		scale := fmt.Sprintf(`{"spec":{"replicas":%d}}`, g.routerReplicas)
 		_, serr := g.Clients.Kube.AppsV1().Deployments(systemNS).Patch(ctx, "fiber-router", types.MergePatchType, []byte(scale), metav1.PatchOptions{})
@@ -338,7 +339,7 @@ var _ = Describe("Revision backend feasibility gate", Label("cluster", "feasibil
 		Expect(order).NotTo(BeEmpty(), "no networking provider can run here")
 		for _, prov := range order {
 			Expect(sel).To(HaveKey(prov), "no backend strategy passed every proof on %s: the gate stops here (no custom Route reconciler, no fork)\n%s", prov, the().matrix.Table())
-			Expect(sel[prov]).To(Equal(clusters.BackendStrategyFor(prov)), "the install profile's default for %s must follow the gate (clusters.BackendStrategyFor)", prov)
+			Expect(sel[prov]).To(Equal(install.BackendStrategyFor(prov)), "the install profile's default for %s must follow the gate (install.BackendStrategyFor)", prov)
 		}
 	})
 })

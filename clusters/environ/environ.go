@@ -1,8 +1,11 @@
 // Package environ is the edge where the cluster framework reads its
-// environment variables: the commands (lampyr-clusters, knative-conformance,
-// ly) and the suite harness (clusters/harness) call it once and hand the
-// values on as explicit fields; no library below them reads the
-// environment. Every variable is listed in docs/environment.md.
+// environment variables: the commands (lampyr-clusters, knative-conformance)
+// and the suite harness (clusters/harness) call it once and hand the values
+// on as explicit fields; no library below them reads the environment. The
+// variables the installer reads are the product's (impl/install,
+// impl/install/installenv, which `ly cluster install` reads at its own
+// edge); this package reads them with the same names and defaults. Every
+// variable is listed in docs/environment.md.
 package environ
 
 import (
@@ -14,6 +17,7 @@ import (
 	"lampyr.dev/serving/clusters"
 	"lampyr.dev/serving/clusters/environ/inputsenv"
 	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/installenv"
 	"lampyr.dev/serving/impl/install/networking"
 )
 
@@ -33,13 +37,13 @@ const (
 	// CacheDir holds everything built from pinned versions.
 	CacheDir = inputsenv.CacheDir
 	// StateDir holds the clusters' kubeconfigs and records.
-	StateDir = "LAMPYR_STATE_DIR"
+	StateDir = installenv.StateDir
 	// EtcdOnDisk=1 keeps a test cluster's etcd on disk instead of tmpfs.
 	EtcdOnDisk = "LAMPYR_ETCD_ON_DISK"
 	// DebianMirror is where the node image's packages come from.
 	DebianMirror = inputsenv.DebianMirror
 	// Networking names the networking provider installs use.
-	Networking = "LAMPYR_NETWORKING"
+	Networking = installenv.Networking
 	// Workers is how many worker nodes each cluster a run creates gets
 	// beside its control plane (default 0: one node).
 	Workers = "LAMPYR_CLUSTER_WORKERS"
@@ -62,7 +66,7 @@ const (
 )
 
 // Set reports whether variable k is "1".
-func Set(k string) bool { return os.Getenv(k) == "1" }
+func Set(k string) bool { return installenv.Set(k) }
 
 // Clusters is the cluster framework's settings: the cache (LAMPYR_CACHE_DIR,
 // else $XDG_CACHE_HOME/lampyr, else ~/.cache/lampyr), the state directory
@@ -70,24 +74,15 @@ func Set(k string) bool { return os.Getenv(k) == "1" }
 // mirror, LAMPYR_ONLINE and where the lampyr profile's components come
 // from.
 func Clusters() clusters.Settings {
-	cache := inputsenv.Cache()
-	state := os.Getenv(StateDir)
-	if state == "" {
-		state = filepath.Join(cache, "clusters")
-	}
+	cache := installenv.Cache()
 	return clusters.Settings{
-		Cache:        cache,
-		StateDir:     state,
-		EtcdOnDisk:   Set(EtcdOnDisk),
-		DebianMirror: inputsenv.Mirror(),
-		Online:       Set(Online),
-		Workers:      workers(),
-		LampyrSources: install.LampyrSources{
-			InputsDir:          os.Getenv(ClusterInputs),
-			ControllerManifest: os.Getenv(ControllerManifest),
-			GrantImage:         os.Getenv(GrantImage),
-			HelperImage:        os.Getenv(HelperImage),
-		},
+		Cache:         cache,
+		StateDir:      installenv.State(cache),
+		EtcdOnDisk:    Set(EtcdOnDisk),
+		DebianMirror:  inputsenv.Mirror(),
+		Online:        Set(Online),
+		Workers:       workers(),
+		LampyrSources: install.LampyrSourcesFrom(os.Getenv),
 	}
 }
 
@@ -108,14 +103,10 @@ func workers() int {
 }
 
 // Provider is the networking provider to install (LAMPYR_NETWORKING; unset,
-// networking.Default): the one place every suite, `lampyr-clusters up`,
-// `ly cluster install` and the conformance runner take it from.
-func Provider() string {
-	if v := os.Getenv(Networking); v != "" {
-		return v
-	}
-	return networking.Default
-}
+// networking.Default): where every suite, `lampyr-clusters up` and the
+// conformance runner take it from (installenv.Provider, as `ly cluster
+// install` does).
+func Provider() string { return installenv.Provider(networking.Default) }
 
 // ArtifactsDir is LAMPYR_ARTIFACTS, else _artifacts at the repository root.
 func ArtifactsDir() string {

@@ -21,6 +21,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/contract"
 	grantconfig "lampyr.dev/serving/impl/grant/config"
+	"lampyr.dev/serving/impl/install"
 	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -146,7 +147,7 @@ func valid() Test {
 			svc, err := t.Clients.Kube.CoreV1().Services(t.Namespace).Get(ctx, rev, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred(), "the backend Service the upstream Route reconciler expects, named after the Revision")
 			provider := t.NetworkingProvider(ctx)
-			strategy := clusters.BackendStrategyFor(provider.Name())
+			strategy := install.BackendStrategyFor(provider.Name())
 			if strategy == "externalname" {
 				Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeExternalName), "externalname strategy (%s)", provider.Name())
 			} else {

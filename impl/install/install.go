@@ -1,11 +1,15 @@
 // Package install puts an install profile on a cluster: Knative Serving
-// rendered from the pinned module (impl/install/knative), a networking provider
-// (impl/install/networking) and, for the lampyr profile, Lampyr's own
-// components. Images are built here and pulled by digest from the local
-// registry. It ships in `ly cluster install` and the suites' harness uses
-// it, so it takes its own Clients and reads no environment variable: the
-// callers set Options and LampyrSources (clusters/environ reads LAMPYR_ONLINE and
-// the LAMPYR_* input overrides at the edge).
+// rendered from the pinned module (impl/install/knative), a networking
+// provider (impl/install/networking) and, for the lampyr profile, Lampyr's
+// own components. Images are built (impl/build) and pulled by digest from
+// the local registry. Installer (installer.go) holds the install policy:
+// the registry and its in-cluster mirror, the Revision backend strategy per
+// provider (BackendStrategyFor) and the sealer identity a new installation
+// trusts. `ly cluster install` uses it directly, and the cluster framework
+// through clusters.Env; it takes its own Clients and reads no environment
+// variable: the commands fill Installer at their edge (installenv and
+// LampyrSourcesFrom in ly, clusters/environ in the framework). Nothing here
+// imports the framework under clusters/ (imports_test.go).
 package install
 
 import (

@@ -39,7 +39,7 @@ const (
 
 // LampyrSources say where Lampyr's components come from; the zero value
 // builds every one from the checkout. Callers fill it from the environment
-// variables above (clusters/environ.Clusters).
+// variables above (LampyrSourcesFrom).
 type LampyrSources struct {
 	// InputsDir holds lampyr.yaml, grant-image and helper-image
 	// (EnvClusterInputs); when set, the other fields are ignored.
@@ -53,6 +53,18 @@ type LampyrSources struct {
 	// HelperImage holds /lampyr-helper (EnvHelperImage); empty means the
 	// Home image holds it.
 	HelperImage string
+}
+
+// LampyrSourcesFrom reads LampyrSources from the environment variables
+// above through getenv: os.Getenv at a command's edge (`ly cluster
+// install`, clusters/environ.Clusters).
+func LampyrSourcesFrom(getenv func(string) string) LampyrSources {
+	return LampyrSources{
+		InputsDir:          getenv(EnvClusterInputs),
+		ControllerManifest: getenv(EnvControllerManifest),
+		GrantImage:         getenv(EnvGrantImage),
+		HelperImage:        getenv(EnvHelperImage),
+	}
 }
 
 // ImplConfigDir is where Lampyr's manifests live in this repository.

@@ -6,32 +6,23 @@ package inputsenv
 
 import (
 	"os"
-	"path/filepath"
+
+	"lampyr.dev/serving/impl/install/installenv"
 )
 
 // The variables read here (listed in docs/environment.md with the others).
 const (
-	// CacheDir holds everything built from pinned versions.
-	CacheDir = "LAMPYR_CACHE_DIR"
+	// CacheDir holds everything built from pinned versions (the
+	// installer's: installenv.CacheDir).
+	CacheDir = installenv.CacheDir
 	// DebianMirror is where the node image's packages come from.
 	DebianMirror = "LAMPYR_DEBIAN_MIRROR"
 )
 
 // Cache is LAMPYR_CACHE_DIR, else $XDG_CACHE_HOME/lampyr, else
-// ~/.cache/lampyr.
-func Cache() string {
-	if d := os.Getenv(CacheDir); d != "" {
-		return d
-	}
-	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
-		return filepath.Join(d, "lampyr")
-	}
-	home, err := os.UserHomeDir()
-	if err != nil {
-		return filepath.Join(os.TempDir(), "lampyr-cache")
-	}
-	return filepath.Join(home, ".cache", "lampyr")
-}
+// ~/.cache/lampyr: the cache `ly cluster install` and the suites use
+// (installenv.Cache).
+func Cache() string { return installenv.Cache() }
 
 // Mirror is LAMPYR_DEBIAN_MIRROR ("" for the default).
 func Mirror() string { return os.Getenv(DebianMirror) }

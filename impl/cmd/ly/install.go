@@ -10,9 +10,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 
-	"lampyr.dev/serving/clusters"
-	"lampyr.dev/serving/clusters/environ"
-	"lampyr.dev/serving/clusters/kindcluster"
+	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/installenv"
 	"lampyr.dev/serving/impl/progress"
 )
 
@@ -55,15 +54,22 @@ func clusterInstall(ctx context.Context, c common, provider string, nodePort int
 	if err := clientcmd.WriteToFile(*raw, tmp.Name()); err != nil {
 		return err
 	}
-	env := clusters.NewEnv(progress.New(log), environ.Clusters())
+	cache := installenv.Cache()
+	inst := &install.Installer{
+		Cache:   cache,
+		Online:  installenv.Set(install.EnvOnline),
+		Sources: install.LampyrSourcesFrom(os.Getenv),
+		Log:     progress.New(log),
+	}
 	name := strings.TrimPrefix(ctxName, "kind-")
-	info := kindcluster.Info{Name: name, Kubeconfig: tmp.Name(), Ports: []kindcluster.PortMapping{{NodePort: clusters.DefaultNodePort}}}
-	if known, err := env.Manager().ReadInfo(name); err == nil && len(known.Ports) > 0 {
-		info.Ports = known.Ports
+	target := install.Cluster{Name: name, Kubeconfig: tmp.Name(), NodePort: install.DefaultNodePort}
+	// A Kind cluster made by `just cluster-up` recorded its gateway's port.
+	if p, ok := install.RecordedNodePort(installenv.State(cache), name); ok {
+		target.NodePort = p
 	}
 	if nodePort > 0 {
-		info.Ports = []kindcluster.PortMapping{{NodePort: nodePort}}
+		target.NodePort = nodePort
 	}
-	fmt.Fprintf(log, "installing the lampyr profile (%s, gateway NodePort %d) on context %s\n", provider, info.Gateway().NodePort, ctxName)
-	return env.Install(ctx, info, "lampyr", provider)
+	fmt.Fprintf(log, "installing the lampyr profile (%s, gateway NodePort %d) on context %s\n", provider, target.NodePort, ctxName)
+	return inst.Install(ctx, target, install.ProfileLampyr, provider)
 }

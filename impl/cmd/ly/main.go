@@ -38,8 +38,8 @@ import (
 
 	"golang.org/x/term"
 
-	"lampyr.dev/serving/clusters/environ"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/install/installenv"
 	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
 )
@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	maxScale := fs.Int("max", -1, "scale: the most concurrent fibers (autoscaling.knative.dev/max-scale)")
 	upgrade := fs.Bool("upgrade", false, "scaffold: replace only the adapter of an existing service")
 	tail := fs.Int64("tail", 100, "logs: lines per Home")
-	provider := fs.String("provider", environ.Provider(), "cluster install: networking provider ("+strings.Join(networking.Names(), ", ")+"; default from "+environ.Networking+", else "+networking.Default+")")
+	provider := fs.String("provider", installenv.Provider(networking.Default), "cluster install: networking provider ("+strings.Join(networking.Names(), ", ")+"; default from "+installenv.Networking+", else "+networking.Default+")")
 	nodePort := fs.Int("node-port", 0, "cluster install: the gateway's NodePort (default: the cluster's recorded port, else 30080)")
 	port := fs.Int("port", 8080, "image-snapshot: the port the image's server listens on ($PORT)")
 	protocol := fs.String("protocol", "http1", "image-snapshot: http1 or h2c")
