@@ -30,7 +30,9 @@ import (
 	"lampyr.dev/serving/impl/progress"
 )
 
-// FieldManager owns every field this framework applies.
+// FieldManager owns every field the installer applies. The name is older
+// than the installer's move into impl and stays: installations made with
+// it keep owning their fields.
 const FieldManager = "lampyr-framework"
 
 // Applier applies objects to one cluster.

@@ -1,7 +1,8 @@
-// Package networking holds the KIngress implementations a cluster profile
-// can install. A provider returns its manifests and its ingress class;
-// changing it must not change Service, Revision or routing semantics
-// (seed 000, "Networking evolution").
+// Package networking holds the KIngress implementations an install profile
+// can install, with their pinned versions (versions.go). A provider returns
+// its manifests and its ingress class; changing it must not change
+// Service, Revision or routing semantics (seed 000, "Networking
+// evolution").
 package networking
 
 import (
@@ -32,7 +33,7 @@ type Gateway struct {
 const TLSNodePortOffset = 363
 
 // Default is the networking provider every suite, tool and install uses
-// unless told otherwise (clusters/environ.Provider reads LAMPYR_NETWORKING at the
+// unless told otherwise (installenv.Provider reads LAMPYR_NETWORKING at the
 // edge): net-gateway-api over Traefik's Gateway API provider, the offline
 // KIngress that probes the data plane before reporting Ready.
 const Default = GatewayAPIName
