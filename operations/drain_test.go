@@ -150,21 +150,16 @@ var _ = Describe("more than one node", Label("cluster", "operations", "multinode
 		steady(ctx)
 		p.Phase("draining")
 		took := map[string]time.Duration{}
-		var drained []func(context.Context)
 		for _, s := range the().sides {
 			pods := revisionPods(ctx, s, "steady-00001")
 			pns, pname, _ := strings.Cut(pods[0], "/")
 			pod, err := s.Clients.Kube.CoreV1().Pods(pns).Get(ctx, pname, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
 			node := pod.Spec.NodeName
-			drained = append(drained, func(ctx context.Context) { cordon(ctx, s, node, false) })
+			// Uncordoned whatever happens, before the drain can fail.
+			DeferCleanup(func(ctx SpecContext) { cordon(ctx, s, node, false) })
 			took[s.Name+" "+node] = drain(ctx, s, node)
 		}
-		DeferCleanup(func(ctx SpecContext) {
-			for _, f := range drained {
-				f(ctx)
-			}
-		})
 		p.Phase("after")
 		steady(ctx)
 		r := finish(p, "drain-node")
