@@ -273,7 +273,10 @@ func (m *Manager) up(ctx context.Context, s Spec, opts UpOptions) (Info, bool, e
 	}
 	if s.Workers > 0 {
 		if err := m.Log.Step(fmt.Sprintf("Laying the pod network across %s's %d nodes", s.Name, s.Workers+1), func() error {
-			return m.podNetwork(ctx, s.Name)
+			if s.PodSubnet == "" {
+				return fmt.Errorf("cluster %s: workers need the pod subnet (podSubnet) to lay the pod network", s.Name)
+			}
+			return m.podNetwork(ctx, s.Name, s.PodSubnet)
 		}); err != nil {
 			return info, true, err
 		}

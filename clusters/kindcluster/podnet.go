@@ -29,11 +29,12 @@ type nodeNet struct {
 // podNetwork lays the offline CNI's pod network across a multi-node
 // cluster, as kindnetd does where it can be pulled: each node allocates
 // from its own spec.podCIDR (the node image's config names the whole pod
-// subnet, which two nodes would hand out twice), and every node routes
-// every other node's range to that node's address. Pods that started on a
+// subnet, which two nodes would hand out twice), every node routes every
+// other node's range to that node's address, and only traffic leaving
+// podSubnet is masqueraded. Pods that started on a
 // worker before that (from the shared range) are deleted, so their owners
 // make them again with an address of the worker's own range.
-func (m *Manager) podNetwork(ctx context.Context, name string) error {
+func (m *Manager) podNetwork(ctx context.Context, name, podSubnet string) error {
 	all, err := m.provider.ListNodes(name)
 	if err != nil {
 		return err
@@ -55,8 +56,19 @@ func (m *Manager) podNetwork(ctx context.Context, name string) error {
 		if !ok {
 			return fmt.Errorf("node %s of cluster %s has no container", nn.name, name)
 		}
-		if err := nodeutils.WriteFile(n, cniConfigPath, nodeimage.CNIConfig(nn.podCIDR.String())); err != nil {
+		if err := nodeutils.WriteFile(n, cniConfigPath, nodeimage.CNIConfigFor(nn.podCIDR.String(), false)); err != nil {
 			return fmt.Errorf("node %s: writing its CNI config: %w", nn.name, err)
+		}
+		// Pods keep their address towards every pod of the cluster (the
+		// NetworkPolicy enforcer matches on it); what leaves the pod
+		// subnet is masqueraded to the node, as kindnetd does.
+		rule := []string{"-t", "nat", "POSTROUTING", "-s", nn.podCIDR.String(), "!", "-d", podSubnet, "-m", "comment", "--comment", "lampyr: pods leaving the cluster", "-j", "MASQUERADE"}
+		check := append([]string{"iptables", rule[0], rule[1], "-C"}, rule[2:]...)
+		if n.CommandContext(ctx, check[0], check[1:]...).Run() != nil {
+			add := append([]string{"iptables", rule[0], rule[1], "-A"}, rule[2:]...)
+			if err := n.CommandContext(ctx, add[0], add[1:]...).Run(); err != nil {
+				return fmt.Errorf("node %s: masquerading what leaves %s: %w", nn.name, podSubnet, err)
+			}
 		}
 		for _, other := range nets {
 			if other.name == nn.name {

@@ -41,14 +41,22 @@ func PatchContainerdConfig(config, pauseImage string, restrictOOM bool) (string,
 // CNIConfig is the offline CNI: kindnetd cannot be pulled, and single-node
 // clusters need only a point-to-point veth per pod with host-local IPAM and
 // portmap for hostPort.
-func CNIConfig(podSubnet string) string {
+func CNIConfig(podSubnet string) string { return CNIConfigFor(podSubnet, true) }
+
+// CNIConfigFor is the offline CNI for one node's pod range. ipMasq makes
+// ptp masquerade what leaves that range; on a node of a multi-node
+// cluster it is off, because traffic to another node's pods must keep its
+// Pod address (NetworkPolicies match on it), and the node masquerades
+// only what leaves the cluster's pod subnet instead (kindcluster's
+// podNetwork, as kindnetd does).
+func CNIConfigFor(podRange string, ipMasq bool) string {
 	return fmt.Sprintf(`{
   "cniVersion": "0.4.0",
   "name": "lampyr-ptp",
   "plugins": [
     {
       "type": "ptp",
-      "ipMasq": true,
+      "ipMasq": %v,
       "mtu": 1500,
       "ipam": {
         "type": "host-local",
@@ -59,7 +67,7 @@ func CNIConfig(podSubnet string) string {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, podSubnet)
+`, ipMasq, podRange)
 }
 
 // PreloadStartScript starts containerd in a node build container (not
