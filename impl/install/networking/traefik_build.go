@@ -148,6 +148,20 @@ func traefikObjects(img string, args []any, ports []any, podSecurity map[string]
 			"name": "traefik", "image": img, "args": args,
 			"ports":          ports,
 			"readinessProbe": map[string]any{"httpGet": map[string]any{"path": "/ping", "port": int64(9000)}, "periodSeconds": int64(2)},
+			// Kubernetes' own sleep (the image has no shell): the Pod
+			// leaves the Services' endpoints before Traefik stops
+			// accepting; Traefik then finishes what is under way (its
+			// lifeCycle.graceTimeOut, 10 s).
+			"lifecycle": map[string]any{"preStop": map[string]any{"sleep": map[string]any{"seconds": int64(5)}}},
+		}},
+		// Two replicas on different nodes where there are several: every
+		// request passes the gateway, so one replica rolled (an upgrade
+		// that changes its image), evicted or on a drained node reset
+		// every connection until its successor was Ready (the operations
+		// suite's upgrade and drain runs, 2026-12-05).
+		"topologySpreadConstraints": []any{map[string]any{
+			"maxSkew": int64(1), "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
+			"labelSelector": map[string]any{"matchLabels": labels},
 		}},
 	}
 	if podSecurity != nil {
@@ -160,10 +174,16 @@ func traefikObjects(img string, args []any, ports []any, podSecurity map[string]
 			"apiVersion": "apps/v1", "kind": "Deployment",
 			"metadata": map[string]any{"name": "traefik", "namespace": traefikNamespace, "labels": labels},
 			"spec": map[string]any{
-				"replicas": int64(1),
+				"replicas": int64(2),
+				"strategy": map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxUnavailable": int64(0), "maxSurge": int64(1)}},
 				"selector": map[string]any{"matchLabels": labels},
 				"template": map[string]any{"metadata": map[string]any{"labels": labels}, "spec": pod},
 			},
+		}},
+		{Object: map[string]any{
+			"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+			"metadata": map[string]any{"name": "traefik", "namespace": traefikNamespace},
+			"spec":     map[string]any{"maxUnavailable": int64(1), "selector": map[string]any{"matchLabels": labels}},
 		}},
 	}
 	return append(objs, services...)
