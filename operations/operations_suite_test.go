@@ -126,39 +126,52 @@ func setupOps(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 
 // service is the identical Service applied to both sides (its template
 // sealed for its first Revision: Lampyr needs it, stock ignores it).
-func service(svc string) *unstructured.Unstructured {
+func service(svc string) *unstructured.Unstructured { return serviceIn(ns, svc) }
+
+// serviceIn is service in another tenant's namespace.
+func serviceIn(namespace, svc string) *unstructured.Unstructured {
 	r := the()
 	p := *r.project
 	p.Name = svc
-	tmpl, err := ly.SealTemplate(context.Background(), r.inst, r.sealer.Key, ns, svc+"-00001", r.snap, r.built.Config, p.Policy())
+	tmpl, err := ly.SealTemplate(context.Background(), r.inst, r.sealer.Key, namespace, svc+"-00001", r.snap, r.built.Config, p.Policy())
 	Expect(err).NotTo(HaveOccurred())
-	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: r.runnable, Snapshot: r.snap.String(), Template: tmpl.String(), Public: true})
-	u.SetNamespace(ns)
+	u := ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: namespace, Image: r.runnable, Snapshot: r.snap.String(), Template: tmpl.String(), Public: true})
+	u.SetNamespace(namespace)
 	return u
 }
 
 // deployBoth applies svc to both sides and waits until each answers.
-func deployBoth(ctx context.Context, svc string) {
-	u := service(svc)
+func deployBoth(ctx context.Context, svc string) { deployBothIn(ctx, ns, svc) }
+
+// deployBothIn is deployBoth in another tenant's namespace.
+func deployBothIn(ctx context.Context, namespace, svc string) {
+	u := serviceIn(namespace, svc)
 	for _, s := range the().sides {
 		Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
 	}
 	for _, s := range the().sides {
-		_, err := s.Clients.WaitReady(ctx, e2eutil.KServices, ns, svc, 5*time.Minute)
-		Expect(err).NotTo(HaveOccurred(), "%s on %s", svc, s.Name)
+		_, err := s.Clients.WaitReady(ctx, e2eutil.KServices, namespace, svc, 5*time.Minute)
+		Expect(err).NotTo(HaveOccurred(), "%s/%s on %s", namespace, svc, s.Name)
 		Eventually(func() (int, error) {
-			code, _, _, err := e2eutil.Get(ctx, s.Gateway, svc+"."+ns+".example.com", "/")
+			code, _, _, err := e2eutil.Get(ctx, s.Gateway, svc+"."+namespace+".example.com", "/")
 			return code, err
-		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(500*time.Millisecond).Should(Equal(http.StatusOK), "%s on %s", svc, s.Name)
+		}).WithContext(ctx).WithTimeout(2*time.Minute).WithPolling(500*time.Millisecond).Should(Equal(http.StatusOK), "%s/%s on %s", namespace, svc, s.Name)
 	}
 }
 
 // probe starts the prober on svc on both sides: requests, a stream and a
 // WebSocket.
 func probe(ctx context.Context, svc string) *prober.Prober {
+	return probeAll(ctx, types.NamespacedName{Namespace: ns, Name: svc})
+}
+
+// probeAll is probe on several Services (of several tenants).
+func probeAll(ctx context.Context, svcs ...types.NamespacedName) *prober.Prober {
 	var ps []harness.Probed
-	for _, s := range the().sides {
-		ps = append(ps, harness.Probed{Cluster: s.Name, Namespace: ns, Name: svc, Kinds: []prober.Kind{prober.Requests, prober.Stream, prober.WebSocket}})
+	for _, svc := range svcs {
+		for _, s := range the().sides {
+			ps = append(ps, harness.Probed{Cluster: s.Name, Namespace: svc.Namespace, Name: svc.Name, Kinds: []prober.Kind{prober.Requests, prober.Stream, prober.WebSocket}})
+		}
 	}
 	p, err := harness.StartProber(suite.Context(), "steady", ps, prober.Options{})
 	Expect(err).NotTo(HaveOccurred())

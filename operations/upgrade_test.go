@@ -3,21 +3,28 @@ package operations
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"lampyr.dev/serving/clusters/e2eutil"
+	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/resources"
+	"lampyr.dev/serving/impl/install"
+	"lampyr.dev/serving/impl/install/knative"
+	"lampyr.dev/serving/impl/progress"
 )
 
 // opsUpgradeFrom names the earlier Lampyr the upgrade scenario installs
@@ -52,9 +59,9 @@ func lyFrom(ctx context.Context, dir, bin string) {
 	Expect(err).NotTo(HaveOccurred(), "building ly in %s: %s", dir, out)
 }
 
-// install runs `ly cluster install` (its own checkout's images and
+// installLampyr runs `ly cluster install` (its own checkout's images and
 // manifests) against the Lampyr cluster and returns how long it took.
-func install(ctx context.Context, what, ly string) time.Duration {
+func installLampyr(ctx context.Context, what, ly string) time.Duration {
 	s := the().lampyr
 	start := time.Now()
 	cmd := exec.CommandContext(ctx, ly, "cluster", "install", "--kubeconfig", s.Kubeconfig)
@@ -101,7 +108,7 @@ func homeImage(ctx context.Context) (string, error) {
 // own name (a replacement moves back to it, so an earlier grant controller
 // finds it after a downgrade); others may still be draining. It returns how
 // long that took.
-func homesSettled(ctx context.Context, rev string) time.Duration {
+func homesSettled(ctx context.Context, namespace, rev string) time.Duration {
 	s := the().lampyr
 	start := time.Now()
 	var last string
@@ -111,7 +118,7 @@ func homesSettled(ctx context.Context, rev string) time.Duration {
 			last = err.Error()
 			return false, nil
 		}
-		l, err := e2eutil.HomePods(ctx, s.Clients, ns, rev)
+		l, err := e2eutil.HomePods(ctx, s.Clients, namespace, rev)
 		if err != nil {
 			last = err.Error()
 			return false, nil
@@ -129,7 +136,7 @@ func homesSettled(ctx context.Context, rev string) time.Duration {
 			if p.DeletionTimestamp == nil {
 				live++
 			}
-			if ready && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == want && p.Name == resources.HomeNameFor(ns, rev) {
+			if ready && p.DeletionTimestamp == nil && p.Spec.Containers[0].Image == want && p.Name == resources.HomeNameFor(namespace, rev) {
 				settled++
 			}
 		}
@@ -137,12 +144,37 @@ func homesSettled(ctx context.Context, rev string) time.Duration {
 		// A replaced Home may still drain a stream under way.
 		return settled == 1 && live == 1 && want != "", nil
 	})
-	Expect(err).NotTo(HaveOccurred(), "the Home of %s did not settle on the installed image: %s", rev, last)
+	Expect(err).NotTo(HaveOccurred(), "the Home of %s/%s did not settle on the installed image: %s", namespace, rev, last)
 	return time.Since(start)
 }
 
+// installStock installs stock Knative Serving at version on the stock
+// cluster (knative.PreviousServingVersion or the pinned one), with the
+// networking provider it runs, and returns how long it took.
+func installStock(ctx context.Context, what, version string) time.Duration {
+	s := the().stock
+	env, err := harness.Env(suite.Context())
+	Expect(err).NotTo(HaveOccurred())
+	log, err := os.Create(filepath.Join(suite.Artifacts(), "upgrade-stock-"+what+".log"))
+	Expect(err).NotTo(HaveOccurred())
+	defer log.Close()
+	inst := *env.Installer()
+	inst.Log, inst.StockServingVersion = progress.New(log), version
+	start := time.Now()
+	err = inst.Install(ctx, install.Cluster{Name: s.Name, Kubeconfig: s.Kubeconfig, NodePort: s.Info.Gateway().NodePort}, install.ProfileStock, s.Provider)
+	Expect(err).NotTo(HaveOccurred(), "%s: installing stock Knative Serving %s failed; its output: %s", what, version, log.Name())
+	for _, dep := range []string{"controller", "activator", "autoscaler", "webhook"} {
+		waitRolledOut(ctx, s, knative.Namespace, dep)
+	}
+	return time.Since(start)
+}
+
+// tenantB is the second tenant's namespace in the upgrade scenario: issue
+// 33 asks for Services of two tenants serving through it.
+const tenantB = "operations-b"
+
 var _ = Describe("upgrades", Label("cluster", "operations", "upgrade"), Ordered, func() {
-	It("installs an earlier Lampyr, serves a Service, upgrades to this checkout and downgrades again without a failed request", func(ctx SpecContext) {
+	It("installs an earlier Lampyr (stock: the previous Knative minor), serves two tenants' Services, upgrades to this checkout and downgrades again without a failed request", func(ctx SpecContext) {
 		ref, commit := upgradeFrom()
 		dir := filepath.Join(GinkgoT().TempDir(), "from")
 		git("worktree", "add", "--detach", dir, commit)
@@ -151,35 +183,56 @@ var _ = Describe("upgrades", Label("cluster", "operations", "upgrade"), Ordered,
 		oldLy, newLy := filepath.Join(bins, "ly-from"), filepath.Join(bins, "ly-this")
 		lyFrom(ctx, dir, oldLy)
 		lyFrom(ctx, e2eutil.RepoRoot(), newLy)
-		fmt.Fprintf(GinkgoWriter, "upgrade from %s (%s: %s) to this checkout (%s)\n", ref, commit[:12], git("log", "-1", "--format=%s", commit), git("rev-parse", "--short=12", "HEAD"))
-		// Whatever happens, the cluster ends on this checkout's Lampyr for
-		// the suites after this one.
-		DeferCleanup(func(ctx SpecContext) { install(ctx, "restore", newLy) })
+		fmt.Fprintf(GinkgoWriter, "lampyr: upgrade from %s (%s: %s) to this checkout (%s)\n", ref, commit[:12], git("log", "-1", "--format=%s", commit), git("rev-parse", "--short=12", "HEAD"))
+		fmt.Fprintf(GinkgoWriter, "stock: upgrade from Knative Serving %s to %s (the reference)\n", knative.PreviousServingVersion, knative.ServingVersion)
+		// Whatever happens, both clusters end on this checkout's versions
+		// for the suites after this one.
+		DeferCleanup(func(ctx SpecContext) {
+			installLampyr(ctx, "restore", newLy)
+			installStock(ctx, "restore", knative.ServingVersion)
+		})
+		// Every Pod of the request path and the control planes, followed
+		// into the artifacts as it appears: replicas replaced during a
+		// phase are gone by its end, and so would be their logs.
+		for _, s := range the().sides {
+			stop := e2eutil.StreamLogs(suite.Context(), s.Clients, filepath.Join(suite.Artifacts(), "upgrade-logs", s.Name), "traefik", knative.Namespace, contract.SystemNamespace, contract.HomesNamespace)
+			DeferCleanup(stop)
+		}
+		for _, s := range the().sides {
+			Expect(s.Clients.FreshNamespace(ctx, tenantB, 3*time.Minute)).To(Succeed())
+		}
 
 		took := map[string]time.Duration{}
-		took["install earlier"] = install(ctx, "earlier", oldLy)
-		// A Service of its own, deployed under the earlier version (stock
-		// gets it too: the prober runs both sides; stock is not upgraded).
+		took["lampyr: install earlier"] = installLampyr(ctx, "earlier", oldLy)
+		took["stock: install earlier"] = installStock(ctx, "earlier", knative.PreviousServingVersion)
+		// Two tenants' Services, deployed under the earlier versions.
 		deployBoth(ctx, "upgraded")
-		took["earlier Home settled"] = homesSettled(ctx, "upgraded-00001")
-		p := probe(ctx, "upgraded")
+		deployBothIn(ctx, tenantB, "upgraded")
+		settle := func(step string) {
+			took[step+" ("+ns+")"] = homesSettled(ctx, ns, "upgraded-00001")
+			took[step+" ("+tenantB+")"] = homesSettled(ctx, tenantB, "upgraded-00001")
+		}
+		settle("lampyr: earlier Homes settled")
+		p := probeAll(ctx, types.NamespacedName{Namespace: ns, Name: "upgraded"}, types.NamespacedName{Namespace: tenantB, Name: "upgraded"})
 		steady(ctx)
 		p.Phase("upgrading")
-		took["upgrade"] = install(ctx, "upgrade", newLy)
-		took["Home after upgrade"] = homesSettled(ctx, "upgraded-00001")
+		took["lampyr: upgrade"] = installLampyr(ctx, "upgrade", newLy)
+		settle("lampyr: Homes after upgrade")
+		took["stock: upgrade"] = installStock(ctx, "upgrade", knative.ServingVersion)
 		p.Phase("upgraded")
 		steady(ctx)
 		p.Phase("downgrading")
-		took["downgrade"] = install(ctx, "downgrade", oldLy)
-		took["Home after downgrade"] = homesSettled(ctx, "upgraded-00001")
+		took["lampyr: downgrade"] = installLampyr(ctx, "downgrade", oldLy)
+		settle("lampyr: Homes after downgrade")
+		took["stock: downgrade"] = installStock(ctx, "downgrade", knative.PreviousServingVersion)
 		p.Phase("downgraded")
 		steady(ctx)
 		r := finish(p, "upgrade-downgrade")
 		var lines []string
-		for _, k := range []string{"install earlier", "earlier Home settled", "upgrade", "Home after upgrade", "downgrade", "Home after downgrade"} {
+		for _, k := range slices.Sorted(maps.Keys(took)) {
 			lines = append(lines, fmt.Sprintf("%s %s", k, took[k].Round(time.Second)))
 		}
-		fmt.Fprintf(GinkgoWriter, "timings: %s\n", strings.Join(lines, ", "))
+		fmt.Fprintf(GinkgoWriter, "timings:\n  %s\n", strings.Join(lines, "\n  "))
 		judge(r, fmt.Sprintf("upgrading from %s and downgrading again", ref))
 	})
 })

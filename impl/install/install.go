@@ -43,7 +43,17 @@ var ServingCommands = []string{"controller", "webhook", "activator", "autoscaler
 // its release does (ko: static binary, non-root, /ko-app/<name>), and
 // returns ko import path -> digest reference.
 func ServingImages(ctx context.Context, p *publish.Publisher) (map[string]string, error) {
-	spec := ServingSpec()
+	return ServingImagesAt(ctx, p, knative.ServingVersion)
+}
+
+// ServingImagesAt is ServingImages for another version of the serving
+// module (Options.ServingVersion).
+func ServingImagesAt(ctx context.Context, p *publish.Publisher, version string) (map[string]string, error) {
+	subst, err := knative.Substitutes(ctx, version)
+	if err != nil {
+		return nil, err
+	}
+	spec := ServingSpecAt(version, subst)
 	var imgs []publish.Image
 	for _, pkg := range spec.Packages {
 		imgs = append(imgs, publish.Image{Package: pkg, Repo: "knative-serving/" + path.Base(pkg), Options: image.Options{}})
@@ -52,8 +62,12 @@ func ServingImages(ctx context.Context, p *publish.Publisher) (map[string]string
 }
 
 // ServingSpec is the one build of Knative Serving's commands.
-func ServingSpec() gobuild.Spec {
-	spec := gobuild.Spec{Name: "knative-serving", Module: knative.ServingModule, Version: knative.ServingVersion, LDFlags: "-s -w"}
+func ServingSpec() gobuild.Spec { return ServingSpecAt(knative.ServingVersion, nil) }
+
+// ServingSpecAt is ServingSpec for another version of the serving module,
+// with the modules the proxy does not serve replaced (knative.Substitutes).
+func ServingSpecAt(version string, replace map[string]string) gobuild.Spec {
+	spec := gobuild.Spec{Name: "knative-serving", Module: knative.ServingModule, Version: version, LDFlags: "-s -w", Replace: replace}
 	for _, c := range ServingCommands {
 		spec.Packages = append(spec.Packages, knative.ServingModule+"/cmd/"+c)
 	}
@@ -76,6 +90,19 @@ type Options struct {
 	// images (kourier's Envoy) may be installed; offline is the default.
 	// The callers set it from LAMPYR_ONLINE=1 (EnvOnline).
 	Online bool
+	// ServingVersion installs another version of the knative.dev/serving
+	// module than the pinned knative.ServingVersion (empty: the pinned one).
+	// Stock profile only: Lampyr is built against the pinned API. The
+	// operations suite's upgrade scenario uses it for stock's reference
+	// upgrade, one minor version back and forth.
+	ServingVersion string
+}
+
+func (o Options) servingVersion() string {
+	if o.ServingVersion != "" {
+		return o.ServingVersion
+	}
+	return knative.ServingVersion
 }
 
 // EnvOnline (LAMPYR_ONLINE=1) is where the commands and the suites take
@@ -91,7 +118,11 @@ func Install(ctx context.Context, c *Clients, p *publish.Publisher, log *progres
 	if why := o.Provider.NeedsRegistry(); why != "" && !o.Online {
 		return fmt.Errorf("networking provider %s cannot be installed here: %s (set %s=1 where upstream registries are reachable)", o.Provider.Name(), why, EnvOnline)
 	}
-	images, err := ServingImages(ctx, p)
+	version := o.servingVersion()
+	if version != knative.ServingVersion && o.Profile != knative.Stock {
+		return fmt.Errorf("Knative Serving %s: only the stock profile installs another version than the pinned %s (the %s profile is built against the pinned API)", version, knative.ServingVersion, o.Profile)
+	}
+	images, err := ServingImagesAt(ctx, p, version)
 	if err != nil {
 		return err
 	}
@@ -100,8 +131,8 @@ func Install(ctx context.Context, c *Clients, p *publish.Publisher, log *progres
 		return err
 	}
 	var objs []knative.Object
-	err = log.Step(fmt.Sprintf("Rendering Knative Serving %s (%s profile)", knative.ServingVersion, o.Profile), func() error {
-		src, err := knative.Sources(ctx)
+	err = log.Step(fmt.Sprintf("Rendering Knative Serving %s (%s profile)", version, o.Profile), func() error {
+		src, err := knative.SourcesAt(ctx, version)
 		if err != nil {
 			return err
 		}

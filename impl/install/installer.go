@@ -63,7 +63,19 @@ type Installer struct {
 	// Sources say where the lampyr profile's components come from (zero:
 	// built from Root).
 	Sources LampyrSources
-	Log     *progress.Log
+	// StockServingVersion installs the stock profile at another version of
+	// knative.dev/serving than the pinned one (empty: the pinned
+	// knative.ServingVersion); the lampyr profile always runs the pinned
+	// one. The operations suite's stock upgrade reference sets it.
+	StockServingVersion string
+	Log                 *progress.Log
+}
+
+func (i *Installer) stockServingVersion() string {
+	if i.StockServingVersion != "" {
+		return i.StockServingVersion
+	}
+	return knative.ServingVersion
 }
 
 // Cluster is the cluster an install goes to.
@@ -163,8 +175,9 @@ func (i *Installer) Install(ctx context.Context, cl Cluster, profile, provider s
 	}
 	switch profile {
 	case ProfileStock:
-		return i.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", knative.ServingVersion, provider, cl.Name), func() error {
-			return Install(ctx, c, i.Publisher(), i.Log, Options{Profile: knative.Stock, Provider: prov, NodePort: cl.NodePort, Domain: Domain, Online: i.Online})
+		v := i.stockServingVersion()
+		return i.Log.Step(fmt.Sprintf("Installing stock Knative Serving %s with %s on %s", v, provider, cl.Name), func() error {
+			return Install(ctx, c, i.Publisher(), i.Log, Options{Profile: knative.Stock, Provider: prov, NodePort: cl.NodePort, Domain: Domain, Online: i.Online, ServingVersion: v})
 		})
 	case ProfileLampyr:
 		return i.Log.Step(fmt.Sprintf("Installing Lampyr (upstream Serving %s API, lampyr profile) with %s on %s", knative.ServingVersion, provider, cl.Name), func() error {

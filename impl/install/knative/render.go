@@ -27,7 +27,37 @@ import (
 const (
 	ServingModule  = "knative.dev/serving"
 	ServingVersion = "v0.50.0"
+	// PreviousServingVersion is the minor release before ServingVersion
+	// that the module proxy serves (v0.49.0 and v0.49.1 are served; v0.48.x
+	// is not): the operations suite installs stock Knative at it and
+	// upgrades to ServingVersion and back, the reference for Lampyr's own
+	// upgrade, as Knative's CI runs knative.dev/pkg/test/upgrade.
+	PreviousServingVersion = "v0.49.1"
 )
+
+// Substitutes are the modules serving version requires that the module
+// proxy does not serve, each with the served version used in its place
+// (module path -> version); nil for the pinned version. Serving v0.49.x
+// requires knative.dev/caching v0.0.0-20260422140616-453ad996bbe2, which
+// the proxy refuses (403, "not available"; it lists no caching versions),
+// so the previous version's build and its image CRD take the caching
+// version the pinned serving requires, the nearest one served. The build
+// compiles serving's caching clients against it, so an incompatible API
+// fails the build instead of passing silently.
+func Substitutes(ctx context.Context, version string) (map[string]string, error) {
+	if version != PreviousServingVersion {
+		return nil, nil
+	}
+	pinned, err := PinnedVersions(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v := pinned["knative.dev/caching"]
+	if v == "" {
+		return nil, fmt.Errorf("%s@%s does not require knative.dev/caching", ServingModule, ServingVersion)
+	}
+	return map[string]string{"knative.dev/caching": v}, nil
+}
 
 // Source is one YAML file in release order.
 type Source struct {
@@ -52,12 +82,17 @@ var symlinkedFiles = []struct{ path, module, file string }{
 
 // Sources lists config/core of the pinned serving module plus the symlinked
 // files, sorted by path (ko's order).
-func Sources(ctx context.Context) ([]Source, error) {
-	serving, err := gobuild.Download(ctx, ServingModule, ServingVersion)
+func Sources(ctx context.Context) ([]Source, error) { return SourcesAt(ctx, ServingVersion) }
+
+// SourcesAt is Sources for another version of the serving module: the
+// operations suite installs stock Knative one minor version back and
+// upgrades it to the pinned one, as Knative's own upgrade tests do.
+func SourcesAt(ctx context.Context, version string) ([]Source, error) {
+	serving, err := gobuild.Download(ctx, ServingModule, version)
 	if err != nil {
 		return nil, err
 	}
-	out, err := yamlTree(serving.Dir, ServingModule+"@"+ServingVersion, "config/core")
+	out, err := yamlTree(serving.Dir, ServingModule+"@"+version, "config/core")
 	if err != nil {
 		return nil, err
 	}
@@ -69,10 +104,17 @@ func Sources(ctx context.Context) ([]Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	subst, err := Substitutes(ctx, version)
+	if err != nil {
+		return nil, err
+	}
+	for m, v := range subst {
+		versions[m] = v
+	}
 	for _, f := range symlinkedFiles {
 		v := versions[f.module]
 		if v == "" {
-			return nil, fmt.Errorf("%s@%s does not require %s", ServingModule, ServingVersion, f.module)
+			return nil, fmt.Errorf("%s@%s does not require %s", ServingModule, version, f.module)
 		}
 		mod, err := gobuild.Download(ctx, f.module, v)
 		if err != nil {

@@ -157,3 +157,32 @@ func unstructuredData(o Object) (map[string]string, bool, error) {
 	}
 	return m, ok, nil
 }
+
+// The stock upgrade reference installs the previous minor version with the
+// same code: its tree must parse, name the same five commands, take the
+// stock settings and pass the stock filter.
+func TestPreviousVersionRendersAsStock(t *testing.T) {
+	objs := renderFrom(t, func(ctx context.Context) ([]Source, error) { return SourcesAt(ctx, PreviousServingVersion) })
+	refs := KoReferences(objs)
+	want := []string{"knative.dev/serving/cmd/activator", "knative.dev/serving/cmd/autoscaler", "knative.dev/serving/cmd/controller", "knative.dev/serving/cmd/queue", "knative.dev/serving/cmd/webhook"}
+	if strings.Join(refs, ",") != strings.Join(want, ",") {
+		t.Fatalf("%s: ko references = %v, want %v", PreviousServingVersion, refs, want)
+	}
+	images := map[string]string{}
+	for _, r := range refs {
+		images[r] = "kind.local/" + r[strings.LastIndex(r, "/")+1:] + ":test"
+	}
+	if err := ResolveImages(objs, images); err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplySettings(objs, ProfileSettings(Stock, Settings{IngressClass: "gateway-api.ingress.networking.knative.dev", Domain: "example.com"})); err != nil {
+		t.Fatal(err)
+	}
+	kept, _, err := Filter(objs, Stock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != len(objs) {
+		t.Errorf("%s: the stock filter kept %d of %d objects", PreviousServingVersion, len(kept), len(objs))
+	}
+}

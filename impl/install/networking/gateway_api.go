@@ -144,7 +144,7 @@ func (GatewayAPI) Publish(ctx context.Context, p *publish.Publisher) (map[string
 // TraefikGatewayArgs run Traefik's Gateway API provider alone, with an
 // entry point per Gateway listener port.
 func TraefikGatewayArgs() []any {
-	return []any{
+	return append([]any{
 		fmt.Sprintf("--entryPoints.web.address=:%d", gwWebPort),
 		fmt.Sprintf("--entryPoints.internal.address=:%d", gwInternalPort),
 		fmt.Sprintf("--entryPoints.websecure.address=:%d", gwTLSPort),
@@ -152,6 +152,13 @@ func TraefikGatewayArgs() []any {
 		"--ping=true",
 		"--log.level=INFO",
 		"--log.noColor=true",
+		// One JSON line per answer of 500 or more (the gateway's own 502s
+		// and 504s included): which backend address it went to, what that
+		// backend answered (OriginStatus 0: none). Without it a 502 from
+		// Traefik cannot be traced to the replica it dialled.
+		"--accesslog=true",
+		"--accesslog.format=json",
+		"--accesslog.filters.statuscodes=500-599",
 		// Offline clusters: no release check, no usage report.
 		"--global.checkNewVersion=false",
 		"--global.sendAnonymousUsage=false",
@@ -161,7 +168,7 @@ func TraefikGatewayArgs() []any {
 		// depends on it (net-gateway-api probes the data plane), but every
 		// Route change waits for it: apply quickly.
 		"--providers.providersThrottleDuration=100ms",
-	}
+	}, traefikGraceArgs("web", "internal", "websecure")...)
 }
 
 // GatewayConfig is config-gateway's data: net-gateway-api's Gateways, and

@@ -138,6 +138,29 @@ func traefikRBAC(version, file, prefix string) ([]*unstructured.Unstructured, er
 	return rbac, nil
 }
 
+// A stopping Traefik replica leaves the endpoints for traefikPreStopSeconds,
+// then finishes the connections under way for up to traefikGraceSeconds:
+// Knative's default timeoutSeconds (300) and a margin. With Traefik's
+// default lifeCycle.graceTimeOut (10 s) a drained node or a rolled gateway
+// cut every stream and WebSocket through the replica that stopped, on both
+// sides of the pair (the operations suite's drain run, 2026-12-05: 1 stream
+// and 1 WebSocket on each). Traefik's connection tracker waits for hijacked
+// connections too, so a WebSocket lives until it closes or the grace ends.
+const (
+	traefikPreStopSeconds = 5
+	traefikGraceSeconds   = 310
+)
+
+// traefikGraceArgs set the grace on every entry point that serves
+// requests.
+func traefikGraceArgs(entryPoints ...string) []any {
+	var out []any
+	for _, ep := range entryPoints {
+		out = append(out, fmt.Sprintf("--entryPoints.%s.transport.lifeCycle.graceTimeOut=%ds", ep, traefikGraceSeconds))
+	}
+	return out
+}
+
 // traefikObjects are what both Traefik providers run: the namespace, the
 // ServiceAccount, the Deployment and its Services.
 func traefikObjects(img string, args []any, ports []any, podSecurity map[string]any, services ...*unstructured.Unstructured) []*unstructured.Unstructured {
@@ -150,10 +173,11 @@ func traefikObjects(img string, args []any, ports []any, podSecurity map[string]
 			"readinessProbe": map[string]any{"httpGet": map[string]any{"path": "/ping", "port": int64(9000)}, "periodSeconds": int64(2)},
 			// Kubernetes' own sleep (the image has no shell): the Pod
 			// leaves the Services' endpoints before Traefik stops
-			// accepting; Traefik then finishes what is under way (its
-			// lifeCycle.graceTimeOut, 10 s).
-			"lifecycle": map[string]any{"preStop": map[string]any{"sleep": map[string]any{"seconds": int64(5)}}},
+			// accepting; Traefik then finishes what is under way, streams
+			// and WebSockets included (traefikGraceArgs).
+			"lifecycle": map[string]any{"preStop": map[string]any{"sleep": map[string]any{"seconds": int64(traefikPreStopSeconds)}}},
 		}},
+		"terminationGracePeriodSeconds": int64(traefikPreStopSeconds + traefikGraceSeconds + 5),
 		// Two replicas on different nodes where there are several: every
 		// request passes the gateway, so one replica rolled (an upgrade
 		// that changes its image), evicted or on a drained node reset

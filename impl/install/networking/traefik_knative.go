@@ -55,7 +55,7 @@ func (TraefikKnative) Publish(ctx context.Context, p *publish.Publisher) (map[st
 // public entrypoint (behind the NodePort Service) and a private one (behind
 // the cluster-local Service).
 func TraefikKnativeArgs() []any {
-	return []any{
+	return append([]any{
 		"--entryPoints.web.address=:8080",
 		"--entryPoints.internal.address=:8081",
 		"--entryPoints.traefik.address=:9000",
@@ -82,7 +82,7 @@ func TraefikKnativeArgs() []any {
 		// that exposure for one more second of apply -> Ready on both profiles.
 		"--providers.providersThrottleDuration=100ms",
 		"--providers.knative.throttleDuration=1s",
-	}
+	}, traefikGraceArgs("web", "internal")...)
 }
 
 // Manifests renders Traefik: the RBAC from its module's reference file (the
