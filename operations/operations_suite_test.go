@@ -68,6 +68,16 @@ func TestOperations(t *testing.T) { suite.Run(t) }
 
 var _ = suite.Setup("building the handler (runnable and snapshot)", setupOps)
 
+// stopLogs end the log streams setupOps starts.
+var stopLogs []func()
+
+var _ = suite.Finish("stopping the log streams", func(ctx context.Context, _ *envconf.Config) (context.Context, error) {
+	for _, stop := range stopLogs {
+		stop()
+	}
+	return ctx, nil
+})
+
 const ns = "operations"
 
 type side = harness.Target
@@ -96,6 +106,14 @@ func setupOps(ctx context.Context, _ *envconf.Config) (context.Context, error) {
 	}
 	r.sides = []*side{r.stock, r.lampyr}
 	ctx = harness.With(ctx, r)
+	// Every Pod of the request path and the control planes, followed into
+	// _artifacts/operations/logs/<side>/<namespace>/ as it appears, for the
+	// whole run: the replicas that answered while a scenario rolled,
+	// killed or evicted them are gone by its end, and so would be their
+	// logs (the Homes' say which leases they reaped after a router died).
+	for _, s := range r.sides {
+		stopLogs = append(stopLogs, e2eutil.StreamLogs(context.Background(), s.Clients, filepath.Join(suite.Artifacts(), "logs", s.Name), "traefik", "knative-serving", contract.SystemNamespace, contract.HomesNamespace))
+	}
 	for _, s := range r.sides {
 		if err := s.Clients.FreshNamespace(ctx, ns, 3*time.Minute); err != nil {
 			return ctx, err

@@ -191,13 +191,6 @@ var _ = Describe("upgrades", Label("cluster", "operations", "upgrade"), Ordered,
 			installLampyr(ctx, "restore", newLy)
 			installStock(ctx, "restore", knative.ServingVersion)
 		})
-		// Every Pod of the request path and the control planes, followed
-		// into the artifacts as it appears: replicas replaced during a
-		// phase are gone by its end, and so would be their logs.
-		for _, s := range the().sides {
-			stop := e2eutil.StreamLogs(suite.Context(), s.Clients, filepath.Join(suite.Artifacts(), "upgrade-logs", s.Name), "traefik", knative.Namespace, contract.SystemNamespace, contract.HomesNamespace)
-			DeferCleanup(stop)
-		}
 		for _, s := range the().sides {
 			Expect(s.Clients.FreshNamespace(ctx, tenantB, 3*time.Minute)).To(Succeed())
 		}

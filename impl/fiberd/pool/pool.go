@@ -52,9 +52,10 @@ type Config struct {
 	MaxFibers int
 	// WarmTarget is how many never-used fibers to keep ready.
 	WarmTarget int
-	// LeaseTimeout reaps leased fibers nobody used or released for that long
-	// (a crashed router must not leak fibers). Fresh mode only; reuse uses
-	// IdleTimeout.
+	// LeaseTimeout reaps leased fibers nobody used for that long (a router
+	// that died between acquiring a fiber and sending it the request must
+	// not leak it); a fiber that served its request and was never released
+	// is reaped 10 s after. Fresh mode only; reuse uses IdleTimeout.
 	LeaseTimeout time.Duration
 	// StartConcurrency bounds the fiber starts running at once, for the
 	// warm pool and for acquisitions alike: a burst of requests on an empty
@@ -661,6 +662,10 @@ func (p *Pool) reapLoop() {
 		}
 		p.mu.Unlock()
 		for i, f := range victims {
+			// Said in the Home's log: a lease nobody used or released is
+			// a router that died holding it (the operations suite kills
+			// one and reads these lines).
+			p.cfg.Logf("fiber %s reaped: %s", f.ID(), reasons[i])
 			p.end(f, reasons[i])
 		}
 	}

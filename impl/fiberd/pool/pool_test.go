@@ -366,3 +366,50 @@ func TestAStartWaitingForASlotGivesUpWithItsCaller(t *testing.T) {
 	}
 	eventually(t, "only the first start counted", func() bool { _, _, starting := p.Counts(); return starting <= 1 })
 }
+
+// A router that dies after acquiring a fresh fiber never sends its request
+// nor releases it: the lease is reaped after LeaseTimeout. A fiber busy
+// with a request longer than that is not, and its lease ends with it.
+func TestAnUnusedLeaseIsReapedAndABusyFiberIsNot(t *testing.T) {
+	be := &fakeBackend{}
+	var logs sync.Map
+	p, err := New(Config{Spec: &backend.Spec{StartupTimeout: time.Second}, Backend: be, Mode: ModeFresh,
+		MaxFibers: 3, LeaseTimeout: 150 * time.Millisecond, Logf: func(format string, args ...any) {
+			logs.Store(fmt.Sprintf(format, args...), true)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	orphan, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	busy, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, end, err := p.Begin(context.Background(), busy.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the unused lease to be reaped", func() bool {
+		for _, f := range p.List() {
+			if f.ID == orphan.ID() {
+				return false
+			}
+		}
+		return true
+	})
+	if _, ok := logs.Load(fmt.Sprintf("fiber %s reaped: lease unused", orphan.ID())); !ok {
+		t.Error("the reap is not in the Home's log")
+	}
+	time.Sleep(300 * time.Millisecond) // twice LeaseTimeout, still busy
+	if _, _, err := p.Begin(context.Background(), busy.ID()); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a fiber serving a request longer than LeaseTimeout: %v, want ErrBusy (still serving)", err)
+	}
+	end()
+	if _, _, err := p.Begin(context.Background(), busy.ID()); !errors.Is(err, ErrSpent) {
+		t.Fatalf("after its request: %v, want ErrSpent", err)
+	}
+}

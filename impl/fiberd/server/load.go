@@ -135,6 +135,15 @@ func loadKey(c signedgrant.Claims) string {
 		strconv.FormatInt(c.Execution.IdleTimeoutSeconds, 10), strconv.FormatInt(c.MemoryPerFiberBytes, 10), strings.Join(env, "\x00")}, "|")
 }
 
+// FreshLeaseTimeout is how long a fresh-mode fiber may stay leased before
+// its request arrives. fiber-router sends the request as soon as the
+// acquisition answers (its acquire call is itself bounded at 30 s), and a
+// fiber serving a request is busy, not leased, however long the request
+// runs; so a lease unused this long belongs to a router that died in
+// between. It was timeoutSeconds + 60 s (6 minutes by default); issue 33
+// asks that a killed router's leases be freed within 60 s.
+const FreshLeaseTimeout = 30 * time.Second
+
 // LoadError is a refusal to run a grant's Revision, with a CamelCase reason.
 type LoadError struct {
 	Reason contract.Reason
@@ -198,7 +207,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		IdleTimeout:  time.Duration(c.Execution.IdleTimeoutSeconds) * time.Second,
 		MaxFibers:    int(c.MaxFibers),
 		WarmTarget:   s.cfg.WarmFibers,
-		LeaseTimeout: time.Duration(c.MaxRequestSeconds)*time.Second + time.Minute,
+		LeaseTimeout: FreshLeaseTimeout,
 		Observer:     s.metrics,
 		Logf:         s.cfg.Logf,
 	})
