@@ -87,14 +87,14 @@ bench-portability *GINKGO_ARGS: _inputs-background tools
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
 
 # Day-2 operations (issue 33): with requests, a stream and a WebSocket running
-# to a Service on both clusters, roll the shared proxy (fiber-router / activator),
-# delete the Revision's Pod (Home / Pod), stop the control plane for
-# LAMPYR_OPS_OUTAGE (default 2m; issue 33 asks for 30m). Lampyr is judged (no
-# failed request); stock runs beside it as the reference. Reports:
-# _artifacts/operations/. Not in `just test`: on 2026-12-04 Lampyr failed 16
-# attempts when its Home Pod was deleted (7.6 s without an answer while a new
-# Home started); rolling fiber-router and a 2m grant-controller outage: 0.
-# Upgrades, evictions, drains and the 30m outage are still to come (issue 33).
+# to Services on both clusters, roll the shared proxy (fiber-router / activator),
+# kill one replica of it, delete and evict the Revision's Pod (Home / Pod), stop
+# the control plane for LAMPYR_OPS_OUTAGE (default 2m; issue 33 asks for 30m),
+# upgrade from LAMPYR_OPS_UPGRADE_FROM (stock: Knative v0.49.1 -> v0.50.0) and
+# downgrade again, and, on clusters with workers (LAMPYR_CLUSTER_WORKERS=2 just
+# cluster-up), drain a node. Lampyr is judged (no failed request); stock runs
+# beside it as the reference. Reports, and every request-path Pod's log:
+# _artifacts/operations/. About 35 minutes; outside `just test`, like the bench.
 test-operations *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 120m ./operations/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/operations-junit.xml -ginkgo.json-report={{artifacts}}/operations.json {{GINKGO_ARGS}}
