@@ -3,6 +3,8 @@ package operations
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"time"
 
@@ -125,6 +127,26 @@ func drain(ctx context.Context, s *side, node string) time.Duration {
 	return time.Since(start)
 }
 
+// machine says what the run costs this machine: its load and available
+// memory, and each Kind node container's CPU and memory (docker stats, one
+// sample).
+func machine(ctx context.Context) string {
+	load, _ := os.ReadFile("/proc/loadavg")
+	var avail string
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "MemAvailable:") || strings.HasPrefix(l, "MemTotal:") {
+				avail += strings.Join(strings.Fields(l), " ") + "; "
+			}
+		}
+	}
+	out, err := exec.CommandContext(ctx, "docker", "stats", "--no-stream", "--format", "{{.Name}}\t{{.CPUPerc}}\t{{.MemUsage}}").Output()
+	if err != nil {
+		out = []byte("docker stats: " + err.Error())
+	}
+	return fmt.Sprintf("  load %s  %s\n  %s", strings.TrimSpace(string(load)), avail, strings.ReplaceAll(strings.TrimSpace(string(out)), "\n", "\n  "))
+}
+
 func ignoreNotFound(err error) error {
 	if apierrs.IsNotFound(err) {
 		return nil
@@ -146,6 +168,7 @@ var _ = Describe("more than one node", Label("cluster", "operations", "multinode
 		fmt.Fprintf(GinkgoWriter, "before: lampyr Homes per node %v, fiber-router per node %v; stock steady Pods per node %v\n",
 			podsByNode(ctx, l, contract.HomesNamespace, resources.ComponentKey+"="+resources.Component), podsByNode(ctx, l, contract.SystemNamespace, "app=fiber-router"),
 			podsByNode(ctx, the().stock, ns, "serving.knative.dev/revision=steady-00001"))
+		fmt.Fprintf(GinkgoWriter, "machine before the drain:\n%s\n", machine(ctx))
 		p := probe(ctx, "steady")
 		steady(ctx)
 		p.Phase("draining")
@@ -162,6 +185,7 @@ var _ = Describe("more than one node", Label("cluster", "operations", "multinode
 		}
 		p.Phase("after")
 		steady(ctx)
+		fmt.Fprintf(GinkgoWriter, "machine after the drain:\n%s\n", machine(ctx))
 		r := finish(p, "drain-node")
 		fmt.Fprintf(GinkgoWriter, "drains: %v; after: lampyr Homes per node %v, fiber-router per node %v\n", took,
 			podsByNode(ctx, l, contract.HomesNamespace, resources.ComponentKey+"="+resources.Component), podsByNode(ctx, l, contract.SystemNamespace, "app=fiber-router"))
