@@ -99,6 +99,13 @@ test-operations *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 120m ./operations/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/operations-junit.xml -ginkgo.json-report={{artifacts}}/operations.json {{GINKGO_ARGS}}
 
+# The short version of test-operations, in `just test`: fiber-router rolled and
+# a Home deleted, with 10 s of traffic before and after each (about 3 minutes
+# on clusters already up).
+test-operations-short *GINKGO_ARGS: _inputs-background tools
+    @mkdir -p {{artifacts}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} LAMPYR_OPS_STEADY=10s go test -v -count=1 -timeout 30m ./operations/ -ginkgo.v -ginkgo.label-filter=short -ginkgo.junit-report={{artifacts}}/operations-short-junit.xml -ginkgo.json-report={{artifacts}}/operations-short.json {{GINKGO_ARGS}}
+
 # Only Knative networking's KIngress suite against a cluster's networking
 # layer (default: the stock cluster with the default provider, or
 # LAMPYR_NETWORKING's); test-conformance runs it with the others.
@@ -155,7 +162,7 @@ test-tenancy *GINKGO_ARGS: _inputs-background tools
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
-test: _inputs-background test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-provider-portability test-eventing-portability
+test: _inputs-background test-unit test-clusters test-stock test-lampyr-conformance test-tenancy test-feasibility test-knative-portability test-provider-portability test-eventing-portability test-operations-short
 
 # The portability proof: one digest-pinned Knative Service on stock Knative and on Lampyr.
 # LAMPYR_PORTABILITY_KEEP=1 leaves both clusters running and prints curl commands.

@@ -343,7 +343,7 @@ func failureLines(r prober.Report, s string) string {
 var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, ContinueOnFailure, func() {
 	BeforeAll(func(ctx SpecContext) { deployBoth(ctx, "steady") })
 
-	It("rolls the request path's shared proxy: fiber-router on Lampyr, the activator on stock", func(ctx SpecContext) {
+	It("rolls the request path's shared proxy: fiber-router on Lampyr, the activator on stock", Label("short"), func(ctx SpecContext) {
 		p := probe(ctx, "steady")
 		steady(ctx)
 		p.Phase("rolling")
@@ -363,7 +363,7 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 		judge(r, "rolling the shared proxy")
 	})
 
-	It("deletes the Pod that runs the Revision: its Home on Lampyr, its Pod on stock", func(ctx SpecContext) {
+	It("deletes the Pod that runs the Revision: its Home on Lampyr, its Pod on stock", Label("short"), func(ctx SpecContext) {
 		p := probe(ctx, "steady")
 		steady(ctx)
 		p.Phase("deleted")
