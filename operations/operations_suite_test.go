@@ -430,7 +430,7 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 		judgeKill(r)
 	})
 
-	It("stops the control plane: the grant controller and the controller on Lampyr, the controller on stock; a new Service waits and becomes Ready after", func(ctx SpecContext) {
+	It("stops the control plane: the grant controller and the controller on Lampyr (the controller returns at half-time), the controller on stock; a new Service waits, saying why where a controller can, and becomes Ready after", func(ctx SpecContext) {
 		outage, err := time.ParseDuration(or(suite.Knob(opsOutage), "2m"))
 		Expect(err).NotTo(HaveOccurred(), "%s: want a duration such as 30m", opsOutage)
 		p := probe(ctx, "steady")
@@ -440,6 +440,7 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 			s        *side
 			ns, dep  string
 			replicas int32
+			back     bool
 		}
 		var down []stopped
 		for _, s := range the().sides {
@@ -462,7 +463,9 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 			}
 			restored = true
 			for _, st := range down {
-				scale(ctx, st.s, st.ns, st.dep, max(st.replicas, 1))
+				if !st.back {
+					scale(ctx, st.s, st.ns, st.dep, max(st.replicas, 1))
+				}
 			}
 		}
 		DeferCleanup(func(ctx SpecContext) { restore(ctx) })
@@ -471,7 +474,19 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 		for _, s := range the().sides {
 			Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
 		}
-		sleepCtx(ctx, outage)
+		// Lampyr's Revision controller returns at half-time, the grant
+		// controller stays away: the new Revision must then say what it
+		// waits for (issue 33: "waits with a clear reason"). With both
+		// away, as with stock's controller, nothing can write a status.
+		sleepCtx(ctx, outage/2)
+		for i, st := range down {
+			if st.s == the().lampyr && st.dep == "lampyr-controller" {
+				scale(ctx, st.s, st.ns, st.dep, max(st.replicas, 1))
+				waitRolledOut(ctx, st.s, st.ns, st.dep)
+				down[i].back = true
+			}
+		}
+		sleepCtx(ctx, outage-outage/2)
 		for _, s := range the().sides {
 			got, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, "during", metav1.GetOptions{})
 			if err == nil {
@@ -479,6 +494,14 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 				fmt.Fprintf(GinkgoWriter, "%s: Service during, at the end of the outage: Ready=%s %s %q\n", s.Name, st, reason, msg)
 			}
 		}
+		rev, err := the().lampyr.Clients.Dynamic.Resource(e2eutil.Revisions).Namespace(ns).Get(ctx, "during-00001", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred(), "lampyr: the Revision of Service during, created while the grant controller is away")
+		for _, c := range []string{"Ready", "ResourcesAvailable"} {
+			st, reason, msg := e2eutil.Condition(rev, c)
+			fmt.Fprintf(GinkgoWriter, "lampyr: Revision during-00001 while the grant controller is away: %s=%s %s %q\n", c, st, reason, msg)
+		}
+		st, reason, msg := e2eutil.Condition(rev, "ResourcesAvailable")
+		Expect([]string{st, reason}).To(Equal([]string{"Unknown", contract.ReasonWaitingForGrant.String()}), "lampyr: Revision during-00001 should say it waits for its CapacityGrant while the grant controller is away (message %q)", msg)
 		p.Phase("returning")
 		restore(ctx)
 		for _, st := range down {
