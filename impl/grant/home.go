@@ -139,11 +139,13 @@ func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityG
 // and current (nil while it is being created or replaced).
 //
 // A Home Pod being deleted (by hand, by an eviction or a node drain, or
-// here because it failed or runs an outdated image) drains: fiberd lets
-// the requests under way finish within its grace period, timeoutSeconds.
-// Its replacement does not wait for that: it is created at once under the
-// next free name (HomePodName), so the Revision is served again as soon as
-// the new Pod is Ready, and fiber-router holds requests until then.
+// here because it failed or runs an outdated image) hands over, then
+// drains: fiberd serves on, new fibers included, while it stays Ready
+// (at most 30 s, server.Handover), then lets the requests under way finish
+// within its grace period. Its replacement is created at once under the
+// next free name (HomePodName); the Pod being deleted stays the Home while
+// it is Ready and the replacement is not, so the Revision is served
+// throughout, and fiber-router holds requests if there is a gap.
 func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
 	pods, err := r.pods.Pods(r.homesNamespace).List(homePodsOf(g.Namespace, g.Name))
 	if err != nil {
@@ -151,6 +153,7 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	var live []*corev1.Pod
 	draining := ""
+	var handingOver *corev1.Pod
 	for _, p := range pods {
 		switch {
 		case ownershipOf(p, g) == leftover:
@@ -163,6 +166,12 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 			return nil, nil
 		case p.DeletionTimestamp != nil:
 			draining = p.Name
+			// fiberd serves on after SIGTERM while it stays Ready
+			// (server.Handover): it serves until its replacement is
+			// Ready, the newest of them if several.
+			if podReady(p) && (handingOver == nil || handingOver.CreationTimestamp.Before(&p.CreationTimestamp)) {
+				handingOver = p
+			}
 		default:
 			live = append(live, p)
 		}
@@ -219,6 +228,9 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 		case len(outdated) > 0 && podReady(outdated[0]):
 			markHome(g, outdated[0])
 			return outdated[0], nil
+		case handingOver != nil:
+			markHome(g, handingOver)
+			return handingOver, nil
 		case draining != "":
 			g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Home Pod %s/%s is being deleted and drains its requests; its replacement %s created.", r.homesNamespace, draining, next.Name)
 		default:
@@ -242,6 +254,10 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 				markHome(g, o)
 				return o, nil
 			}
+		}
+		if handingOver != nil {
+			markHome(g, handingOver)
+			return handingOver, nil
 		}
 	} else {
 		// The new Home is Ready (and the router metadata names it from

@@ -276,7 +276,9 @@ func TestReconcile(t *testing.T) {
 	}, {
 		// Deleted by hand, evicted or drained: its replacement starts at
 		// once under the next name while it drains its requests.
-		Name: "a Home Pod being deleted is replaced at once under another name",
+		// fiberd serves on after SIGTERM while it is Ready (it hands
+		// over): it stays the Home until the replacement is Ready.
+		Name: "a Home Pod being deleted serves while it hands over, and is replaced at once under another name",
 		Key:  "default/hello-00001",
 		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
 			ready(p)
@@ -285,8 +287,41 @@ func TestReconcile(t *testing.T) {
 		}),
 		WantCreates: []runtime.Object{homePodN(grant("hello-00001", admitted), 1)},
 		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		// Its handover over, it drains and is not Ready: the Revision
+		// waits for the replacement (fiber-router holds its requests).
+		Name: "a Home Pod being deleted and no longer Ready is replaced at once under another name",
+		Key:  "default/hello-00001",
+		Objects: running(grant("hello-00001", admitted), now, func(p *corev1.Pod) {
+			p.DeletionTimestamp = &metav1.Time{Time: now}
+			p.Finalizers = []string{"test/keep"}
+		}),
+		WantCreates: []runtime.Object{homePodN(grant("hello-00001", admitted), 1)},
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
 			reserve(512<<20), atHome, issued("old-grant", now),
 			homeNotReady(contract.ReasonHomePending, "Home Pod lampyr-homes/"+hn+" is being deleted and drains its requests; its replacement "+hn+"-1 created.")))),
+		SkipNamespaceValidation: true,
+		OtherTestData:           requeue(5 * time.Minute),
+	}, {
+		// The replacement exists and starts: the Pod handing over still
+		// serves; once the replacement is Ready, it is the Home.
+		Name: "a Home Pod handing over serves until its replacement is Ready",
+		Key:  "default/hello-00001",
+		Objects: func() []runtime.Object {
+			g := grant("hello-00001", admitted)
+			repl := homePodN(g, 1)
+			repl.CreationTimestamp = metav1.Time{Time: now.Add(time.Second)}
+			return append(running(g, now, func(p *corev1.Pod) {
+				ready(p)
+				p.DeletionTimestamp = &metav1.Time{Time: now}
+				p.Finalizers = []string{"test/keep"}
+			}), repl)
+		}(),
+		WantStatusUpdates: statusUpdate(grant("hello-00001", admitted, reconciled(
+			reserve(512<<20), atHome, issued("old-grant", now), homeReady))),
 		SkipNamespaceValidation: true,
 		OtherTestData:           requeue(5 * time.Minute),
 	}, {

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"lampyr.dev/serving/impl/artifact"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
@@ -236,9 +237,14 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 	log.Printf("fiberd: serving on %s (fibers in %s)", ln.Addr(), cgroupParent)
 	go func() {
 		<-ctx.Done()
-		// SIGTERM: the Home Pod is being deleted, evicted or drained. Its
-		// grace period is the grant's timeoutSeconds plus 5 s, so the
-		// requests under way may run to their own limit first.
+		// SIGTERM: the Home Pod is being deleted, evicted or drained. It
+		// serves on while its replacement starts (Handover), then drains.
+		// Its grace period is the handover's bound plus the grant's
+		// timeoutSeconds plus 5 s, so the requests under way may run to
+		// their own limit first.
+		log.Printf("fiberd: SIGTERM: serving on while the replacement Home starts (at most %s, until no fiber is asked for %s)", server.HandoverMax, server.HandoverQuiet)
+		h := srv.Handover(context.Background(), server.HandoverMax, server.HandoverQuiet)
+		log.Printf("fiberd: handover ended after %s", h.Round(time.Millisecond))
 		d := srv.DrainTimeout()
 		log.Printf("fiberd: shutting down: no new fibers; waiting up to %s for %d requests and tunnels under way", d, srv.Active())
 		dctx, cancel := context.WithTimeout(context.Background(), d)

@@ -562,6 +562,24 @@ func (p *Pool) beginLocked(id string, tunnel bool) (*Fiber, func(), error) {
 	}, nil
 }
 
+// UnusedLeases counts fresh fibers leased and not yet used: a router that
+// leased one sends its request next. Reuse-mode fibers the router keeps
+// idle are not counted: it may keep them until their idle timeout.
+func (p *Pool) UnusedLeases() int {
+	if p.cfg.Mode != ModeFresh {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, f := range p.fibers {
+		if f.state == "acquired" && !f.ending {
+			n++
+		}
+	}
+	return n
+}
+
 // List returns every fiber, oldest first.
 func (p *Pool) List() []Snapshot {
 	p.mu.Lock()

@@ -141,6 +141,7 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
+	s.lastAcquire.Store(time.Now().UnixNano())
 	if s.draining.Load() {
 		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, drainingMsg)
 		return

@@ -86,3 +86,86 @@ func TestDrainFinishesRequestsUnderWayAndStartsNoFiber(t *testing.T) {
 		t.Fatal("Drain did not return after the last request ended")
 	}
 }
+
+// SIGTERM first hands over: while fiber-router still asks, the Home serves
+// new fibers and stays ready (its Pod stays Ready, so the grant controller
+// keeps naming it until the replacement is Ready); once nothing is asked
+// for the quiet period, Handover returns and Drain refuses new fibers.
+func TestHandoverServesWhileFibersAreAskedFor(t *testing.T) {
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Mode: "fresh"})
+	c := inst.Client
+	ctx := context.Background()
+	ended := make(chan time.Duration, 1)
+	go func() { ended <- inst.Server.Handover(ctx, 20*time.Second, 500*time.Millisecond) }()
+	for i := 0; i < 8; i++ {
+		f, err := c.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("acquisition %d during the handover: %v", i, err)
+		}
+		if err := c.Ready(ctx); err != nil {
+			t.Fatalf("/readyz during the handover: %v", err)
+		}
+		_ = c.Release(ctx, f.ID)
+		select {
+		case d := <-ended:
+			t.Fatalf("Handover ended after %s while fibers were still asked for", d)
+		case <-time.After(150 * time.Millisecond):
+		}
+	}
+	select {
+	case d := <-ended:
+		if d >= 20*time.Second {
+			t.Fatalf("Handover ran to its bound (%s), not to the quiet period", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Handover did not end once nothing was asked")
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	go inst.Server.Drain(dctx)
+	time.Sleep(100 * time.Millisecond)
+	if _, err := c.Acquire(ctx); err == nil {
+		t.Fatal("acquired a fiber after the handover, while draining")
+	}
+}
+
+// A fresh fiber leased just before SIGTERM is used right after: Drain waits
+// for its request instead of exiting under it.
+func TestDrainWaitsForAFiberLeasedAndNotYetUsed(t *testing.T) {
+	inst := fiberdtest.StartInstance(t, fiberdtest.Options{Mode: "fresh"})
+	c := inst.Client
+	ctx := context.Background()
+	f, err := c.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained := make(chan int64, 1)
+	go func() {
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		drained <- inst.Server.Drain(dctx)
+	}()
+	select {
+	case left := <-drained:
+		t.Fatalf("Drain returned (%d left) with a fiber leased and not yet used", left)
+	case <-time.After(300 * time.Millisecond):
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://app.example.com/", nil)
+	resp, err := c.Do(req, f.ID)
+	if err != nil {
+		t.Fatalf("the leased fiber's request: %v", err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the leased fiber's request: %d", resp.StatusCode)
+	}
+	select {
+	case left := <-drained:
+		if left != 0 {
+			t.Fatalf("Drain returned with %d under way", left)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return after the leased fiber served its request")
+	}
+}

@@ -118,6 +118,9 @@ type Server struct {
 
 	// draining: Drain was called; no fiber is acquired any more.
 	draining atomic.Bool
+	// lastAcquire is when the last acquisition arrived (Unix ns), which
+	// Handover watches.
+	lastAcquire atomic.Int64
 	// active counts proxied requests and tunnels under way, which Drain
 	// waits for.
 	active atomic.Int64
@@ -274,29 +277,82 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// Drain is fiberd's answer to SIGTERM (its Home Pod deleted, evicted or
-// drained from its node): from now on no fiber is acquired (503 NotReady,
-// which fiber-router holds requests on until the replacement Home serves)
-// and /readyz fails, while the requests and tunnels under way go on. It
-// returns once none is left, or when ctx ends; then call Close.
-func (s *Server) Drain(ctx context.Context) (left int64) {
-	s.draining.Store(true)
+// Handover is fiberd's first answer to SIGTERM (its Home Pod deleted,
+// evicted or drained from its node): the Home goes on serving, new fibers
+// included, and /readyz stays ready, so that the Pod stays Ready and the
+// grant controller keeps naming it while its replacement starts (make
+// before break, as for an upgrade). It returns once no acquisition has
+// arrived for quiet (fiber-router follows the replacement, or nothing is
+// asked), after max, or when ctx ends, and says how long it lasted. Before
+// it, an evicted Home refused new fibers at once and its Revision had no
+// Home until the replacement was Ready: 12 s on a loaded three-node
+// cluster, past a client's 10 s timeout (the operations suite's eviction,
+// 2026-12-05).
+func (s *Server) Handover(ctx context.Context, max, quiet time.Duration) time.Duration {
+	start := time.Now()
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if n := s.active.Load(); n == 0 {
-			return 0
+		last := max64(s.lastAcquire.Load(), start.UnixNano())
+		if time.Since(start) >= max || time.Since(time.Unix(0, last)) >= quiet {
+			return time.Since(start)
 		}
 		select {
 		case <-ctx.Done():
-			return s.active.Load()
+			return time.Since(start)
 		case <-t.C:
 		}
 	}
 }
 
-// Active is the number of proxied requests and tunnels under way.
-func (s *Server) Active() int64 { return s.active.Load() }
+func max64(a, b int64) int64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// Drain follows Handover: from now on no fiber is acquired (503 NotReady,
+// which fiber-router holds requests on until the replacement Home serves)
+// and /readyz fails, while the requests and tunnels under way go on, and
+// so do fresh fibers leased and not yet used: their router sends the
+// request right after the lease (before, a fiber leased just before
+// SIGTERM met a Home that had already exited: 502, "the fiber could not be
+// reached"). It returns once none is left, or when ctx ends; then call
+// Close.
+func (s *Server) Drain(ctx context.Context) (left int64) {
+	s.draining.Store(true)
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if n := s.Active(); n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return s.Active()
+		case <-t.C:
+		}
+	}
+}
+
+// Active is the number of proxied requests and tunnels under way, and of
+// fresh fibers leased and not yet used (reaped after FreshLeaseTimeout).
+func (s *Server) Active() int64 {
+	n := s.active.Load()
+	if p := s.Pool(); p != nil {
+		n += int64(p.UnusedLeases())
+	}
+	return n
+}
+
+// HandoverMax bounds Handover: the router holds a request for up to 30 s
+// (--home-wait) for a Home that cannot start fibers, and a replacement that
+// is not Ready by then has a problem of its own.
+const HandoverMax = 30 * time.Second
+
+// HandoverQuiet ends Handover early: no acquisition for this long.
+const HandoverQuiet = 2 * time.Second
 
 // DrainTimeout is how long Drain may wait: the grant's timeoutSeconds
 // (maxRequestSeconds) plus 2 s, inside the Home Pod's termination grace

@@ -111,13 +111,15 @@ func GrantKeyOf(obj metav1.Object) (namespace, name string, ok bool) {
 }
 
 // HomeEndpointOf is status.homeEndpoint: the Ready Home Pod's own address
-// when it has one, else the Home Service's name. fiber-router dials the Pod
+// when it has one, else the Home Service's name. A Pod being deleted is
+// passed only while it hands over (still Ready) and its replacement is not
+// Ready yet. fiber-router dials the Pod
 // directly, as Knative's activator does: no DNS lookup, and no wait for
 // kube-proxy to program the Home Service's new endpoint after the Pod turns
 // Ready (its minimum sync period is 1 s). A replaced Pod changes the address
 // and so the router metadata.
 func HomeEndpointOf(g *v1alpha1.CapacityGrant, homesNamespace string, home *corev1.Pod) string {
-	if home != nil && home.Status.PodIP != "" && home.DeletionTimestamp == nil && podReady(home) {
+	if home != nil && home.Status.PodIP != "" && podReady(home) {
 		return net.JoinHostPort(home.Status.PodIP, strconv.Itoa(APIPort))
 	}
 	return HomeEndpoint(g, homesNamespace)
@@ -279,9 +281,16 @@ func MakeHomeService(g *v1alpha1.CapacityGrant, homesNamespace string) *corev1.S
 // timeoutSeconds, as Knative gives a Revision's Pods (terminationGrace-
 // PeriodSeconds = timeoutSeconds). Its replacement starts meanwhile under
 // another name (HomePodName).
+//
+// Before it drains, fiberd serves on for up to HandoverSeconds while the
+// replacement starts (fiberd's server.Handover), so the grace adds them.
 func HomeGracePeriodSeconds(g *v1alpha1.CapacityGrant) int64 {
-	return max(g.Spec.MaxRequestSeconds, 0) + 5
+	return HandoverSeconds + max(g.Spec.MaxRequestSeconds, 0) + 5
 }
+
+// HandoverSeconds is fiberd's server.HandoverMax in seconds (the grant
+// controller does not link fiberd's server).
+const HandoverSeconds = 30
 
 // HomePodName is the name of g's Home Pod number n: HomeName for 0 (every
 // Home before replacements overlapped, and the first of each), then

@@ -210,7 +210,10 @@ func TestHomeEndpointOfPrefersTheReadyPod(t *testing.T) {
 		{"no Pod yet", nil, svc},
 		{"Pod without an IP", &corev1.Pod{Status: corev1.PodStatus{Conditions: ready}}, svc},
 		{"Pod not Ready", &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}}, svc},
-		{"Pod being deleted", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, svc},
+		// reconcilePod passes a Pod being deleted only while it hands over
+		// (Ready, its replacement not yet): it serves until then.
+		{"Pod being deleted, handing over", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, "10.244.0.7:9090"},
+		{"Pod being deleted, draining", &corev1.Pod{ObjectMeta: metav1.ObjectMeta{DeletionTimestamp: &now}, Status: corev1.PodStatus{PodIP: "10.244.0.7"}}, svc},
 		{"Ready Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7", Conditions: ready}}, "10.244.0.7:9090"},
 		{"Ready IPv6 Pod", &corev1.Pod{Status: corev1.PodStatus{PodIP: "fd00::7", Conditions: ready}}, "[fd00::7]:9090"},
 	} {
