@@ -14,8 +14,9 @@ import (
 )
 
 // StreamLogs follows the logs of every container of every Pod in the
-// namespaces, as Pods appear, into dir/<namespace>/<pod>_<container>_<restart>.log
-// (timestamped lines), until stop is called or ctx ends. A Pod deleted
+// namespaces, as Pods appear, into dir/<namespace>/<pod>_<container>_<restart>_<uid>.log
+// (timestamped lines; <pod> is followed by the first 8 characters of its
+// UID), until stop is called or ctx ends. A Pod deleted
 // while it runs keeps its logs here, where `kubectl logs` and the dump after
 // a failure lose them with the Pod: the operations suite traces a failed
 // request to the replica that answered it, and the replicas that answered
@@ -38,7 +39,9 @@ func StreamLogs(ctx context.Context, c *Clients, dir string, namespaces ...strin
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			path := filepath.Join(dir, ns, fmt.Sprintf("%s_%s_%d.log", p.Name, st.Name, st.RestartCount))
+			// The UID keeps apart Pods that reuse a name (a Home moved back
+			// to its own name): os.Create would truncate the first one's.
+			path := filepath.Join(dir, ns, fmt.Sprintf("%s_%s_%d_%s.log", p.Name, st.Name, st.RestartCount, string(p.UID)[:min(8, len(p.UID))]))
 			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 				return
 			}
