@@ -140,7 +140,9 @@ func traefikRBAC(version, file, prefix string) ([]*unstructured.Unstructured, er
 
 // A stopping Traefik replica leaves the endpoints for traefikPreStopSeconds,
 // then finishes the connections under way for up to traefikGraceSeconds:
-// Knative's default timeoutSeconds (300) and a margin. With Traefik's
+// the longest timeoutSeconds a Revision may set (Knative's
+// max-revision-timeout-seconds, 600), as Knative's activator and
+// fiber-router do. With Traefik's
 // default lifeCycle.graceTimeOut (10 s) a drained node or a rolled gateway
 // cut every stream and WebSocket through the replica that stopped, on both
 // sides of the pair (the operations suite's drain run, 2026-12-05: 1 stream
@@ -148,7 +150,7 @@ func traefikRBAC(version, file, prefix string) ([]*unstructured.Unstructured, er
 // connections too, so a WebSocket lives until it closes or the grace ends.
 const (
 	traefikPreStopSeconds = 5
-	traefikGraceSeconds   = 310
+	traefikGraceSeconds   = 600
 )
 
 // traefikGraceArgs set the grace on every entry point that serves
