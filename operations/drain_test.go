@@ -161,20 +161,20 @@ var _ = Describe("more than one node", Label("cluster", "operations", "multinode
 				Skip(fmt.Sprintf("%s has %d schedulable node(s) (%s): draining one needs another to move to; create the pair with LAMPYR_CLUSTER_WORKERS=2 (after `just cluster-down --all`)", s.Name, len(n), strings.Join(n, ", ")))
 			}
 		}
-		deployBoth(ctx, "steady")
+		deployBoth(ctx, "drained")
 		// Where things run before: Homes of every Service of the suite,
 		// fiber-router's replicas, the stock Revision's Pods.
 		l := the().lampyr
-		fmt.Fprintf(GinkgoWriter, "before: lampyr Homes per node %v, fiber-router per node %v; stock steady Pods per node %v\n",
+		fmt.Fprintf(GinkgoWriter, "before: lampyr Homes per node %v, fiber-router per node %v; stock drained Pods per node %v\n",
 			podsByNode(ctx, l, contract.HomesNamespace, resources.ComponentKey+"="+resources.Component), podsByNode(ctx, l, contract.SystemNamespace, "app=fiber-router"),
-			podsByNode(ctx, the().stock, ns, "serving.knative.dev/revision=steady-00001"))
+			podsByNode(ctx, the().stock, ns, "serving.knative.dev/revision=drained-00001"))
 		fmt.Fprintf(GinkgoWriter, "machine before the drain:\n%s\n", machine(ctx))
-		p := probe(ctx, "steady")
+		p := probe(ctx, "drained")
 		steady(ctx)
 		p.Phase("draining")
 		took := map[string]time.Duration{}
 		for _, s := range the().sides {
-			pods := revisionPods(ctx, s, "steady-00001")
+			pods := revisionPods(ctx, s, "drained-00001")
 			pns, pname, _ := strings.Cut(pods[0], "/")
 			pod, err := s.Clients.Kube.CoreV1().Pods(pns).Get(ctx, pname, metav1.GetOptions{})
 			Expect(err).NotTo(HaveOccurred())
