@@ -141,7 +141,7 @@ func (r *Reconciler) reconcileService(ctx context.Context, g *v1alpha1.CapacityG
 // A Home Pod being deleted (by hand, by an eviction or a node drain, or
 // here because it failed or runs an outdated image) hands over, then
 // drains: fiberd serves on, new fibers included, while it stays Ready
-// (at most 30 s, server.Handover), then lets the requests under way finish
+// (at most 60 s, server.Handover), then lets the requests under way finish
 // within its grace period. Its replacement is created at once under the
 // next free name (HomePodName); the Pod being deleted stays the Home while
 // it is Ready and the replacement is not, so the Revision is served

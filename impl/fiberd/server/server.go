@@ -346,13 +346,18 @@ func (s *Server) Active() int64 {
 	return n
 }
 
-// HandoverMax bounds Handover: the router holds a request for up to 30 s
-// (--home-wait) for a Home that cannot start fibers, and a replacement that
-// is not Ready by then has a problem of its own.
-const HandoverMax = 30 * time.Second
+// HandoverMax bounds Handover: long enough for a replacement to start on a
+// busy node (a node drain moves every Pod at once: the three-node drain run
+// saw a replacement Ready 31 s after its predecessor's SIGTERM), short
+// against the Pod's grace, which adds it.
+const HandoverMax = 60 * time.Second
 
-// HandoverQuiet ends Handover early: no acquisition for this long.
-const HandoverQuiet = 2 * time.Second
+// HandoverQuiet ends Handover early: no acquisition for this long. A client
+// that sends one request at a time, one of them slow, leaves gaps of
+// seconds while the router still names this Home: with 2 s the drain run's
+// handover ended at once and three requests waited past their 10 s for
+// the replacement.
+const HandoverQuiet = 10 * time.Second
 
 // DrainTimeout is how long Drain may wait: the grant's timeoutSeconds
 // (maxRequestSeconds) plus 2 s, inside the Home Pod's termination grace

@@ -290,7 +290,7 @@ func HomeGracePeriodSeconds(g *v1alpha1.CapacityGrant) int64 {
 
 // HandoverSeconds is fiberd's server.HandoverMax in seconds (the grant
 // controller does not link fiberd's server).
-const HandoverSeconds = 30
+const HandoverSeconds = 60
 
 // HomePodName is the name of g's Home Pod number n: HomeName for 0 (every
 // Home before replacements overlapped, and the first of each), then
