@@ -29,6 +29,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -161,8 +162,26 @@ func serviceIn(namespace, svc string) *unstructured.Unstructured {
 // deployBoth applies svc to both sides and waits until each answers.
 func deployBoth(ctx context.Context, svc string) { deployBothIn(ctx, ns, svc) }
 
-// deployBothIn is deployBoth in another tenant's namespace.
+// deleteWhenDone deletes Service namespace/svc from both sides when the
+// spec (or, from BeforeAll, the container) ends.
+func deleteWhenDone(namespace, svc string) {
+	DeferCleanup(func(ctx SpecContext) {
+		for _, s := range the().sides {
+			err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(namespace).Delete(ctx, svc, metav1.DeleteOptions{})
+			if err != nil && !apierrs.IsNotFound(err) {
+				fmt.Fprintf(GinkgoWriter, "deleting Service %s/%s on %s: %v\n", namespace, svc, s.Name, err)
+			}
+		}
+	})
+}
+
+// deployBothIn is deployBoth in another tenant's namespace. The Service is
+// deleted from both sides when the spec ends: Lampyr's fair share
+// (namespace-fiber-memory-share, 4Gi) admits three of these Revisions in
+// one namespace, and refused the fourth scenario's (NamespaceShareExceeded),
+// as it should.
 func deployBothIn(ctx context.Context, namespace, svc string) {
+	deleteWhenDone(namespace, svc)
 	u := serviceIn(namespace, svc)
 	for _, s := range the().sides {
 		Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
@@ -471,6 +490,7 @@ var _ = Describe("day-2 operations", Label("cluster", "operations"), Ordered, Co
 		DeferCleanup(func(ctx SpecContext) { restore(ctx) })
 		// A new Service while the controller is away.
 		u := service("during")
+		deleteWhenDone(ns, "during")
 		for _, s := range the().sides {
 			Expect(s.Clients.Apply(ctx, e2eutil.KServices, u.DeepCopy(), "operations")).To(Succeed())
 		}
