@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"lampyr.dev/serving/impl/fiberd/server"
 	"net"
 	"net/http"
 	"os"
@@ -95,7 +96,9 @@ func TestFiberdFromFiles(t *testing.T) {
 		if err != nil {
 			t.Fatalf("fiberd: %v", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(server.HandoverQuiet + 10*time.Second):
+		// It hands over first: it serves on until no fiber has been asked
+		// for HandoverQuiet.
 		t.Fatal("fiberd did not stop")
 	}
 }
