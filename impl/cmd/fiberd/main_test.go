@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
-	"lampyr.dev/serving/impl/fiberd/server"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/fiberd/server"
 	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 	"lampyr.dev/serving/impl/trust/signedgrant"
