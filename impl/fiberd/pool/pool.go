@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"lampyr.dev/serving/impl/fiberd/backend"
@@ -132,6 +133,10 @@ type Pool struct {
 	wake chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	// rounds counts the reaper's and the refill loop's passes (tests: an
+	// idle pool does not wake).
+	rounds atomic.Int64
 }
 
 // New starts the pool's refill and reaper loops.
@@ -236,9 +241,12 @@ func (p *Pool) kick() {
 	}
 }
 
+// notifyLocked tells the waiters on p.changed (Acquire, Begin, the reaper)
+// and the refill loop that the pool's state changed.
 func (p *Pool) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
+	p.kick()
 }
 
 func (p *Pool) leasedLocked() int { return len(p.fibers) - len(p.warm) }
@@ -603,24 +611,32 @@ func (p *Pool) Counts() (warm, leased, starting int) {
 	return len(p.warm), p.leasedLocked(), p.starting
 }
 
+// refillLoop starts warm fibers up to the warm target. It runs when the
+// pool's state changes (notifyLocked, kick) and when a start back-off ends,
+// not on a fixed tick: an idle Home does not wake (it polled every second).
 func (p *Pool) refillLoop() {
 	defer p.wg.Done()
+	backoff := time.NewTimer(time.Hour)
+	defer backoff.Stop()
 	for {
 		// No start begins before the back-off of the last failure ends
 		// (recordStartLocked), whoever wakes the loop: a broken snapshot
 		// or handler must not spin the CPU.
-		wait := time.Second
+		var due <-chan time.Time
 		p.mu.Lock()
 		if d := time.Until(p.notBefore); d > 0 {
-			wait = d
+			backoff.Reset(d)
+			due = backoff.C
 		}
 		p.mu.Unlock()
 		select {
 		case <-p.stop:
 			return
 		case <-p.wake:
-		case <-time.After(wait):
+		case <-due:
 		}
+		backoff.Stop()
+		p.rounds.Add(1)
 		for {
 			p.mu.Lock()
 			need := !p.closed && !time.Now().Before(p.notBefore) && len(p.warm)+p.starting < p.warmTargetLocked() && len(p.fibers)+p.starting < p.cfg.MaxFibers
@@ -642,42 +658,56 @@ func (p *Pool) refillLoop() {
 	}
 }
 
+// spentGrace is how long a fresh fiber that served its request may stay
+// unreleased before the reaper ends it.
+const spentGrace = 10 * time.Second
+
+// reapDeadlineLocked is when the reaper ends f and why, or zero if it never
+// does in f's present state.
+func (p *Pool) reapDeadlineLocked(f *Fiber) (time.Time, string) {
+	switch {
+	case f.ending:
+	case f.state == "acquired" && p.cfg.Mode == ModeReuse:
+		return f.lastUsed.Add(p.cfg.IdleTimeout), "idle timeout"
+	case f.state == "acquired" && p.cfg.Mode == ModeFresh:
+		return f.lastUsed.Add(p.cfg.LeaseTimeout), "lease unused"
+	case f.state == "spent":
+		return f.lastUsed.Add(spentGrace), "spent, not released"
+	}
+	return time.Time{}, ""
+}
+
 // reapLoop releases idle reuse fibers, spent fresh fibers the router never
-// released, and leases nobody used.
+// released, and leases nobody used. It sleeps until the earliest of their
+// deadlines or the next change of the pool's state, not on a fixed tick:
+// an idle Home (warm fibers only) has no deadline and does not wake at all
+// (issue 32: it woke every 100 ms, on the same two cores as everything
+// else), and a deadline is met when it falls, not up to a tick later.
 func (p *Pool) reapLoop() {
 	defer p.wg.Done()
-	tick := 100 * time.Millisecond
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
-		select {
-		case <-p.stop:
-			return
-		case <-time.After(tick):
-		}
+		p.rounds.Add(1)
 		now := time.Now()
 		var victims []*Fiber
 		var reasons []string
+		var next time.Time
 		p.mu.Lock()
 		for _, f := range p.fibers {
-			if f.ending {
-				continue
-			}
-			idle := now.Sub(f.lastUsed)
-			reason := ""
+			at, reason := p.reapDeadlineLocked(f)
 			switch {
-			case f.state == "acquired" && p.cfg.Mode == ModeReuse && idle >= p.cfg.IdleTimeout:
-				reason = "idle timeout"
-			case f.state == "acquired" && p.cfg.Mode == ModeFresh && idle >= p.cfg.LeaseTimeout:
-				reason = "lease unused"
-			case f.state == "spent" && idle >= 10*time.Second:
-				reason = "spent, not released"
-			}
-			if reason != "" {
+			case at.IsZero():
+			case !now.Before(at):
 				f.ending = true
 				p.removeLocked(f)
 				victims = append(victims, f)
 				reasons = append(reasons, reason)
+			case next.IsZero() || at.Before(next):
+				next = at
 			}
 		}
+		changed := p.changed
 		p.mu.Unlock()
 		for i, f := range victims {
 			// Said in the Home's log: a lease nobody used or released is
@@ -686,6 +716,24 @@ func (p *Pool) reapLoop() {
 			p.cfg.Logf("fiber %s reaped: %s", f.ID(), reasons[i])
 			p.end(f, reasons[i])
 		}
+		if len(victims) > 0 {
+			// removeLocked replaced p.changed: look again at once.
+			continue
+		}
+		var due <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-p.stop:
+			return
+		case <-changed:
+		case <-due:
+		}
+		// Since Go 1.23 Reset discards a value the timer sent and nobody
+		// received, so the next round needs no draining.
+		timer.Stop()
 	}
 }
 

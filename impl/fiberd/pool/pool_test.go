@@ -413,3 +413,56 @@ func TestAnUnusedLeaseIsReapedAndABusyFiberIsNot(t *testing.T) {
 		t.Fatalf("after its request: %v, want ErrSpent", err)
 	}
 }
+
+// An idle pool (warm fibers only, nothing leased) does not wake: its loops
+// wait for a change of state or a deadline, not a tick (issue 32: an idle
+// Home woke every 100 ms). Fails with the fixed 100 ms reaper tick or the
+// 1 s refill poll (at least 10 rounds in a second).
+func TestAnIdlePoolDoesNotWake(t *testing.T) {
+	p := newPool(t, &fakeBackend{}, ModeFresh, 3, 2)
+	eventually(t, "the warm target", p.Warm)
+	time.Sleep(100 * time.Millisecond) // the refill's last starts settle
+	before := p.rounds.Load()
+	time.Sleep(time.Second)
+	if n := p.rounds.Load() - before; n > 0 {
+		t.Fatalf("an idle pool's loops ran %d times in 1 s, want 0", n)
+	}
+}
+
+// A reaper deadline is met when it falls, whatever else the pool does: a
+// reuse fiber idle for IdleTimeout goes, and one used meanwhile stays until
+// its own deadline.
+func TestReaperMeetsEachFibersOwnDeadline(t *testing.T) {
+	p := newPool(t, &fakeBackend{}, ModeReuse, 3, 0) // IdleTimeout 200 ms
+	a, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	b, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	has := func(id string) bool {
+		for _, f := range p.List() {
+			if f.ID == id {
+				return true
+			}
+		}
+		return false
+	}
+	eventually(t, "the first fiber's idle timeout", func() bool { return !has(a.ID()) })
+	if !has(b.ID()) {
+		t.Fatal("the second fiber, idle for less than IdleTimeout, was reaped with the first")
+	}
+	_, end, err := p.Begin(context.Background(), b.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end() // used: its deadline moves to now + IdleTimeout
+	used := time.Now()
+	eventually(t, "the second fiber's idle timeout", func() bool { return !has(b.ID()) })
+	if d := time.Since(used); d < 200*time.Millisecond {
+		t.Fatalf("reaped %v after its last use, before its IdleTimeout (200 ms)", d)
+	}
+}
