@@ -29,7 +29,10 @@ import (
 
 // opsUpgradeFrom names the earlier Lampyr the upgrade scenario installs
 // first (a git ref of this repository); default: the parent of the newest
-// commit that changed impl/, so the two differ in the product.
+// commit that changed impl/ other than its tests and documents, so the two
+// differ in the product (a commit that changed only a test builds the same
+// images, and the "upgrade" would change nothing). The scenario fails if
+// the two install the same images.
 const opsUpgradeFrom = "LAMPYR_OPS_UPGRADE_FROM"
 
 // git runs git in the repository and returns its trimmed output.
@@ -44,7 +47,7 @@ func git(args ...string) string {
 func upgradeFrom() (ref, commit string) {
 	ref = suite.Knob(opsUpgradeFrom)
 	if ref == "" {
-		last := git("rev-list", "-n", "1", "HEAD", "--", "impl")
+		last := git("rev-list", "-n", "1", "HEAD", "--", "impl", ":(exclude,glob)impl/**/*_test.go", ":(exclude,glob)impl/**/*.md", ":(exclude,glob)impl/**/testdata/**")
 		ref = last + "^"
 	}
 	return ref, git("rev-parse", "--verify", ref+"^{commit}")
@@ -76,6 +79,35 @@ func installLampyr(ctx context.Context, what, ly string) time.Duration {
 		waitRolledOut(ctx, s, contract.SystemNamespace, dep)
 	}
 	return time.Since(start)
+}
+
+// lampyrImages is every image the Lampyr installation runs: its system
+// Deployments' containers and the Home image.
+func lampyrImages(ctx context.Context) map[string]string {
+	s := the().lampyr
+	out := map[string]string{}
+	l, err := s.Clients.Kube.AppsV1().Deployments(contract.SystemNamespace).List(ctx, metav1.ListOptions{})
+	Expect(err).NotTo(HaveOccurred())
+	for _, d := range l.Items {
+		for _, c := range d.Spec.Template.Spec.Containers {
+			out[d.Name+"/"+c.Name] = c.Image
+		}
+	}
+	img, err := homeImage(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	out["home"] = img
+	return out
+}
+
+// changedImages lists what differs between two lampyrImages.
+func changedImages(before, after map[string]string) []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(after)) {
+		if before[k] != after[k] {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // homeImage is the Home image the installation runs: config-lampyr's
@@ -209,7 +241,11 @@ var _ = Describe("upgrades", Label("cluster", "operations", "upgrade"), Ordered,
 		p := probeAll(ctx, types.NamespacedName{Namespace: ns, Name: "upgraded"}, types.NamespacedName{Namespace: tenantB, Name: "upgraded"})
 		steady(ctx)
 		p.Phase("upgrading")
+		earlier := lampyrImages(ctx)
 		took["lampyr: upgrade"] = installLampyr(ctx, "upgrade", newLy)
+		changed := changedImages(earlier, lampyrImages(ctx))
+		fmt.Fprintf(GinkgoWriter, "lampyr: the upgrade changed the images of %v\n", changed)
+		Expect(changed).NotTo(BeEmpty(), "%s and this checkout install the same images: the upgrade changed nothing; set %s to an earlier ref", ref, opsUpgradeFrom)
 		settle("lampyr: Homes after upgrade")
 		took["stock: upgrade"] = installStock(ctx, "upgrade", knative.ServingVersion)
 		p.Phase("upgraded")
