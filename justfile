@@ -81,9 +81,13 @@ test-feasibility *GINKGO_ARGS: _inputs-background tools
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json {{GINKGO_ARGS}}
 
 # Side-by-side performance of stock Knative and Lampyr on the paired clusters
-# (report in _artifacts/bench/report.{json,md,html}). Knobs: LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES.
+# (report in _artifacts/bench/report.{json,md,html,png}; the PNG is rendered
+# with Debian's chromium, installed here if missing). About 40 minutes.
+# Knobs (docs/environment.md): LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES,
+# LAMPYR_BENCH_READY_SAMPLES, LAMPYR_BENCH_IDLE_CPU_SECONDS.
 bench-portability *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
+    @command -v chromium >/dev/null || { echo "bench: installing Debian's chromium (renders the report to PNG)"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || echo "bench: chromium not installed; the report stays HTML only"; }
     LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
 
 # Day-2 operations (issue 33): with requests, a stream and a WebSocket running

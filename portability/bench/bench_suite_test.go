@@ -19,6 +19,7 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/e2e-framework/pkg/envconf"
 
@@ -26,6 +27,7 @@ import (
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/clusters/harness"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/install/knative"
 	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
@@ -37,6 +39,7 @@ const (
 	benchColdCycles   = "LAMPYR_BENCH_COLD_CYCLES"
 	benchIdleSeconds  = "LAMPYR_BENCH_IDLE_CPU_SECONDS"
 	benchQuietMillis  = "LAMPYR_BENCH_QUIET_MILLICORES"
+	benchReadySamples = "LAMPYR_BENCH_READY_SAMPLES"
 	benchSetupTimeout = 60 * time.Minute
 )
 
@@ -45,7 +48,7 @@ var suite = harness.New(harness.Config{
 	Folder:       "bench",
 	Recipe:       "just bench-portability",
 	Clusters:     harness.Paired(),
-	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis},
+	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis, benchReadySamples},
 	SetupTimeout: benchSetupTimeout,
 })
 
@@ -204,11 +207,30 @@ func finishBench(ctx context.Context, _ *envconf.Config) (context.Context, error
 		_ = os.WriteFile(filepath.Join(r.artDir, "report.md"), []byte(r.report.Markdown()), 0o644)
 		_ = os.WriteFile(filepath.Join(r.artDir, "report.html"), []byte(r.report.HTML()), 0o644)
 		fmt.Fprintf(GinkgoWriter, "\n%s\nreports: %s/report.{json,md,html}\n", r.report.Markdown(), r.artDir)
+		fmt.Fprintln(GinkgoWriter, renderPNG(ctx, filepath.Join(r.artDir, "report.html"), filepath.Join(r.artDir, "report.png")))
 	}
 	for _, s := range r.sides {
 		_ = s.Clients.Kube.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{})
 	}
 	return ctx, resetAutoscaler(ctx, r.stock)
+}
+
+// renderPNG renders the HTML report to a PNG with headless Chromium
+// (Debian's chromium, which `just bench-portability` installs) and says
+// what it did; without Chromium it says so and renders nothing.
+func renderPNG(ctx context.Context, page, png string) string {
+	bin, err := exec.LookPath("chromium")
+	if err != nil {
+		return "report.png not rendered: no chromium on PATH (apt-get install chromium)"
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+		"--window-size=1200,4000", "--screenshot="+png, "file://"+page).CombinedOutput()
+	if err != nil {
+		return fmt.Sprintf("report.png not rendered: chromium: %v: %s", err, out)
+	}
+	return "report rendered: " + png
 }
 
 // freshNamespace makes the bench's namespace anew. On Lampyr its
@@ -275,6 +297,125 @@ func deployBothMode(ctx context.Context, svc string, maxScale int32, mode string
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
+// loadNow is the machine's load average now (1, 5 and 15 minutes): every
+// figure carries it, as machines of this kind differ up to 3x.
+func loadNow() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// addRows adds rows to the report, each with the machine's load now
+// unless it carries the load of its own measurement.
+func addRows(rows ...Row) {
+	for i := range rows {
+		if rows[i].Load == "" {
+			rows[i].Load = loadNow()
+		}
+	}
+	the().report.Rows = append(the().report.Rows, rows...)
+}
+
+// podAutoscalers are Knative's PodAutoscalers (stock's KPA).
+var podAutoscalers = schema.GroupVersionResource{Group: "autoscaling.internal.knative.dev", Version: "v1alpha1", Resource: "podautoscalers"}
+
+// stockScale is what stock's autoscaler wants for rev and what it has.
+func stockScale(ctx context.Context, rev string) (desired, actual int64, err error) {
+	pa, err := the().stock.Clients.Dynamic.Resource(podAutoscalers).Namespace(ns).Get(ctx, rev, metav1.GetOptions{})
+	if err != nil {
+		return 0, 0, err
+	}
+	desired, _, _ = unstructured.NestedInt64(pa.Object, "status", "desiredScale")
+	actual, _, _ = unstructured.NestedInt64(pa.Object, "status", "actualScale")
+	return desired, actual, nil
+}
+
+// warmUp loads both sides in turn (stock's window, then Lampyr's, as the
+// measurement does) until stock's autoscaler has scaled for concurrency
+// conc: its PodAutoscaler's desired scale equals its actual scale, the
+// same over two rounds running. Without it stock's measured rounds mixed
+// scale-up with serving, and its starting Pods took CPU from Lampyr's.
+func warmUp(ctx context.Context, svc string, conc int, window time.Duration) {
+	deadline := time.Now().Add(3 * time.Minute)
+	var last, stable int64 = -1, 0
+	for round := 1; ; round++ {
+		for _, s := range the().sides {
+			Load(ctx, conc, window, GetFunc(the().client, s.Gateway, host(svc), "/"))
+		}
+		desired, actual, err := stockScale(ctx, svc+"-00001")
+		Expect(err).NotTo(HaveOccurred())
+		fmt.Fprintf(GinkgoWriter, "warm-up c=%d round %d: stock desired %d, actual %d Pods\n", conc, round, desired, actual)
+		if desired == actual && desired == last {
+			stable++
+		} else {
+			stable = 0
+		}
+		last = desired
+		if stable >= 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(GinkgoWriter, "warm-up c=%d: stock still scaling after 3 min; measuring anyway\n", conc)
+			return
+		}
+	}
+}
+
+// gone waits until the Revision rev has no Pod left on either side (on
+// Lampyr its Home and its quota Pod), so a sample's teardown does not
+// overlap the next sample.
+func gone(ctx context.Context, rev string) {
+	for _, s := range the().sides {
+		Eventually(func() (int, error) {
+			pods, err := s.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
+			if err != nil {
+				return -1, err
+			}
+			n := len(pods.Items)
+			if s == the().lampyr {
+				homes, err := e2eutil.HomePods(ctx, s.Clients, ns, rev)
+				if err != nil {
+					return -1, err
+				}
+				n += len(homes.Items)
+			}
+			return n, nil
+		}).WithTimeout(3*time.Minute).WithPolling(500*time.Millisecond).Should(BeZero(), "the Pods of deleted Revision %s on %s", rev, s.Name)
+	}
+}
+
+// setWarmFibers sets the installation's home-warm-fibers (config-lampyr);
+// "" removes it (the default, 2). Homes made after it use it; running
+// Homes keep theirs.
+func setWarmFibers(ctx context.Context, v string) {
+	var val any = v
+	if v == "" {
+		val = nil
+	}
+	patch, _ := json.Marshal(map[string]any{"data": map[string]any{lampyrconfig.KeyHomeWarmFibers: val}})
+	_, err := the().lampyr.Clients.Kube.CoreV1().ConfigMaps(contract.SystemNamespace).Patch(ctx, contract.ConfigMapName, types.MergePatchType, patch, metav1.PatchOptions{})
+	Expect(err).NotTo(HaveOccurred(), "setting %s to %q", lampyrconfig.KeyHomeWarmFibers, v)
+}
+
+// homeWarmFibers is the --warm-fibers argument of rev's Home.
+func homeWarmFibers(ctx context.Context, rev string) string {
+	homes, err := e2eutil.HomePods(ctx, the().lampyr.Clients, ns, rev)
+	Expect(err).NotTo(HaveOccurred())
+	for _, p := range homes.Items {
+		for _, c := range p.Spec.Containers {
+			for _, a := range c.Args {
+				if v, ok := strings.CutPrefix(a, "--warm-fibers="); ok {
+					return v
+				}
+			}
+		}
+	}
+	return ""
+}
+
 var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "bench"), Ordered, func() {
 	// Warm requests: Lampyr reuses live fibers (execution mode reuse, as a
 	// latency-sensitive service would declare); cold: fresh fibers.
@@ -283,6 +424,10 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 	It("measures warm latency and throughput at concurrency 1, 4, 16", Label("warm"), func(ctx SpecContext) {
 		dur := time.Duration(suite.IntKnob(benchSeconds, 5)) * time.Second
 		for _, conc := range []int{1, 4, 16} {
+			// The Service's containerConcurrency is 1: stock scales toward
+			// conc/0.7 Pods. Measure once it has.
+			warmUp(ctx, "warm", conc, dur)
+			load := loadNow()
 			got := map[string]*Sample{"stock": {}, "lampyr": {}}
 			var lampyrRouter routerTotals
 			// A B B A: alternate which side goes first.
@@ -304,41 +449,70 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 					got[s.Name].Merge(smp)
 				}
 			}
+			desired, actual, err := stockScale(ctx, "warm-00001")
+			Expect(err).NotTo(HaveOccurred())
+			load += " -> " + loadNow()
 			m := fmt.Sprintf("warm c=%d", conc)
+			note := fmt.Sprintf("stock at %d Pods (desired %d)", actual, desired)
 			the().report.Samples[m+"/stock"], the().report.Samples[m+"/lampyr"] = got["stock"], got["lampyr"]
-			the().report.Rows = append(the().report.Rows,
-				Row{Group: m, Metric: "p50 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(50)), Lampyr: ms(got["lampyr"].Percentile(50)), Goal: "<= 1.0"},
-				Row{Group: m, Metric: "p99 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(99)), Lampyr: ms(got["lampyr"].Percentile(99)), Goal: "<= 1.0"},
-				Row{Group: m, Metric: "throughput", Unit: "req/s", Stock: got["stock"].Throughput(), Lampyr: got["lampyr"].Throughput()},
-				Row{Group: m, Metric: "errors", Unit: "", Stock: float64(got["stock"].Errors), Lampyr: float64(got["lampyr"].Errors)},
-				Row{Group: m, Metric: "unfinished at window end", Unit: "", Stock: float64(got["stock"].Unfinished), Lampyr: float64(got["lampyr"].Unfinished)},
+			addRows(
+				Row{Group: m, Metric: "p50 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(50)), Lampyr: ms(got["lampyr"].Percentile(50)), Goal: "<= 1.0", Note: note, Load: load},
+				Row{Group: m, Metric: "p99 latency", Unit: "ms", Stock: ms(got["stock"].Percentile(99)), Lampyr: ms(got["lampyr"].Percentile(99)), Goal: "<= 1.0", Note: note, Load: load},
+				Row{Group: m, Metric: "throughput", Unit: "req/s", Stock: got["stock"].Throughput(), Lampyr: got["lampyr"].Throughput(), Load: load},
+				Row{Group: m, Metric: "errors", Unit: "", Stock: float64(got["stock"].Errors), Lampyr: float64(got["lampyr"].Errors), Load: load},
+				Row{Group: m, Metric: "unfinished at window end", Unit: "", Stock: float64(got["stock"].Unfinished), Lampyr: float64(got["lampyr"].Unfinished), Load: load},
 			)
 			the().report.Breakdown = append(the().report.Breakdown, breakdownRows("Lampyr "+m, ms(got["lampyr"].Mean()), lampyrRouter)...)
 		}
 	})
 
-	It("measures cold requests: stock from zero Pods, Lampyr fresh fibers", Label("cold", "scaling"), func(ctx SpecContext) {
+	It("measures cold requests: stock from zero Pods, Lampyr fresh fibers from its warm pool and with no warm fiber", Label("cold", "scaling"), func(ctx SpecContext) {
 		cycles := suite.IntKnob(benchColdCycles, 20)
 		// Stock's autoscaler would keep an idle Revision 60s+30s; the cold
 		// cycles need it at zero sooner. Set only now: with a 6 s window
 		// during the warm runs stock scaled down while Lampyr's turn ran and
 		// its next round paid a scale-up (first run: p99 4.2 s). The window
-		// does not change how long a scale from zero takes.
+		// does not change how long a scale from zero takes. Reset when the
+		// spec ends: the apply -> Ready samples ran with it before.
 		patch := `{"data":{"stable-window":"6s","scale-to-zero-grace-period":"6s"}}`
 		_, err := the().stock.Clients.Kube.CoreV1().ConfigMaps("knative-serving").Patch(ctx, "config-autoscaler", types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { Expect(resetAutoscaler(ctx, the().stock)).To(Succeed()) })
 		deployBoth(ctx, "cold", 20)
-		got := map[string]*Sample{"stock": {}, "lampyr": {}}
-		do := func(s *side) {
+		// The same Service on Lampyr alone, whose Home keeps no warm fiber
+		// (home-warm-fibers 0 while it is made): every request starts a
+		// fiber. Stock has no such thing: its cold request is the same.
+		setWarmFibers(ctx, "0")
+		DeferCleanup(func(ctx SpecContext) { setWarmFibers(ctx, "") })
+		// The grant controller reads config-lampyr through an informer;
+		// the assertion below fails if it had not seen the change.
+		time.Sleep(2 * time.Second)
+		nowarm := service("cold-nowarm", 20)
+		apply(ctx, the().lampyr, nowarm)
+		_, err = the().lampyr.Clients.WaitReady(ctx, e2eutil.KServices, ns, "cold-nowarm", 4*time.Minute)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(homeWarmFibers(ctx, "cold-nowarm-00001")).To(Equal("0"), "the no-warm-fiber Home was made with warm fibers")
+		setWarmFibers(ctx, "")
+
+		got := map[string]*Sample{"stock": {}, "lampyr": {}, "nowarm": {}}
+		do := func(what string) {
+			s, svc := the().stock, "cold"
+			switch what {
+			case "lampyr":
+				s = the().lampyr
+			case "nowarm":
+				s, svc = the().lampyr, "cold-nowarm"
+			}
 			t0 := time.Now()
-			code, err := GetFunc(the().client, s.Gateway, host("cold"), "/")(ctx)
+			code, err := GetFunc(the().client, s.Gateway, host(svc), "/")(ctx)
 			if err != nil {
 				code = -1
 			}
-			got[s.Name].Add(time.Since(t0), code)
+			got[what].Add(time.Since(t0), code)
 		}
 		before, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold")
 		Expect(err).NotTo(HaveOccurred())
+		load := loadNow()
 		for i := 0; i < cycles; i++ {
 			// Stock: wait until the Revision has no Pod at all.
 			Eventually(func() (int, error) {
@@ -348,36 +522,57 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				}
 				return len(pods.Items), nil
 			}).WithTimeout(3*time.Minute).WithPolling(250*time.Millisecond).Should(BeZero(), "stock never scaled cold to zero (cycle %d)", i)
-			do(the().stock)
-			// Lampyr: every fresh request gets a fiber no request used.
-			time.Sleep(time.Second)
-			do(the().lampyr)
-			fmt.Fprintf(GinkgoWriter, "cold cycle %d: stock %.0fms, lampyr %.1fms\n", i+1, got["stock"].Millis[i], got["lampyr"].Millis[i])
+			// A B A B: stock first in even cycles, Lampyr first in odd
+			// ones, so neither always runs beside the other's aftermath
+			// (stock's new Pod starting).
+			order := []string{"stock", "lampyr", "nowarm"}
+			if i%2 == 1 {
+				order = []string{"lampyr", "nowarm", "stock"}
+			}
+			for j, what := range order {
+				if j > 0 {
+					time.Sleep(time.Second)
+				}
+				do(what)
+			}
+			fmt.Fprintf(GinkgoWriter, "cold cycle %d (%s first): stock %.0fms, lampyr %.1fms, lampyr with no warm fiber %.1fms, load %s\n", i+1, order[0], got["stock"].Millis[i], got["lampyr"].Millis[i], got["nowarm"].Millis[i], loadNow())
 		}
+		load += " -> " + loadNow()
 		after, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold")
 		Expect(err).NotTo(HaveOccurred())
 		the().report.Breakdown = append(the().report.Breakdown, breakdownRows("Lampyr cold request", ms(got["lampyr"].Mean()), after.minus(before))...)
 		the().report.Samples["cold/stock"], the().report.Samples["cold/lampyr"] = got["stock"], got["lampyr"]
+		the().report.Samples["cold, no warm fiber/stock"], the().report.Samples["cold, no warm fiber/lampyr"] = got["stock"], got["nowarm"]
 		for _, p := range []float64{50, 90, 99} {
-			the().report.Rows = append(the().report.Rows, Row{Group: "cold request", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
-				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["lampyr"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles", cycles)})
+			addRows(Row{Group: "cold request", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
+				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["lampyr"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles", cycles), Load: load})
 		}
-		Expect(got["stock"].Errors+got["lampyr"].Errors).To(BeZero(), "cold requests failed: stock %v lampyr %v", got["stock"].Codes, got["lampyr"].Codes)
+		for _, p := range []float64{50, 90, 99} {
+			addRows(Row{Group: "cold request, no warm fiber", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
+				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["nowarm"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles; Lampyr's Home keeps no warm fiber", cycles), Load: load})
+		}
+		Expect(homeWarmFibers(ctx, "cold-nowarm-00001")).To(Equal("0"), "the no-warm-fiber Home was replaced by one with warm fibers during the cycles")
+		Expect(got["stock"].Errors+got["lampyr"].Errors+got["nowarm"].Errors).To(BeZero(), "cold requests failed: stock %v lampyr %v lampyr with no warm fiber %v", got["stock"].Codes, got["lampyr"].Codes, got["nowarm"].Codes)
 	})
 
-	It("measures apply -> Ready and apply -> first response over 5 Revisions", Label("readiness"), func(ctx SpecContext) {
+	It("measures apply -> Ready and apply -> first response, with every sample's timeline", Label("readiness"), func(ctx SpecContext) {
 		// Free the grant capacity the earlier Services reserve (max-scale x
 		// memory; the installation default is 8Gi): the first run's fifth
-		// Revision was refused for capacity and never became Ready.
+		// Revision was refused for capacity and never became Ready. Each
+		// sample's Service goes before the next one starts, Pods and all.
 		for _, s := range the().sides {
-			for _, old := range []string{"warm", "cold"} {
+			for _, old := range []string{"warm", "cold", "cold-nowarm"} {
 				_ = s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, old, metav1.DeleteOptions{})
 			}
 		}
+		for _, old := range []string{"warm", "cold", "cold-nowarm"} {
+			gone(ctx, old+"-00001")
+		}
+		samples := suite.IntKnob(benchReadySamples, 20)
 		ready := map[string]*Sample{"stock": {}, "lampyr": {}}
-		var timelines []*timeline
 		first := map[string]*Sample{"stock": {}, "lampyr": {}}
-		for i := 0; i < 5; i++ {
+		load := loadNow()
+		for i := 0; i < samples; i++ {
 			svc := fmt.Sprintf("ready-%d", i)
 			u := service(svc, 5)
 			order := []*side{the().stock, the().lampyr}
@@ -386,32 +581,42 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			}
 			for _, s := range order {
 				t0 := time.Now()
-				var stop chan struct{}
-				if s == the().lampyr {
-					stop = make(chan struct{})
-					timelines = append(timelines, watchRevision(ctx, s.Clients, svc+"-00001", stop))
-				}
+				stop := make(chan struct{})
+				tl := watchRevision(ctx, s.Clients, s == the().lampyr, svc+"-00001", t0, stop)
 				apply(ctx, s, u)
 				Eventually(func() bool {
 					o, err := s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Get(ctx, svc, metav1.GetOptions{})
 					return err == nil && e2eutil.IsReady(o)
 				}).WithTimeout(4*time.Minute).WithPolling(100*time.Millisecond).Should(BeTrue(), "%s on %s", svc, s.Name)
-				ready[s.Name].Add(time.Since(t0), 200)
-				if stop != nil {
-					close(stop)
-				}
+				d := time.Since(t0)
+				ready[s.Name].Add(d, 200)
+				tl.at("Service Ready", d)
 				Eventually(func() (int, error) { return GetFunc(the().client, s.Gateway, host(svc), "/")(ctx) }).
 					WithTimeout(2 * time.Minute).WithPolling(100 * time.Millisecond).Should(Equal(200))
-				first[s.Name].Add(time.Since(t0), 200)
-				fmt.Fprintf(GinkgoWriter, "%s on %s: Ready after %.1fs, first response after %.1fs\n", svc, s.Name, ready[s.Name].Millis[i]/1000, first[s.Name].Millis[i]/1000)
+				d = time.Since(t0)
+				first[s.Name].Add(d, 200)
+				tl.at("first response", d)
+				close(stop)
+				the().report.Timelines = append(the().report.Timelines, tl.sample(s.Name, svc, loadNow()))
+				fmt.Fprintf(GinkgoWriter, "%s on %s: Ready after %.2fs, first response after %.2fs, load %s\n", svc, s.Name, ready[s.Name].Millis[i]/1000, first[s.Name].Millis[i]/1000, loadNow())
 			}
+			for _, s := range the().sides {
+				Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).Delete(ctx, svc, metav1.DeleteOptions{})).To(Succeed())
+			}
+			gone(ctx, svc+"-00001")
 		}
-		the().report.Breakdown = append(the().report.Breakdown, timelineRows(timelines)...)
+		load += " -> " + loadNow()
 		the().report.Samples["apply-to-ready/stock"], the().report.Samples["apply-to-ready/lampyr"] = ready["stock"], ready["lampyr"]
-		the().report.Rows = append(the().report.Rows,
-			Row{Group: "apply -> Ready", Metric: "median", Unit: "ms", Stock: ms(ready["stock"].Percentile(50)), Lampyr: ms(ready["lampyr"].Percentile(50)), Goal: "<= 0.5"},
-			Row{Group: "apply -> first response", Metric: "median", Unit: "ms", Stock: ms(first["stock"].Percentile(50)), Lampyr: ms(first["lampyr"].Percentile(50)), Goal: "<= 0.5"},
+		addRows(
+			Row{Group: "apply -> Ready", Metric: "median", Unit: "ms", Stock: ms(ready["stock"].Percentile(50)), Lampyr: ms(ready["lampyr"].Percentile(50)), Goal: "<= 0.5", Note: fmt.Sprintf("%d samples a side", samples), Load: load},
+			Row{Group: "apply -> Ready", Metric: "p90", Unit: "ms", Stock: ms(ready["stock"].Percentile(90)), Lampyr: ms(ready["lampyr"].Percentile(90)), Load: load},
+			Row{Group: "apply -> first response", Metric: "median", Unit: "ms", Stock: ms(first["stock"].Percentile(50)), Lampyr: ms(first["lampyr"].Percentile(50)), Goal: "<= 0.5", Load: load},
 		)
+		rows := timelineRows(the().report.Timelines)
+		for i := range rows {
+			rows[i].Load = load
+		}
+		addRows(rows...)
 	})
 
 	It("measures behaviour at 2x max-scale concurrent requests", Label("scaling"), func(ctx SpecContext) {
@@ -422,14 +627,14 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			fmt.Fprintf(GinkgoWriter, "cap %s: %d requests, codes %v, p50 %.0fms p99 %.0fms\n", s.Name, len(smp.Latencies), smp.Codes, ms(smp.Percentile(50)), ms(smp.Percentile(99)))
 		}
 		st, lp := the().report.Samples["cap/stock"], the().report.Samples["cap/lampyr"]
-		the().report.Rows = append(the().report.Rows,
+		addRows(
 			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "completed", Unit: "", Stock: float64(st.Codes[200]), Lampyr: float64(lp.Codes[200])},
 			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "503s", Unit: "", Stock: float64(st.Codes[503]), Lampyr: float64(lp.Codes[503])},
 			Row{Group: "2x max-scale (4 clients, max-scale 2, 1 s streams)", Metric: "p99 latency", Unit: "ms", Stock: ms(st.Percentile(99)), Lampyr: ms(lp.Percentile(99))},
 		)
 	})
 
-	It("measures the idle footprint with 0 and 20 idle Services", Label("footprint"), func(ctx SpecContext) {
+	It("measures what an idle Service costs: 20 idle Services minus none, per Service", Label("footprint"), func(ctx SpecContext) {
 		for _, s := range the().sides {
 			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
 		}
@@ -451,7 +656,43 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			}
 			time.Sleep(10 * time.Second)
 		}
-		measure := func(label string) {
+		window := time.Duration(suite.IntKnob(benchIdleSeconds, 60)) * time.Second
+		type idle struct {
+			mem, cpu [2]float64
+			load     string
+		}
+		// measure samples both nodes over the same window: memory (the
+		// node's working set) every 5 s, averaged, and CPU from cumulative
+		// counters over the whole window.
+		measure := func(label string) idle {
+			var out idle
+			names := []string{the().stock.Name, the().lampyr.Name}
+			var mem [2][]float64
+			done := make(chan struct{})
+			go func() {
+				defer GinkgoRecover()
+				defer close(done)
+				for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(5 * time.Second) {
+					for i, n := range names {
+						v, err := NodeWorkingSetMiB(n)
+						Expect(err).NotTo(HaveOccurred())
+						mem[i] = append(mem[i], v)
+					}
+				}
+			}()
+			start := loadNow()
+			rates := cpuRates(the().sides, window)
+			<-done
+			out.load = start + " -> " + loadNow()
+			for i := range names {
+				var sum float64
+				for _, v := range mem[i] {
+					sum += v
+				}
+				out.mem[i] = sum / float64(len(mem[i]))
+				out.cpu[i] = rates[i]["node CPU"]
+				fmt.Fprintf(GinkgoWriter, "idle, %s, %s: node working set %.0f MiB (mean of %d samples), node CPU %.0f millicores over %s, load %s\n", label, names[i], out.mem[i], len(mem[i]), out.cpu[i], window, out.load)
+			}
 			for _, what := range []string{"node memory", "serving planes memory", "workload memory"} {
 				var v [2]float64
 				for i, s := range the().sides {
@@ -459,24 +700,17 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 					Expect(err).NotTo(HaveOccurred())
 					v[i] = fp[what]
 				}
-				the().report.Rows = append(the().report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Goal: map[bool]string{true: "<= 1.0"}[label == "20 Services" && what == "node memory"]})
+				addRows(Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Note: "one sample (docker stats, crictl)"})
 			}
-			// CPU: both nodes over the same window, from cumulative
-			// counters (the node's cgroup; each container's CRI stats).
-			window := time.Duration(suite.IntKnob(benchIdleSeconds, 30)) * time.Second
-			rates := cpuRates(the().sides, window)
-			for _, what := range []string{"node CPU", "serving planes CPU", "workload CPU"} {
-				var v [2]float64
-				for i := range the().sides {
-					v[i] = rates[i][what]
-				}
-				the().report.Rows = append(the().report.Rows, Row{Group: "idle, " + label, Metric: what, Unit: "millicores", Stock: v[0], Lampyr: v[1], Note: fmt.Sprintf("%s window", window)})
-			}
+			addRows(Row{Group: "idle, " + label, Metric: "node working set", Unit: "MiB", Stock: out.mem[0], Lampyr: out.mem[1], Note: fmt.Sprintf("mean over %s", window), Load: out.load},
+				Row{Group: "idle, " + label, Metric: "node CPU", Unit: "millicores", Stock: out.cpu[0], Lampyr: out.cpu[1], Note: fmt.Sprintf("%s window", window), Load: out.load})
+			return out
 		}
 		settle()
-		measure("0 Services")
+		zero := measure("0 Services")
+		const n = 20
 		var svcs []*unstructured.Unstructured
-		for i := 0; i < 20; i++ {
+		for i := 0; i < n; i++ {
 			svcs = append(svcs, service(fmt.Sprintf("idle-%d", i), 2))
 		}
 		for _, s := range the().sides {
@@ -497,7 +731,14 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			return len(pods.Items), err
 		}).WithTimeout(5*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock idle Services never reached zero Pods")
 		time.Sleep(10 * time.Second)
-		measure("20 Services")
+		twenty := measure(fmt.Sprintf("%d Services", n))
+		load := zero.load + "; " + twenty.load
+		addRows(
+			Row{Group: "idle cost per Service", Metric: "node memory", Unit: "MiB", Stock: (twenty.mem[0] - zero.mem[0]) / n, Lampyr: (twenty.mem[1] - zero.mem[1]) / n, Goal: "<= 1.0",
+				Note: fmt.Sprintf("(%d Services - 0) / %d, node working set, mean over %s each", n, n, window), Load: load},
+			Row{Group: "idle cost per Service", Metric: "node CPU", Unit: "millicores", Stock: (twenty.cpu[0] - zero.cpu[0]) / n, Lampyr: (twenty.cpu[1] - zero.cpu[1]) / n, Goal: "<= 1.0",
+				Note: fmt.Sprintf("(%d Services - 0) / %d, over %s each", n, n, window), Load: load},
+		)
 	})
 })
 

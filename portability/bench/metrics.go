@@ -80,6 +80,47 @@ func Footprint(cluster, ns string) (map[string]float64, error) {
 	return fp, nil
 }
 
+// NodeWorkingSetMiB is a cluster's node container's working set in MiB:
+// its cgroup's memory usage minus the inactive file cache, as kubelet and
+// docker stats count it (cgroup v1 memory.usage_in_bytes and
+// total_inactive_file, or v2 memory.current and inactive_file; Docker's
+// cgroupfs or systemd layout).
+func NodeWorkingSetMiB(cluster string) (float64, error) {
+	node := cluster + "-control-plane"
+	out, err := exec.Command("docker", "inspect", "-f", "{{.Id}}", node).Output()
+	if err != nil {
+		return 0, fmt.Errorf("docker inspect %s: %w", node, err)
+	}
+	id := strings.TrimSpace(string(out))
+	for _, d := range []struct{ dir, usage, inactive string }{
+		{"/sys/fs/cgroup/memory/docker/" + id, "memory.usage_in_bytes", "total_inactive_file"},
+		{"/sys/fs/cgroup/memory/system.slice/docker-" + id + ".scope", "memory.usage_in_bytes", "total_inactive_file"},
+		{"/sys/fs/cgroup/system.slice/docker-" + id + ".scope", "memory.current", "inactive_file"},
+		{"/sys/fs/cgroup/docker/" + id, "memory.current", "inactive_file"},
+	} {
+		u, err := os.ReadFile(d.dir + "/" + d.usage)
+		if err != nil {
+			continue
+		}
+		usage, err := strconv.ParseFloat(strings.TrimSpace(string(u)), 64)
+		if err != nil {
+			return 0, fmt.Errorf("%s/%s: %w", d.dir, d.usage, err)
+		}
+		st, err := os.ReadFile(d.dir + "/memory.stat")
+		if err != nil {
+			return 0, err
+		}
+		inactive := 0.0
+		for _, line := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(line, d.inactive+" "); ok {
+				inactive, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		return (usage - min(inactive, usage)) / (1 << 20), nil
+	}
+	return 0, fmt.Errorf("no cgroup memory counter for container %s (looked under /sys/fs/cgroup for Docker's cgroupfs and systemd layouts, v1 and v2)", node)
+}
+
 // cpuCounters reads a cluster's cumulative CPU time in nanoseconds: the
 // node container's cgroup (cgroup v1 cpuacct or v2 cpu.stat, Docker's
 // cgroupfs or systemd layout) and the serving planes' containers (CRI

@@ -145,6 +145,9 @@ type Row struct {
 	// Goal is the target for lampyr/stock, e.g. "<= 1.0"; empty: none.
 	Goal string `json:"goal,omitempty"`
 	Note string `json:"note,omitempty"`
+	// Load is the machine's load average when the figure was taken (the
+	// machines differ up to 3x; a figure without its load says little).
+	Load string `json:"load,omitempty"`
 }
 
 // Ratio is lampyr/stock (NaN when stock is 0).
@@ -180,6 +183,65 @@ type Results struct {
 	Samples map[string]*Sample `json:"samples"` // "<measurement>/<side>"
 	// Breakdown splits Lampyr's latency by hop (from its routers' metrics).
 	Breakdown []Row `json:"breakdown,omitempty"`
+	// Timelines are the apply -> Ready samples, one per Service and side,
+	// each milestone in ms after the apply.
+	Timelines []Timeline `json:"timelines,omitempty"`
+}
+
+// Timeline is one apply -> Ready sample: when each milestone was first
+// seen after the apply (ms), on one side.
+type Timeline struct {
+	Side    string             `json:"side"`
+	Service string             `json:"service"`
+	At      map[string]float64 `json:"atMs"`
+	Load    string             `json:"load,omitempty"`
+}
+
+// Verdict splits the rows that have a goal into those that meet it and
+// those that do not (or could not be measured).
+func (r *Results) Verdict() (met, missed []Row) {
+	for _, row := range r.Rows {
+		if row.Goal == "" {
+			continue
+		}
+		if m, ok := row.Met(); ok && m {
+			met = append(met, row)
+		} else {
+			missed = append(missed, row)
+		}
+	}
+	return met, missed
+}
+
+// milestoneOrder lists the milestones the timelines hold, in the order a
+// Revision passes them (the known ones first, then any other by name).
+func (r *Results) milestoneOrder() []string {
+	seen := map[string]bool{}
+	for _, t := range r.Timelines {
+		for k := range t.At {
+			seen[k] = true
+		}
+	}
+	var out []string
+	for _, m := range AllMilestones {
+		if seen[m] {
+			out = append(out, m)
+			delete(seen, m)
+		}
+	}
+	rest := make([]string, 0, len(seen))
+	for k := range seen {
+		rest = append(rest, k)
+	}
+	sort.Strings(rest)
+	return append(out, rest...)
+}
+
+// AllMilestones are the apply -> Ready milestones, in order, of both sides
+// (the grant's are Lampyr's alone; stock's Pod is its Revision's first).
+var AllMilestones = []string{
+	"Revision created", "grant Admitted", "Pod scheduled", "Pod started", "Pod Ready",
+	"grant HomeReady", "Revision ResourcesAvailable", "Revision Ready", "Service Ready", "first response",
 }
 
 // JSON renders the report.
@@ -194,10 +256,20 @@ func (r *Results) Markdown() string {
 	}
 	sort.Strings(keys)
 	fmt.Fprintf(&b, "# Stock Knative vs Lampyr, same machine, same Service\n\n")
+	met, missed := r.Verdict()
+	fmt.Fprintf(&b, "**Verdict: %d of %d goals met.**", len(met), len(met)+len(missed))
+	if len(missed) > 0 {
+		var names []string
+		for _, row := range missed {
+			names = append(names, row.Group+" "+row.Metric)
+		}
+		fmt.Fprintf(&b, " Not met: %s.", strings.Join(names, "; "))
+	}
+	b.WriteString("\n\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "- %s: %s\n", k, r.Machine[k])
 	}
-	fmt.Fprintf(&b, "\n| group | metric | stock | lampyr | lampyr/stock | goal | met |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "\n| group | metric | stock | lampyr | lampyr/stock | goal | met | load |\n|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
 		ratio := "n/a"
 		if !math.IsNaN(row.Ratio()) {
@@ -211,7 +283,22 @@ func (r *Results) Markdown() string {
 		if row.Note != "" {
 			metric += " (" + row.Note + ")"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n", row.Group, metric, fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratio, row.Goal, met)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s |\n", row.Group, metric, fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratio, row.Goal, met, row.Load)
+	}
+	if len(r.Timelines) > 0 {
+		order := r.milestoneOrder()
+		fmt.Fprintf(&b, "\n## apply -> Ready, every sample (ms after the apply)\n\n| side | Service | %s | load |\n|---|---|%s---|\n", strings.Join(order, " | "), strings.Repeat("---|", len(order)))
+		for _, t := range r.Timelines {
+			cells := make([]string, len(order))
+			for i, m := range order {
+				if v, ok := t.At[m]; ok {
+					cells[i] = fmt.Sprintf("%.0f", v)
+				} else {
+					cells[i] = "-"
+				}
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", t.Side, t.Service, strings.Join(cells, " | "), t.Load)
+		}
 	}
 	if len(r.Breakdown) > 0 {
 		fmt.Fprintf(&b, "\n## Where Lampyr's time goes (mean per request)\n\n| phase | part | lampyr |\n|---|---|---|\n")
@@ -237,40 +324,35 @@ func fmtVal(v float64, unit string) string {
 	}
 }
 
-// HTML renders a self-contained page: the table and, per measurement with
-// latencies, an SVG of both sides' latency CDFs.
+// HTML renders a self-contained page a platform engineer reads in a
+// minute: the verdict first, each goal's figure against its target, every
+// figure with the machine's load, the apply -> Ready timeline of every
+// sample, and both sides' latency distributions (log-scale CDFs with ticks
+// and units).
 func (r *Results) HTML() string {
 	var b strings.Builder
 	b.WriteString("<!doctype html><html><head><meta charset=\"utf-8\"><title>Stock Knative vs Lampyr</title>")
-	b.WriteString("<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child,td:nth-child(2){text-align:left}svg{border:1px solid #ddd;margin:1em 0}</style></head><body>")
-	b.WriteString("<h1>Stock Knative vs Lampyr</h1><ul>")
-	keys := make([]string, 0, len(r.Machine))
-	for k := range r.Machine {
-		keys = append(keys, k)
+	b.WriteString("<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right;font-size:13px}td.l,th.l{text-align:left}.met{background:#e6f4e6}.missed{background:#fbe3e3}.verdict{font-size:1.4em;padding:.5em 1em;border-radius:6px;display:inline-block}svg{border:1px solid #ddd;margin:.5em 0}details{margin:1em 0}small{color:#555}</style></head><body>")
+	b.WriteString("<h1>Stock Knative vs Lampyr: same machine, same Service</h1>")
+	met, missed := r.Verdict()
+	cls := "met"
+	if len(missed) > 0 {
+		cls = "missed"
 	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "<li>%s: %s</li>", html.EscapeString(k), html.EscapeString(r.Machine[k]))
-	}
-	b.WriteString("</ul><table><tr><th>group</th><th>metric</th><th>stock</th><th>lampyr</th><th>lampyr/stock</th><th>goal</th></tr>")
-	for _, row := range r.Rows {
-		ratio := "n/a"
-		if !math.IsNaN(row.Ratio()) {
-			ratio = fmt.Sprintf("%.3g", row.Ratio())
+	fmt.Fprintf(&b, "<p class=\"verdict %s\">%d of %d goals met</p>", cls, len(met), len(met)+len(missed))
+	b.WriteString("<h2>Goals</h2><table><tr><th class=l>figure</th><th>stock</th><th>lampyr</th><th>lampyr/stock</th><th>goal</th><th class=l>machine load</th></tr>")
+	for _, row := range append(append([]Row(nil), missed...), met...) {
+		c := "missed"
+		if m, ok := row.Met(); ok && m {
+			c = "met"
 		}
-		fmt.Fprintf(&b, "<tr><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(row.Metric), fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratio, html.EscapeString(row.Goal))
+		fmt.Fprintf(&b, "<tr class=%s><td class=l>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class=l>%s</td></tr>", c,
+			html.EscapeString(row.Group+": "+row.Metric+noteSuffix(row.Note)), fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratioText(row), html.EscapeString(row.Goal), html.EscapeString(row.Load))
 	}
 	b.WriteString("</table>")
-	if len(r.Breakdown) > 0 {
-		b.WriteString("<h2>Where Lampyr's time goes (mean per request)</h2><table><tr><th>phase</th><th>part</th><th>lampyr</th></tr>")
-		for _, row := range r.Breakdown {
-			part := row.Metric
-			if row.Note != "" {
-				part += " (" + row.Note + ")"
-			}
-			fmt.Fprintf(&b, "<tr><td>%s</td><td>%s</td><td>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(part), fmtVal(row.Lampyr, row.Unit))
-		}
-		b.WriteString("</table>")
+	if len(r.Timelines) > 0 {
+		b.WriteString("<h2>apply &rarr; Ready, every sample</h2><p><small>Each dot is one sample's milestone, in seconds after the apply; the bar is the median.</small></p>")
+		b.WriteString(timelineSVG(r.Timelines, r.milestoneOrder()))
 	}
 	names := map[string]bool{}
 	for k := range r.Samples {
@@ -281,16 +363,77 @@ func (r *Results) HTML() string {
 		ms = append(ms, n)
 	}
 	sort.Strings(ms)
+	b.WriteString("<h2>Latency distributions</h2><p><small>Cumulative share of requests answered within x ms (log scale): <span style=\"color:#d62728\">stock</span>, <span style=\"color:#1f77b4\">lampyr</span>.</small></p>")
 	for _, m := range ms {
-		fmt.Fprintf(&b, "<h2>%s: latency CDF (ms, log scale)</h2>%s", html.EscapeString(m), cdfSVG(r.Samples[m+"/stock"], r.Samples[m+"/lampyr"]))
+		fmt.Fprintf(&b, "<h3>%s</h3>%s", html.EscapeString(m), cdfSVG(r.Samples[m+"/stock"], r.Samples[m+"/lampyr"]))
 	}
-	b.WriteString("</body></html>\n")
+	b.WriteString("<h2>Every figure</h2><table><tr><th class=l>group</th><th class=l>metric</th><th>stock</th><th>lampyr</th><th>lampyr/stock</th><th>goal</th><th class=l>load</th></tr>")
+	for _, row := range r.Rows {
+		fmt.Fprintf(&b, "<tr><td class=l>%s</td><td class=l>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td class=l>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(row.Metric+noteSuffix(row.Note)), fmtVal(row.Stock, row.Unit), fmtVal(row.Lampyr, row.Unit), ratioText(row), html.EscapeString(row.Goal), html.EscapeString(row.Load))
+	}
+	b.WriteString("</table>")
+	if len(r.Breakdown) > 0 {
+		b.WriteString("<h2>Where Lampyr's time goes</h2><table><tr><th class=l>phase</th><th class=l>part</th><th>lampyr</th></tr>")
+		for _, row := range r.Breakdown {
+			fmt.Fprintf(&b, "<tr><td class=l>%s</td><td class=l>%s</td><td>%s</td></tr>", html.EscapeString(row.Group), html.EscapeString(row.Metric+noteSuffix(row.Note)), fmtVal(row.Lampyr, row.Unit))
+		}
+		b.WriteString("</table>")
+	}
+	keys := make([]string, 0, len(r.Machine))
+	for k := range r.Machine {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	b.WriteString("<h2>Machine</h2><ul>")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "<li>%s: %s</li>", html.EscapeString(k), html.EscapeString(r.Machine[k]))
+	}
+	b.WriteString("</ul></body></html>\n")
 	return b.String()
 }
 
-// cdfSVG draws both sides' cumulative latency distributions.
+func noteSuffix(n string) string {
+	if n == "" {
+		return ""
+	}
+	return " (" + n + ")"
+}
+
+func ratioText(row Row) string {
+	if math.IsNaN(row.Ratio()) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.3g", row.Ratio())
+}
+
+// logTicks are the 1-2-5 values of each decade between lo and hi.
+func logTicks(lo, hi float64) []float64 {
+	var out []float64
+	for d := math.Pow(10, math.Floor(math.Log10(lo))); d <= hi; d *= 10 {
+		for _, m := range []float64{1, 2, 5} {
+			if v := d * m; v >= lo && v <= hi {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+func tickLabel(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%gs", v/1000)
+	case v >= 1:
+		return fmt.Sprintf("%gms", v)
+	default:
+		return fmt.Sprintf("%gµs", v*1000)
+	}
+}
+
+// cdfSVG draws both sides' cumulative latency distributions, with x ticks
+// (ms, log scale) and y ticks (share of requests).
 func cdfSVG(stock, lampyr *Sample) string {
-	const w, h, pad = 640.0, 240.0, 40.0
+	const w, h, pad = 720.0, 260.0, 48.0
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, s := range []*Sample{stock, lampyr} {
 		if s == nil {
@@ -311,9 +454,16 @@ func cdfSVG(stock, lampyr *Sample) string {
 	x := func(v float64) float64 {
 		return pad + (math.Log10(math.Max(v, lo))-math.Log10(lo))/(math.Log10(hi)-math.Log10(lo))*(w-2*pad)
 	}
+	y := func(f float64) float64 { return h - pad - f*(h-2*pad) }
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f">`, w, h)
-	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="11">%.3g ms</text><text x="%.0f" y="%.0f" font-size="11" text-anchor="end">%.3g ms</text>`, pad, h-8, lo, w-pad, h-8, hi)
+	for _, t := range logTicks(lo, hi) {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#eee"/><text x="%.1f" y="%.0f" font-size="10" text-anchor="middle">%s</text>`, x(t), pad, x(t), h-pad, x(t), h-pad+14, tickLabel(t))
+	}
+	for _, f := range []float64{0, .25, .5, .75, .9, .99, 1} {
+		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" font-size="10" text-anchor="end">%g%%</text>`, pad, y(f), w-pad, y(f), pad-4, y(f)+3, f*100)
+	}
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="11" text-anchor="middle">latency (log scale)</text>`, w/2, h-8)
 	for i, s := range []*Sample{stock, lampyr} {
 		if s == nil || len(s.Millis) == 0 {
 			continue
@@ -322,14 +472,72 @@ func cdfSVG(stock, lampyr *Sample) string {
 		sort.Float64s(vs)
 		var pts []string
 		for j, v := range vs {
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(v), h-pad-float64(j+1)/float64(len(vs))*(h-2*pad)))
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(v), y(float64(j+1)/float64(len(vs)))))
 		}
 		color, name := "#d62728", "stock"
 		if i == 1 {
 			color, name = "#1f77b4", "lampyr"
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.Join(pts, " "))
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s (n=%d)</text>`, pad+10, 16+float64(i)*16, color, name, len(vs))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s (n=%d, p50 %s)</text>`, pad+10, 16+float64(i)*16, color, name, len(vs), tickLabel(vs[(len(vs)-1)/2]))
+	}
+	b.WriteString("</svg>")
+	return b.String()
+}
+
+// timelineSVG draws every sample's milestones, one lane per milestone and
+// side, with a tick per second after the apply.
+func timelineSVG(ts []Timeline, order []string) string {
+	const w, lane, left, pad = 720.0, 16.0, 230.0, 24.0
+	hi := 0.0
+	for _, t := range ts {
+		for _, v := range t.At {
+			hi = math.Max(hi, v)
+		}
+	}
+	if hi <= 0 {
+		return "<p>(no milestones)</p>"
+	}
+	hi = math.Ceil(hi/1000) * 1000
+	x := func(v float64) float64 { return left + v/hi*(w-left-pad) }
+	var lanes [][2]string
+	for _, m := range order {
+		for _, side := range []string{"stock", "lampyr"} {
+			for _, t := range ts {
+				if _, ok := t.At[m]; ok && t.Side == side {
+					lanes = append(lanes, [2]string{m, side})
+					break
+				}
+			}
+		}
+	}
+	h := pad*2 + lane*float64(len(lanes))
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%.0f" height="%.0f">`, w, h)
+	step := 1000.0
+	if hi > 20000 {
+		step = 5000
+	}
+	for v := 0.0; v <= hi; v += step {
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#eee"/><text x="%.1f" y="%.0f" font-size="10" text-anchor="middle">%gs</text>`, x(v), pad, x(v), h-pad, x(v), h-pad+14, v/1000)
+	}
+	for i, l := range lanes {
+		yy := pad + lane*float64(i) + lane/2
+		color := "#d62728"
+		if l[1] == "lampyr" {
+			color = "#1f77b4"
+		}
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" font-size="11" text-anchor="end" fill="%s">%s: %s</text>`, left-6, yy+4, color, l[1], html.EscapeString(l[0]))
+		var vs []float64
+		for _, t := range ts {
+			if v, ok := t.At[l[0]]; ok && t.Side == l[1] {
+				vs = append(vs, v)
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2.5" fill="%s" fill-opacity="0.5"/>`, x(v), yy, color)
+			}
+		}
+		sort.Float64s(vs)
+		med := vs[(len(vs)-1)/2]
+		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black" stroke-width="2"/>`, x(med), yy-6, x(med), yy+6)
 	}
 	b.WriteString("</svg>")
 	return b.String()

@@ -66,7 +66,7 @@ func TestRenderings(t *testing.T) {
 		}
 	}
 	h := r.HTML()
-	if !strings.Contains(h, "<svg") || !strings.Contains(h, "polyline") || !strings.Contains(h, "lampyr (n=1)") {
+	if !strings.Contains(h, "<svg") || !strings.Contains(h, "polyline") || !strings.Contains(h, "lampyr (n=1") {
 		t.Errorf("html lacks the CDF plot:\n%s", h)
 	}
 	if _, err := r.JSON(); err != nil {
@@ -102,30 +102,57 @@ func TestBreakdownRowsAndRendering(t *testing.T) {
 	}
 }
 
-func TestTimelineRows(t *testing.T) {
-	mk := func(m map[string]time.Duration) *timeline { return &timeline{first: m} }
-	rows := timelineRows([]*timeline{
-		mk(map[string]time.Duration{"Revision created": 100 * time.Millisecond, "Revision Ready": 5 * time.Second}),
-		mk(map[string]time.Duration{"Revision created": 300 * time.Millisecond, "Revision Ready": 4 * time.Second}),
-		mk(map[string]time.Duration{"Revision created": 200 * time.Millisecond}),
-	})
-	if len(rows) != len(milestones) {
-		t.Fatalf("%d rows for %d milestones", len(rows), len(milestones))
+func TestTimelineRowsAndRendering(t *testing.T) {
+	ts := []Timeline{
+		{Side: "lampyr", Service: "ready-0", At: map[string]float64{"Revision created": 100, "grant Admitted": 300, "Revision Ready": 5000}},
+		{Side: "lampyr", Service: "ready-1", At: map[string]float64{"Revision created": 300, "Revision Ready": 4000}},
+		{Side: "lampyr", Service: "ready-2", At: map[string]float64{"Revision created": 200}},
+		{Side: "stock", Service: "ready-0", At: map[string]float64{"Revision created": 50, "Revision Ready": 3000}},
 	}
+	rows := timelineRows(ts)
+	byMetric := map[string]Row{}
 	for _, r := range rows {
-		switch {
-		case strings.HasPrefix(r.Metric, "Revision created"):
-			if r.Lampyr != 200 || r.Note != "3 of 3 Revisions" {
-				t.Errorf("created: %+v", r)
-			}
-		case strings.HasPrefix(r.Metric, "Revision Ready"):
-			if r.Lampyr != 5000 || r.Note != "2 of 3 Revisions" {
-				t.Errorf("ready (upper median of 4 s, 5 s): %+v", r)
-			}
-		case r.Metric == "grant Admitted":
-			if r.Note != "never observed" {
-				t.Errorf("admitted: %+v", r)
-			}
+		byMetric[r.Metric] = r
+	}
+	if len(rows) != 3 {
+		t.Fatalf("%d rows, want 3 (the milestones seen): %+v", len(rows), rows)
+	}
+	if r := byMetric["Revision created"]; r.Lampyr != 200 || r.Stock != 50 || r.Note != "seen in 1/1 stock, 3/3 lampyr samples" {
+		t.Errorf("created: %+v", r)
+	}
+	if r := byMetric["Revision Ready"]; r.Lampyr != 4000 || r.Note != "seen in 1/1 stock, 2/3 lampyr samples" {
+		t.Errorf("ready (lower median of 4 s, 5 s): %+v", r)
+	}
+	if r := byMetric["grant Admitted"]; r.Stock != 0 || r.Lampyr != 300 {
+		t.Errorf("admitted: %+v", r)
+	}
+	res := &Results{Timelines: ts, Rows: append(rows, Row{Group: "g", Metric: "m", Stock: 1, Lampyr: 2, Goal: "<= 0.5", Load: "1.5"})}
+	md := res.Markdown()
+	for _, want := range []string{"**Verdict: 0 of 1 goals met.** Not met: g m.", "| lampyr | ready-0 | 100 | 300 | 5000 |", "| stock | ready-0 | 50 | - | 3000 |"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, md)
 		}
+	}
+	h := res.HTML()
+	for _, want := range []string{"0 of 1 goals met", "lampyr: grant Admitted", "<circle"} {
+		if !strings.Contains(h, want) {
+			t.Errorf("html lacks %q", want)
+		}
+	}
+}
+
+func TestLogTicks(t *testing.T) {
+	got := logTicks(1.5, 120)
+	want := []float64{2, 5, 10, 20, 50, 100}
+	if len(got) != len(want) {
+		t.Fatalf("ticks %v, want %v", got, want)
+	}
+	for i := range want {
+		if math.Abs(got[i]-want[i]) > 1e-9 {
+			t.Fatalf("ticks %v, want %v", got, want)
+		}
+	}
+	if tickLabel(2000) != "2s" || tickLabel(5) != "5ms" || tickLabel(0.5) != "500µs" {
+		t.Error("tick labels")
 	}
 }

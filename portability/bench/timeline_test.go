@@ -14,19 +14,15 @@ import (
 	"lampyr.dev/serving/impl/contract"
 )
 
-// timeline records when each step of a Lampyr Revision's way to Ready was
-// first observed (polled every 100 ms from the moment the Service was
-// applied): the split issue 11 asks for where apply -> Ready is slow.
+// timeline records when each step of a Revision's way to Ready was first
+// observed (polled every 100 ms from the moment the Service was applied),
+// on either side: on Lampyr the grant and its Home Pod, on stock the
+// Revision's first Pod. The caller adds "Service Ready" and "first
+// response".
 type timeline struct {
 	mu    sync.Mutex
 	t0    time.Time
 	first map[string]time.Duration
-}
-
-// Milestones in the order a Revision normally passes them.
-var milestones = []string{
-	"Revision created", "grant Admitted", "Home Pod scheduled", "Home Pod started",
-	"grant HomeReady", "Revision ResourcesAvailable", "Revision Ready",
 }
 
 func (t *timeline) see(what string) {
@@ -37,10 +33,34 @@ func (t *timeline) see(what string) {
 	}
 }
 
-// watchRevision polls rev's Revision, CapacityGrant and Home Pod until
-// stop is closed, and returns what it saw.
-func watchRevision(ctx context.Context, c *e2eutil.Clients, rev string, stop <-chan struct{}) *timeline {
-	t := &timeline{t0: time.Now(), first: map[string]time.Duration{}}
+// at records a milestone the caller timed itself.
+func (t *timeline) at(what string, d time.Duration) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.first[what] = d
+}
+
+// sample is the timeline as a report entry.
+func (t *timeline) sample(side, svc, load string) Timeline {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := Timeline{Side: side, Service: svc, At: map[string]float64{}, Load: load}
+	for k, v := range t.first {
+		out.At[k] = ms(v)
+	}
+	return out
+}
+
+// watchRevision polls rev's Revision and Pods (on Lampyr also its
+// CapacityGrant and Home Pod) until stop is closed; t0 is the apply.
+func watchRevision(ctx context.Context, c *e2eutil.Clients, lampyr bool, rev string, t0 time.Time, stop <-chan struct{}) *timeline {
+	t := &timeline{t0: t0, first: map[string]time.Duration{}}
+	pods := func() (*corev1.PodList, error) {
+		if lampyr {
+			return e2eutil.HomePods(ctx, c, ns, rev)
+		}
+		return c.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/revision=" + rev})
+	}
 	go func() {
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
@@ -54,24 +74,29 @@ func watchRevision(ctx context.Context, c *e2eutil.Clients, rev string, stop <-c
 					t.see("Revision Ready")
 				}
 			}
-			if g, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).Get(ctx, rev, metav1.GetOptions{}); err == nil {
-				if s, _, _ := e2eutil.Condition(g, "Admitted"); s == "True" {
-					t.see("grant Admitted")
-				}
-				if s, _, _ := e2eutil.Condition(g, "HomeReady"); s == "True" {
-					t.see("grant HomeReady")
+			if lampyr {
+				if g, err := c.Dynamic.Resource(contract.CapacityGrants).Namespace(ns).Get(ctx, rev, metav1.GetOptions{}); err == nil {
+					if s, _, _ := e2eutil.Condition(g, "Admitted"); s == "True" {
+						t.see("grant Admitted")
+					}
+					if s, _, _ := e2eutil.Condition(g, "HomeReady"); s == "True" {
+						t.see("grant HomeReady")
+					}
 				}
 			}
-			if pods, err := e2eutil.HomePods(ctx, c, ns, rev); err == nil {
-				for _, p := range pods.Items {
+			if l, err := pods(); err == nil {
+				for _, p := range l.Items {
 					for _, cond := range p.Status.Conditions {
 						if cond.Type == corev1.PodScheduled && cond.Status == corev1.ConditionTrue {
-							t.see("Home Pod scheduled")
+							t.see("Pod scheduled")
+						}
+						if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+							t.see("Pod Ready")
 						}
 					}
 					for _, cs := range p.Status.ContainerStatuses {
 						if cs.State.Running != nil {
-							t.see("Home Pod started")
+							t.see("Pod started")
 						}
 					}
 				}
@@ -88,26 +113,38 @@ func watchRevision(ctx context.Context, c *e2eutil.Clients, rev string, stop <-c
 	return t
 }
 
-// timelineRows are the median, over Revisions, of when each milestone was
-// first seen after the apply.
-func timelineRows(ts []*timeline) []Row {
-	var rows []Row
-	for _, m := range milestones {
-		var at []time.Duration
+// timelineRows are the median over samples, per side, of when each
+// milestone was first seen after the apply (0 where a side has no such
+// milestone: the grant is Lampyr's alone). Medians taken per milestone do
+// not add up; the report's per-sample table does.
+func timelineRows(ts []Timeline) []Row {
+	median := func(side, m string) (float64, int, int) {
+		var at []float64
+		n := 0
 		for _, t := range ts {
-			t.mu.Lock()
-			if d, ok := t.first[m]; ok {
-				at = append(at, d)
+			if t.Side != side {
+				continue
 			}
-			t.mu.Unlock()
+			n++
+			if v, ok := t.At[m]; ok {
+				at = append(at, v)
+			}
 		}
 		if len(at) == 0 {
-			rows = append(rows, Row{Group: "Lampyr apply -> Ready", Metric: m, Note: "never observed"})
+			return 0, 0, n
+		}
+		sort.Float64s(at)
+		return at[(len(at)-1)/2], len(at), n
+	}
+	var rows []Row
+	for _, m := range AllMilestones {
+		st, sn, sAll := median("stock", m)
+		lp, ln, lAll := median("lampyr", m)
+		if sn == 0 && ln == 0 {
 			continue
 		}
-		sort.Slice(at, func(i, j int) bool { return at[i] < at[j] })
-		rows = append(rows, Row{Group: "Lampyr apply -> Ready", Metric: m + " (median after apply)", Unit: "ms", Lampyr: ms(at[len(at)/2]),
-			Note: fmt.Sprintf("%d of %d Revisions", len(at), len(ts))})
+		rows = append(rows, Row{Group: "apply -> Ready timeline (median after apply)", Metric: m, Unit: "ms", Stock: st, Lampyr: lp,
+			Note: fmt.Sprintf("seen in %d/%d stock, %d/%d lampyr samples", sn, sAll, ln, lAll)})
 	}
 	return rows
 }
