@@ -638,7 +638,11 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		for _, s := range the().sides {
 			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
 		}
-		settle := func() {
+		// emptied waits until the namespace has no Pod on either side, then
+		// until both nodes are quiet (settle): the first run measured the
+		// 20 Services while their Homes' starts still loaded the machine
+		// (load 10 falling to 5 over the window).
+		emptied := func() {
 			for _, s := range the().sides {
 				Eventually(func() (int, error) {
 					// Every Pod of the namespace (stock), and Lampyr's
@@ -655,6 +659,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Pods of deleted Services still running", s.Name)
 			}
 			time.Sleep(10 * time.Second)
+			settle(ctx, the().sides)
 		}
 		window := time.Duration(suite.IntKnob(benchIdleSeconds, 60)) * time.Second
 		type idle struct {
@@ -706,7 +711,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				Row{Group: "idle, " + label, Metric: "node CPU", Unit: "millicores", Stock: out.cpu[0], Lampyr: out.cpu[1], Note: fmt.Sprintf("%s window", window), Load: out.load})
 			return out
 		}
-		settle()
+		emptied()
 		zero := measure("0 Services")
 		const n = 20
 		var svcs []*unstructured.Unstructured
@@ -731,6 +736,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			return len(pods.Items), err
 		}).WithTimeout(5*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock idle Services never reached zero Pods")
 		time.Sleep(10 * time.Second)
+		settle(ctx, the().sides)
 		twenty := measure(fmt.Sprintf("%d Services", n))
 		load := zero.load + "; " + twenty.load
 		addRows(

@@ -89,7 +89,7 @@ var _ = Describe("the egress path's cost", Label("cluster", "bench", "egress"), 
 		extra := func(side string) float64 {
 			return ms(got[side].Percentile(50)) - ms(direct[side].Percentile(50))
 		}
-		r.Rows = append(r.Rows,
+		addRows(
 			Row{Group: "egress /call (c=1, same-namespace Deployment)", Metric: "p50 round trip", Unit: "ms", Stock: ms(got["stock"].Percentile(50)), Lampyr: ms(got["lampyr"].Percentile(50))},
 			Row{Group: "egress /call (c=1, same-namespace Deployment)", Metric: "p99 round trip", Unit: "ms", Stock: ms(got["stock"].Percentile(99)), Lampyr: ms(got["lampyr"].Percentile(99))},
 			Row{Group: "egress /call (c=1, same-namespace Deployment)", Metric: "p50 added by the call (/call minus /)", Unit: "ms", Stock: extra("stock"), Lampyr: extra("lampyr")},
