@@ -85,7 +85,7 @@ var _ = Describe("the egress path's cost", Label("cluster", "bench", "egress"), 
 			}
 		}
 		r := the().report
-		r.Samples["egress /call/stock"], r.Samples["egress /call/lampyr"] = got["stock"], got["lampyr"]
+		r.Samples["egress call, c=1/stock"], r.Samples["egress call, c=1/lampyr"] = got["stock"], got["lampyr"]
 		extra := func(side string) float64 {
 			return ms(got[side].Percentile(50)) - ms(direct[side].Percentile(50))
 		}

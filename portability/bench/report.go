@@ -365,6 +365,11 @@ func (r *Results) HTML() string {
 	sort.Strings(ms)
 	b.WriteString("<h2>Latency distributions</h2><p><small>Cumulative share of requests answered within x ms (log scale): <span style=\"color:#d62728\">stock</span>, <span style=\"color:#1f77b4\">lampyr</span>.</small></p>")
 	for _, m := range ms {
+		// A measurement of one side only (Lampyr's egress modes) has no
+		// CDF pair to draw.
+		if r.Samples[m+"/stock"] == nil && r.Samples[m+"/lampyr"] == nil {
+			continue
+		}
 		fmt.Fprintf(&b, "<h3>%s</h3>%s", html.EscapeString(m), cdfSVG(r.Samples[m+"/stock"], r.Samples[m+"/lampyr"]))
 	}
 	b.WriteString("<h2>Every figure</h2><table><tr><th class=l>group</th><th class=l>metric</th><th>stock</th><th>lampyr</th><th>lampyr/stock</th><th>goal</th><th class=l>load</th></tr>")
@@ -430,6 +435,18 @@ func tickLabel(v float64) string {
 	}
 }
 
+// durLabel is a latency in ms, three significant figures, in its unit.
+func durLabel(v float64) string {
+	switch {
+	case v >= 1000:
+		return fmt.Sprintf("%.3gs", v/1000)
+	case v >= 1:
+		return fmt.Sprintf("%.3gms", v)
+	default:
+		return fmt.Sprintf("%.3gµs", v*1000)
+	}
+}
+
 // cdfSVG draws both sides' cumulative latency distributions, with x ticks
 // (ms, log scale) and y ticks (share of requests).
 func cdfSVG(stock, lampyr *Sample) string {
@@ -460,7 +477,7 @@ func cdfSVG(stock, lampyr *Sample) string {
 	for _, t := range logTicks(lo, hi) {
 		fmt.Fprintf(&b, `<line x1="%.1f" y1="%.0f" x2="%.1f" y2="%.0f" stroke="#eee"/><text x="%.1f" y="%.0f" font-size="10" text-anchor="middle">%s</text>`, x(t), pad, x(t), h-pad, x(t), h-pad+14, tickLabel(t))
 	}
-	for _, f := range []float64{0, .25, .5, .75, .9, .99, 1} {
+	for _, f := range []float64{0, .25, .5, .75, 1} {
 		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" font-size="10" text-anchor="end">%g%%</text>`, pad, y(f), w-pad, y(f), pad-4, y(f)+3, f*100)
 	}
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="11" text-anchor="middle">latency (log scale)</text>`, w/2, h-8)
@@ -479,7 +496,7 @@ func cdfSVG(stock, lampyr *Sample) string {
 			color, name = "#1f77b4", "lampyr"
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.Join(pts, " "))
-		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s (n=%d, p50 %s)</text>`, pad+10, 16+float64(i)*16, color, name, len(vs), tickLabel(vs[(len(vs)-1)/2]))
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s (n=%d, p50 %s)</text>`, pad+10, 16+float64(i)*16, color, name, len(vs), durLabel(vs[(len(vs)-1)/2]))
 	}
 	b.WriteString("</svg>")
 	return b.String()
