@@ -8,6 +8,7 @@ import (
 
 	"lampyr.dev/serving/impl/build/gobuild"
 	"lampyr.dev/serving/impl/build/publish"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/install/knative"
 	"lampyr.dev/serving/impl/install/networking"
 	"lampyr.dev/serving/impl/ly"
@@ -192,6 +193,14 @@ func (i *Installer) Install(ctx context.Context, cl Cluster, profile, provider s
 			// inside the cluster fiberd reaches it through the mirror.
 			if err := SetConfig(comps.Objects, "home-registry-mirrors", i.registryMirror()); err != nil {
 				return err
+			}
+			if b := i.Sources.FiberBackend; b != "" {
+				if b != lampyrconfig.BackendProcess && b != lampyrconfig.BackendGVisor {
+					return fmt.Errorf("%s=%q: want %q or %q", EnvFiberBackend, b, lampyrconfig.BackendProcess, lampyrconfig.BackendGVisor)
+				}
+				if err := SetConfig(comps.Objects, lampyrconfig.KeyFiberBackend, b); err != nil {
+					return err
+				}
 			}
 			if err := Install(ctx, c, i.Publisher(), i.Log, Options{Profile: knative.Lampyr, Provider: prov, NodePort: cl.NodePort, Domain: Domain, Extra: comps.Objects, Online: i.Online}); err != nil {
 				return err

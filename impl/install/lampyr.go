@@ -19,6 +19,7 @@ import (
 	"lampyr.dev/serving/impl/build/publish"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/fiberd/backend/gvisor/runscpin"
 	"lampyr.dev/serving/impl/install/knative"
 	"lampyr.dev/serving/impl/install/manifest"
 )
@@ -35,6 +36,7 @@ const (
 	EnvControllerManifest = "LAMPYR_CONTROLLER_MANIFEST" // a resolved manifest of every Lampyr component
 	EnvGrantImage         = "LAMPYR_GRANT_IMAGE"         // the Home image (fiberd + helper)
 	EnvHelperImage        = "LAMPYR_HELPER_IMAGE"        // an image holding /lampyr-helper
+	EnvFiberBackend       = "LAMPYR_FIBER_BACKEND"       // config-lampyr fiber-backend: process or gvisor
 )
 
 // LampyrSources say where Lampyr's components come from; the zero value
@@ -53,6 +55,10 @@ type LampyrSources struct {
 	// HelperImage holds /lampyr-helper (EnvHelperImage); empty means the
 	// Home image holds it.
 	HelperImage string
+	// FiberBackend is config-lampyr's fiber-backend (EnvFiberBackend):
+	// what runs fibers in every Home; empty keeps the manifest's
+	// (process).
+	FiberBackend string
 }
 
 // LampyrSourcesFrom reads LampyrSources from the environment variables
@@ -64,6 +70,7 @@ func LampyrSourcesFrom(getenv func(string) string) LampyrSources {
 		ControllerManifest: getenv(EnvControllerManifest),
 		GrantImage:         getenv(EnvGrantImage),
 		HelperImage:        getenv(EnvHelperImage),
+		FiberBackend:       getenv(EnvFiberBackend),
 	}
 }
 
@@ -126,6 +133,15 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher, sr
 	for _, b := range bins {
 		byPkg[b.Package] = b.Path
 	}
+	if in.GrantImage == "" {
+		// The Home image carries runsc for the gvisor fiber backend
+		// (config-lampyr fiber-backend), built once per pinned version.
+		rs, err := p.Go.Build(ctx, runscpin.Spec(), "")
+		if err != nil {
+			return nil, fmt.Errorf("building runsc for the Home image: %w", err)
+		}
+		byPkg[rs[0].Package] = rs[0].Path
+	}
 	images := map[string]string{}
 	for _, im := range imgs {
 		img, err := image.FromBinary(byPkg[im.Package], path.Base(im.Package), im.Options)
@@ -160,15 +176,20 @@ func LampyrComponents(ctx context.Context, root string, p *publish.Publisher, sr
 	return in, setHomeImages(in)
 }
 
-// homeImage puts fiberd and lampyr-helper where the grant controller's Home
-// Pod expects them (/fiberd, /lampyr-helper); fiberd runs as root because it
-// creates namespaces and cgroups for each fiber.
+// homeImage puts fiberd, lampyr-helper and runsc where the grant
+// controller's Home Pod expects them (/fiberd, /lampyr-helper, /runsc);
+// fiberd runs as root because it creates namespaces and cgroups for each
+// fiber.
 func homeImage(bins map[string]string) (v1.Image, error) {
 	helper, err := os.ReadFile(bins[ModulePath+"/impl/cmd/lampyr-helper"])
 	if err != nil {
 		return nil, err
 	}
-	layer, err := image.Layer([]image.File{{Path: "/lampyr-helper", Mode: 0o755, Body: helper}})
+	runsc, err := os.ReadFile(bins[runscpin.Spec().Packages[0]])
+	if err != nil {
+		return nil, err
+	}
+	layer, err := image.Layer([]image.File{{Path: "/lampyr-helper", Mode: 0o755, Body: helper}, {Path: runscpin.HomePath, Mode: 0o755, Body: runsc}})
 	if err != nil {
 		return nil, err
 	}

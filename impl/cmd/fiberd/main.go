@@ -23,6 +23,9 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/fiberd/backend/gvisor"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/egress/proxy"
 	"lampyr.dev/serving/impl/fiberd/server"
@@ -73,6 +76,10 @@ func main() {
 	flag.StringVar(&sb.egressNamespace, "egress-namespace", "", "the Revision's namespace, first in fibers' DNS search path")
 	flag.StringVar(&sb.egressDial, "egress-dial", "direct", "how fibers' allowed connections leave: \"proxy\" (through the tenant namespace's egress Pod, found with --egress-api) or \"direct\" (from the Home)")
 	flag.StringVar(&sb.egressAPI, "egress-api", "", "the grant controller's egress API, e.g. http://lampyr-grant-controller.lampyr-system.svc:8092 (with --egress-dial=proxy)")
+	flag.StringVar(&sb.backend, "backend", "process", "what runs fibers: \"process\" (a Linux process sandbox: namespaces, cgroups, a seccomp allowlist) or \"gvisor\" (a runsc sandbox per fiber: gVisor's user-space kernel between the handler and the host's)")
+	flag.StringVar(&sb.runsc, "runsc", "/runsc", "runsc binary (--backend=gvisor)")
+	flag.StringVar(&sb.gvisorPlatform, "gvisor-platform", "systrap", "runsc --platform (--backend=gvisor); systrap needs no KVM")
+	flag.BoolVar(&sb.gvisorPreinit, "gvisor-preinit", true, "start each Revision's handler once, checkpoint it when it listens, and restore every fiber from that image (--backend=gvisor); where checkpointing fails the fibers start cold and fiberd logs why")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -93,6 +100,9 @@ type sandboxFlags struct {
 
 	egress, egressDomains, egressDenyNames, egressAllow, egressDeny, egressNamespace string
 	egressDial, egressAPI, grantFile                                                 string
+
+	backend, runsc, gvisorPlatform string
+	gvisorPreinit                  bool
 }
 
 // egressConfig is the process backend's egress from the flags, nil when
@@ -199,22 +209,41 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 	if eg != nil {
 		log.Printf("fiber egress: resolving %v (not %v), connecting within %v (not %v), dialling %s", eg.Policy.Domains, eg.Policy.DenyNames, eg.Policy.Allow, eg.Policy.Deny, sb.egressDial)
 	}
-	be, err := process.New(process.Config{
-		Egress:       eg,
-		HelperPath:   helper,
-		StateDir:     filepath.Join(stateDir, "f"),
-		CgroupParent: cgroupParent,
-		PidsParent:   filepath.Join(pidsOwn, "fibers"),
-		HomePidsMax:  sb.homePidsMax,
-		CPUParent:    filepath.Join(cpuOwn, "fibers"),
-		CPUMillis:    sb.fiberCPUMillis,
-		IDBase:       uint32(sb.idBase),
-		IDRanges:     sb.idRanges,
-		IDLockDir:    sb.idLockDir,
-	})
+	var be interface {
+		backend.Backend
+		Close() error
+	}
+	switch sb.backend {
+	case "", lampyrconfig.BackendProcess:
+		be, err = process.New(process.Config{
+			Egress:       eg,
+			HelperPath:   helper,
+			StateDir:     filepath.Join(stateDir, "f"),
+			CgroupParent: cgroupParent,
+			PidsParent:   filepath.Join(pidsOwn, "fibers"),
+			HomePidsMax:  sb.homePidsMax,
+			CPUParent:    filepath.Join(cpuOwn, "fibers"),
+			CPUMillis:    sb.fiberCPUMillis,
+			IDBase:       uint32(sb.idBase),
+			IDRanges:     sb.idRanges,
+			IDLockDir:    sb.idLockDir,
+		})
+	case lampyrconfig.BackendGVisor:
+		be, err = gvisor.New(gvisor.Config{
+			Runsc:     sb.runsc,
+			StateDir:  filepath.Join(stateDir, "g"),
+			Platform:  sb.gvisorPlatform,
+			CPUMillis: int64(sb.fiberCPUMillis),
+			Egress:    eg,
+			Preinit:   sb.gvisorPreinit,
+		})
+	default:
+		return fmt.Errorf("--backend %q: want \"process\" or \"gvisor\"", sb.backend)
+	}
 	if err != nil {
 		return err
 	}
+	log.Printf("fiberd: fibers run on the %s backend", be.Name())
 	srv, err := server.New(server.Config{
 		RouterKeyFile:   routerKeysFile,
 		TLSKeyFile:      tlsKeyFile,

@@ -71,6 +71,15 @@ const (
 	// KeyFiberEgressDenyCIDRs: ranges refused inside those (the
 	// Kubernetes API's ClusterIPs are always added).
 	KeyFiberEgressDenyCIDRs = "fiber-egress-deny-cidrs"
+	// KeyFiberBackend selects what runs fibers in every Home: "process"
+	// (a Linux process sandbox) or "gvisor" (a runsc sandbox per fiber,
+	// gVisor's user-space kernel between the handler and the host's;
+	// Homes started after the change use it).
+	KeyFiberBackend = "fiber-backend"
+	// KeyFiberGVisorPreinit: with the gvisor backend, restore every fiber
+	// from a checkpoint of the handler taken once it listens ("true", the
+	// default) or start each one cold ("false").
+	KeyFiberGVisorPreinit = "fiber-gvisor-preinit"
 )
 
 // Keys the Revision controller reads (and ly: template-repository,
@@ -103,10 +112,17 @@ const (
 	KeyRegistryMirrors = "registry-mirrors"
 )
 
+// Fiber backends (KeyFiberBackend).
+const (
+	BackendProcess = "process"
+	BackendGVisor  = "gvisor"
+)
+
 // GrantKeys are the keys the grant controller parses.
 var GrantKeys = []string{
 	KeyFiberMemoryCapacity, KeyMaxMemoryPerFiber, KeyMaxFibersPerGrant, KeyDefaultMaxFibers,
 	KeyGrantTTL, KeyGrantRenewInterval, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeRegistryMirrors,
+	KeyFiberBackend, KeyFiberGVisorPreinit,
 	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit, KeyNamespaceFiberMemoryShare,
 	KeyFiberEgress, KeyFiberEgressDomains, KeyFiberEgressDenyNames, KeyFiberEgressAllowCIDRs, KeyFiberEgressDenyCIDRs,
 }
@@ -189,6 +205,10 @@ type Config struct {
 	HelperImage string
 	// HomeWarmFibers is each Home's warm pool size.
 	HomeWarmFibers int
+	// FiberBackend is fiberd's --backend: BackendProcess or BackendGVisor.
+	FiberBackend string
+	// FiberGVisorPreinit is fiberd's --gvisor-preinit.
+	FiberGVisorPreinit bool
 	// HomeRegistryMirrors are fiberd's --registry-mirror values.
 	HomeRegistryMirrors []string
 	// HomeCPULimit is each Home Pod's CPU limit.
@@ -267,6 +287,8 @@ func Defaults() *Config {
 		GrantTTL:            time.Hour,
 		GrantRenewInterval:  5 * time.Minute,
 		HomeWarmFibers:      2,
+		FiberBackend:        BackendProcess,
+		FiberGVisorPreinit:  true,
 		HomeCPULimit:        resource.MustParse("1"),
 		FiberCPULimit:       resource.MustParse("1"),
 		HomeStorageLimit:    resource.MustParse("2Gi"),
@@ -368,6 +390,22 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 		m, err := mirrors(KeyRegistryMirrors, v)
 		c.RegistryMirrors = m
 		return err
+	},
+	KeyFiberBackend: func(c *Config, v string, _ map[string]string) error {
+		switch v = strings.TrimSpace(v); v {
+		case BackendProcess, BackendGVisor:
+			c.FiberBackend = v
+			return nil
+		}
+		return fmt.Errorf("%s %q: want %q or %q", KeyFiberBackend, v, BackendProcess, BackendGVisor)
+	},
+	KeyFiberGVisorPreinit: func(c *Config, v string, _ map[string]string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%s %q: want true or false", KeyFiberGVisorPreinit, v)
+		}
+		c.FiberGVisorPreinit = b
+		return nil
 	},
 	KeyFiberEgress: func(c *Config, v string, _ map[string]string) error {
 		switch v = strings.TrimSpace(v); v {

@@ -29,6 +29,7 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
+	"lampyr.dev/serving/impl/fiberd/backend/gvisor/runscpin"
 	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -351,6 +352,11 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 	}
 	for _, m := range cfg.HomeRegistryMirrors {
 		args = append(args, "--registry-mirror="+m)
+	}
+	if cfg.FiberBackend == lampyrconfig.BackendGVisor {
+		// runsc ships in the Home image beside fiberd (impl/install).
+		args = append(args, "--backend="+lampyrconfig.BackendGVisor, "--runsc="+runscpin.HomePath,
+			"--gvisor-preinit="+strconv.FormatBool(cfg.FiberGVisorPreinit))
 	}
 	var env []corev1.EnvVar
 	if (cfg.Egress == lampyrconfig.EgressCluster || cfg.Egress == lampyrconfig.EgressDirect) && len(cfg.EgressAllow) > 0 {

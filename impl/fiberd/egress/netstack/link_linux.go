@@ -77,11 +77,26 @@ type Link struct {
 // that entered ns. dial opens the allowed connections (nil:
 // egress.DirectDial). The caller closes the Link when the fiber ends.
 func Attach(ns, host netns.NsHandle, guard *egress.Guard, dial egress.Dialer) (*Link, error) {
+	return attach(ns, host, guard, dial, false)
+}
+
+// AttachGateway is Attach for a fiber whose own network stack is not the
+// host's (the gvisor backend: runsc's Sentry takes over the interface and
+// refuses a default route without a gateway): LinkName gets
+// egresspolicy.FiberAddr/30 and a default route via
+// egresspolicy.ResolverAddr, which this link's stack answers for. guard
+// nil gives a link that carries only DialFiber's connections: no
+// resolver, and every connection the fiber opens is reset.
+func AttachGateway(ns, host netns.NsHandle, guard *egress.Guard, dial egress.Dialer) (*Link, error) {
+	return attach(ns, host, guard, dial, true)
+}
+
+func attach(ns, host netns.NsHandle, guard *egress.Guard, dial egress.Dialer, gateway bool) (*Link, error) {
 	fd, err := openTUN(ns, host)
 	if err != nil {
 		return nil, err
 	}
-	if err := configure(ns); err != nil {
+	if err := configure(ns, gateway); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -138,8 +153,10 @@ func openTUN(ns, host netns.NsHandle) (int, error) {
 	return r.fd, r.err
 }
 
-// configure gives LinkName its address and the fiber's default route.
-func configure(ns netns.NsHandle) error {
+// configure gives LinkName its address and the fiber's default route:
+// on-link (a /32 and a route without gateway), or with gateway through
+// ResolverAddr on a /30.
+func configure(ns netns.NsHandle, gateway bool) error {
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		return fmt.Errorf("netlink in the fiber's namespace: %w", err)
@@ -149,7 +166,11 @@ func configure(ns netns.NsHandle) error {
 	if err != nil {
 		return fmt.Errorf("finding %s: %w", LinkName, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: egresspolicy.FiberAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}}
+	bits := 32
+	if gateway {
+		bits = 30
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: egresspolicy.FiberAddr.AsSlice(), Mask: net.CIDRMask(bits, 32)}}
 	if err := h.AddrAdd(link, addr); err != nil {
 		return fmt.Errorf("address on %s: %w", LinkName, err)
 	}
@@ -159,7 +180,11 @@ func configure(ns netns.NsHandle) error {
 	if err := h.LinkSetUp(link); err != nil {
 		return fmt.Errorf("bringing up %s: %w", LinkName, err)
 	}
-	if err := h.RouteAdd(&netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK, Src: egresspolicy.FiberAddr.AsSlice()}); err != nil {
+	route := &netlink.Route{LinkIndex: link.Attrs().Index, Scope: netlink.SCOPE_LINK, Src: egresspolicy.FiberAddr.AsSlice()}
+	if gateway {
+		route = &netlink.Route{LinkIndex: link.Attrs().Index, Gw: egresspolicy.ResolverAddr.AsSlice()}
+	}
+	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("default route via %s: %w", LinkName, err)
 	}
 	return nil
@@ -206,6 +231,9 @@ func (l *Link) start() error {
 	l.st.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
 	go l.readTUN()
 	go l.writeTUN()
+	if l.guard == nil {
+		return nil
+	}
 	u, err := gonet.DialUDP(l.st, &tcpip.FullAddress{NIC: nic, Addr: tcpip.AddrFrom4(egresspolicy.ResolverAddr.As4()), Port: 53}, nil, ipv4.ProtocolNumber)
 	if err != nil {
 		return fmt.Errorf("resolver socket: %w", err)
@@ -275,7 +303,7 @@ func (l *Link) serveDNS() {
 func (l *Link) forward(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst, ok := netip.AddrFromSlice(id.LocalAddress.AsSlice())
-	if !ok || dst == egresspolicy.ResolverAddr || !l.guard.MayConnect(dst) {
+	if !ok || l.guard == nil || dst == egresspolicy.ResolverAddr || !l.guard.MayConnect(dst) {
 		r.Complete(true)
 		return
 	}
@@ -309,6 +337,18 @@ func (l *Link) forward(r *tcp.ForwarderRequest) {
 		defer l.conns.Done()
 		splice(l.ctx, in, out)
 	}()
+}
+
+// DialFiber opens a connection from this link's stack to port on the
+// fiber's address: the way in to a handler whose sockets live in a
+// user-space kernel (gVisor's Sentry), not in the fiber's host network
+// namespace. A refused connection (nothing listens yet) fails at once.
+func (l *Link) DialFiber(ctx context.Context, port uint16) (net.Conn, error) {
+	c, err := gonet.DialContextTCP(ctx, l.st, tcpip.FullAddress{NIC: nic, Addr: tcpip.AddrFrom4(egresspolicy.FiberAddr.As4()), Port: port}, ipv4.ProtocolNumber)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // splice copies both ways with half-close, and ends both when the link

@@ -23,6 +23,9 @@ import (
 
 var served atomic.Int64
 
+// ballast is the memory TESTHANDLER_INIT_ALLOC_MIB touched at start-up.
+var ballast []byte
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "sleep" {
 		time.Sleep(time.Hour)
@@ -56,7 +59,26 @@ func main() {
 		}
 		os.Exit(1)
 	}
+	// A handler whose start-up is slow (issue 35's pre-initialized
+	// fibers): TESTHANDLER_INIT_SLEEP sleeps that long before it listens,
+	// TESTHANDLER_INIT_ALLOC_MIB allocates and touches that many MiB.
+	initStart := time.Now()
+	if d, err := time.ParseDuration(os.Getenv("TESTHANDLER_INIT_SLEEP")); err == nil {
+		time.Sleep(d)
+	}
+	if mib, _ := strconv.Atoi(os.Getenv("TESTHANDLER_INIT_ALLOC_MIB")); mib > 0 {
+		ballast = make([]byte, mib<<20)
+		for i := 0; i < len(ballast); i += 4096 {
+			ballast[i] = 1
+		}
+	}
+	initTook := time.Since(initStart)
 	mux := http.NewServeMux()
+	// init: how long this handler's start-up took, and when it ran (a
+	// fiber restored from a checkpoint answers the checkpointed run's).
+	mux.HandleFunc("/init", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, map[string]any{"startedUnixNano": initStart.UnixNano(), "tookMillis": initTook.Milliseconds(), "ballastMiB": len(ballast) >> 20, "served": served.Load()})
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		n := served.Add(1)
 		host, _ := os.Hostname()
@@ -220,7 +242,14 @@ func main() {
 	if port == "" {
 		port = "8080"
 	}
-	srv := &http.Server{Addr: "127.0.0.1:" + port, Handler: mux}
+	// Loopback by default (the process backend dials it there);
+	// TESTHANDLER_HOST 0.0.0.0 for backends that reach the handler at the
+	// fiber's address (gvisor).
+	host := os.Getenv("TESTHANDLER_HOST")
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	srv := &http.Server{Addr: net.JoinHostPort(host, port), Handler: mux}
 	// Serve h2c as well, as a gRPC handler on a named h2c port would.
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
