@@ -20,10 +20,12 @@ import (
 // module caches) alone on an idle 2-vCPU, 24 GiB machine of the kind this
 // project runs on, from the progress lines of a fresh-machine run (issue 30:
 // Kubernetes 6 min 43 s, Traefik v3.7.9 8 min 7 s, ...). Machines of this
-// kind differ up to 3x; the line says so.
+// kind differ up to 3x; the line says so. "lampyr" includes runsc for the
+// Home image since the gvisor backend (about 2.7 min of it, measured
+// beside the backend's own tests on 2026-12-05).
 var ColdMinutes = map[string]float64{
 	"kubernetes": 6.7, "coredns": 1.4, "kube-router-netpol": 1.3, "distribution": 0.7, "crictl": 0.6, "etcd": 0.6,
-	"knative-serving": 2.9, "traefik": 8.1, "net-gateway-api": 1.0, "net-kourier": 1.5, "lampyr": 3.0,
+	"knative-serving": 2.9, "traefik": 8.1, "net-gateway-api": 1.0, "net-kourier": 1.5, "lampyr": 5.7,
 }
 
 // ParallelGain is the wall time of the first run's builds over the sum of
