@@ -118,6 +118,7 @@ type Backend struct {
 	root       string // runsc --root
 	resolvConf string
 	cleanups   sync.WaitGroup
+	closeOnce  sync.Once
 
 	mu     sync.Mutex
 	images map[*backend.Spec]*image
@@ -195,6 +196,15 @@ func New(cfg Config) (*Backend, error) {
 	// What a previous fiberd of this Home left: its sandboxes died with
 	// it (they are its children's), their state and bundles did not.
 	os.RemoveAll(cfg.StateDir)
+	for _, d := range cgroupDirs(cfg.CgroupParent) {
+		if ents, err := os.ReadDir(d); err == nil {
+			for _, e := range ents {
+				if e.IsDir() {
+					os.Remove(filepath.Join(d, e.Name()))
+				}
+			}
+		}
+	}
 	b := &Backend{cfg: cfg, root: filepath.Join(cfg.StateDir, "runsc"), images: map[*backend.Spec]*image{}}
 	for _, d := range []string{b.root, filepath.Join(cfg.StateDir, "fibers"), filepath.Join(cfg.StateDir, "images")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -217,10 +227,18 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) Name() string { return Name }
 
 // Close waits for destroyed fibers' cleanup and removes the images.
+// It is idempotent; destroy every fiber first.
 func (b *Backend) Close() error {
-	b.cleanups.Wait()
-	b.hostNS.Close()
-	return os.RemoveAll(filepath.Join(b.cfg.StateDir, "images"))
+	var err error
+	b.closeOnce.Do(func() {
+		b.cleanups.Wait()
+		b.hostNS.Close()
+		for _, d := range cgroupDirs(b.cfg.CgroupParent) {
+			os.Remove(d)
+		}
+		err = os.RemoveAll(filepath.Join(b.cfg.StateDir, "images"))
+	})
+	return err
 }
 
 // Preinit says how spec's fibers start: nil once they are restored from
@@ -266,15 +284,7 @@ func (b *Backend) ImageTook(spec *backend.Spec) time.Duration {
 // Sentry, the gofer and the handler), -1 when it cannot be read: for the
 // bench.
 func (b *Backend) MemoryUsage(id string) int64 {
-	own := ""
-	if c, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		for _, l := range strings.Split(string(c), "\n") {
-			if p := strings.SplitN(l, ":", 3); len(p) == 3 && slices.Contains(strings.Split(p[1], ","), "memory") {
-				own = p[2]
-			}
-		}
-	}
-	for _, d := range []string{filepath.Join("/sys/fs/cgroup/memory", own, b.cfg.CgroupParent, id), filepath.Join("/sys/fs/cgroup/memory", b.cfg.CgroupParent, id)} {
+	for _, d := range cgroupDirs(filepath.Join(b.cfg.CgroupParent, id), "memory") {
 		if v, err := os.ReadFile(filepath.Join(d, "memory.usage_in_bytes")); err == nil {
 			if n, err := strconv.ParseInt(strings.TrimSpace(string(v)), 10, 64); err == nil {
 				return n
@@ -282,6 +292,53 @@ func (b *Backend) MemoryUsage(id string) int64 {
 		}
 	}
 	return -1
+}
+
+// cgroupDirs are the directories of the cgroup v1 path rel (relative to
+// this process's own cgroups, as runsc reads a relative cgroupsPath) in
+// each controller's hierarchy, or in the controllers named; both ways a
+// container may see it: its own cgroup below the mount, or the mount
+// itself being its own cgroup.
+func cgroupDirs(rel string, only ...string) []string {
+	c, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil
+	}
+	var dirs []string
+	for _, l := range strings.Split(string(c), "\n") {
+		p := strings.SplitN(l, ":", 3)
+		if len(p) != 3 || p[1] == "" {
+			continue
+		}
+		for _, ctrl := range strings.Split(p[1], ",") {
+			ctrl = strings.TrimPrefix(ctrl, "name=")
+			if len(only) > 0 && !slices.Contains(only, ctrl) {
+				continue
+			}
+			for _, d := range []string{filepath.Join("/sys/fs/cgroup", ctrl, p[2], rel), filepath.Join("/sys/fs/cgroup", ctrl, rel)} {
+				if _, err := os.Stat(d); err == nil {
+					dirs = append(dirs, d)
+					break
+				}
+			}
+		}
+	}
+	return dirs
+}
+
+// removeCgroups removes fiber id's cgroups, which runsc delete leaves
+// behind when the sandbox's last task is reaped after it looked (seen:
+// hundreds left under a Home after the portability proof). A cgroup goes
+// once its tasks are gone; each is tried for up to a second.
+func (b *Backend) removeCgroups(id string) {
+	for _, d := range cgroupDirs(filepath.Join(b.cfg.CgroupParent, id)) {
+		for i := 0; i < 100; i++ {
+			if err := os.Remove(d); err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 }
 
 // Start implements backend.Backend.
@@ -743,6 +800,7 @@ func (f *fiber) Destroy() error {
 				f.ns.Close()
 			}
 			os.RemoveAll(f.dir)
+			f.b.removeCgroups(f.id)
 		}()
 	})
 	return nil

@@ -61,7 +61,7 @@ func newBackend(t testing.TB, preinit bool) (*gvisor.Backend, *backend.Spec) {
 	b, _ := os.ReadFile(handler)
 	os.WriteFile(filepath.Join(root, "app", "handler"), b, 0o755)
 	be, err := gvisor.New(gvisor.Config{Runsc: bin, StateDir: filepath.Join(state, "s"), Preinit: preinit,
-		CgroupParent: "lampyr-gvisor-test/" + filepath.Base(state), Log: testLog{t},
+		CgroupParent: "lampyr-gvisor-test-" + filepath.Base(state), Log: testLog{t},
 		DebugLogDir: os.Getenv("LAMPYR_GVISOR_DEBUG_LOG")})
 	if err != nil {
 		t.Fatal(err)
@@ -168,6 +168,11 @@ func TestAFiberRunsUnderGVisor(t *testing.T) {
 	}
 	if _, err := f.Dial(context.Background()); err == nil {
 		t.Error("dialled a destroyed fiber")
+	}
+	// The sandbox's cgroups go with it (runsc delete left some behind).
+	be.Close()
+	if n := be.MemoryUsage("f1"); n != -1 {
+		t.Errorf("fiber f1's memory cgroup is still there (%d bytes) after Destroy", n)
 	}
 }
 
