@@ -93,3 +93,18 @@ func TestFiberEgressModes(t *testing.T) {
 		t.Errorf("default egress API %q", got)
 	}
 }
+
+func TestFiberBackend(t *testing.T) {
+	if c := Defaults(); c.FiberBackend != BackendProcess || !c.FiberGVisorPreinit {
+		t.Errorf("defaults: backend %q preinit %v, want process and true", c.FiberBackend, c.FiberGVisorPreinit)
+	}
+	c, err := Parse(map[string]string{KeyFiberBackend: " gvisor ", KeyFiberGVisorPreinit: "false"}, GrantKeys)
+	if err != nil || c.FiberBackend != BackendGVisor || c.FiberGVisorPreinit {
+		t.Errorf("gvisor, preinit false: %+v %v", c, err)
+	}
+	for k, v := range map[string]string{KeyFiberBackend: "firecracker", KeyFiberGVisorPreinit: "sometimes"} {
+		if _, err := Parse(map[string]string{k: v}, GrantKeys); err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("%s=%s: %v, want an error naming the key", k, v, err)
+		}
+	}
+}

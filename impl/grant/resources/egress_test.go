@@ -135,3 +135,30 @@ func TestMakeHomePodEgressDial(t *testing.T) {
 		}
 	}
 }
+
+// MakeHomePod tells fiberd which backend runs its fibers (config-lampyr
+// fiber-backend, fiber-gvisor-preinit); the process backend is fiberd's
+// default and gets no flag.
+func TestMakeHomePodFiberBackend(t *testing.T) {
+	for _, c := range []struct {
+		backend string
+		preinit bool
+		want    []string
+	}{
+		{lampyrconfig.BackendProcess, true, nil},
+		{lampyrconfig.BackendGVisor, true, []string{"--backend=gvisor", "--runsc=/runsc", "--gvisor-preinit=true"}},
+		{lampyrconfig.BackendGVisor, false, []string{"--backend=gvisor", "--runsc=/runsc", "--gvisor-preinit=false"}},
+	} {
+		cfg := config.Defaults()
+		cfg.FiberBackend, cfg.FiberGVisorPreinit = c.backend, c.preinit
+		var got []string
+		for _, a := range MakeHomePod(grant(v1alpha1.ExecutionFresh, 1), cfg, "lampyr-homes", 0).Spec.Containers[0].Args {
+			if strings.HasPrefix(a, "--backend=") || strings.HasPrefix(a, "--runsc=") || strings.HasPrefix(a, "--gvisor-") {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("fiber-backend %s, preinit %v: %v, want %v", c.backend, c.preinit, got, c.want)
+		}
+	}
+}
