@@ -33,9 +33,14 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 
 	"lampyr.dev/serving/impl/artifact"
+	"lampyr.dev/serving/impl/build/gobuild"
+	"lampyr.dev/serving/impl/fiberd/backend"
+	"lampyr.dev/serving/impl/fiberd/backend/gvisor"
+	"lampyr.dev/serving/impl/fiberd/backend/gvisor/runscpin"
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/server"
+	"lampyr.dev/serving/impl/install/installenv"
 	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/routercred"
 	"lampyr.dev/serving/impl/trust/signedgrant"
@@ -95,6 +100,12 @@ type Options struct {
 	UID uint32
 	// Egress gives the fibers service bindings (nil: loopback only).
 	Egress *process.Egress
+	// Backend is "process" or "gvisor" (runsc built from the pinned
+	// module, or LAMPYR_RUNSC); default LAMPYR_FIBERDTEST_BACKEND, else
+	// "process". The test handler listens on all of the fiber's addresses
+	// on gvisor (TESTHANDLER_HOST): fiberd reaches it through the
+	// sandbox's own network stack, not its loopback.
+	Backend string
 	// HomeKey, if set, is the Home's TLS key: fiberd serves TLS with it
 	// (server.Config.TLSKeyFile), the grant names it, and Client dials
 	// TLS accepting that key only, as in a cluster.
@@ -323,20 +334,35 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	}
 	i.WriteGrant(t, i.Claims)
 
-	be, err := process.New(process.Config{
-		HelperPath:   helperBin,
-		StateDir:     filepath.Join(state, "f"),
-		CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
-		PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state)),
-		PidsMax:      opts.PidsMax,
-		HomePidsMax:  opts.HomePidsMax,
-		CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state)),
-		CPUMillis:    opts.FiberCPUMillis,
-		UID:          opts.UID,
-		GID:          opts.UID,
-		Egress:       opts.Egress,
-		Log:          logWriter{opts.Logf},
-	})
+	var be backend.Backend
+	if opts.Backend == "gvisor" {
+		be, err = gvisor.New(gvisor.Config{
+			Runsc:        Runsc(t),
+			StateDir:     filepath.Join(state, "g"),
+			CgroupParent: "lampyr-fiberdtest-" + filepath.Base(state),
+			PidsMax:      int64(opts.PidsMax),
+			CPUMillis:    int64(opts.FiberCPUMillis),
+			UID:          opts.UID,
+			GID:          opts.UID,
+			Egress:       opts.Egress,
+			Log:          logWriter{opts.Logf},
+		})
+	} else {
+		be, err = process.New(process.Config{
+			HelperPath:   helperBin,
+			StateDir:     filepath.Join(state, "f"),
+			CgroupParent: filepath.Join(process.DefaultCgroupParent, filepath.Base(state)),
+			PidsParent:   filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state)),
+			PidsMax:      opts.PidsMax,
+			HomePidsMax:  opts.HomePidsMax,
+			CPUParent:    filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state)),
+			CPUMillis:    opts.FiberCPUMillis,
+			UID:          opts.UID,
+			GID:          opts.UID,
+			Egress:       opts.Egress,
+			Log:          logWriter{opts.Logf},
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +393,9 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	go srv.Serve(ln)
 	t.Cleanup(func() {
 		srv.Close()
-		be.Close()
+		if c, ok := be.(io.Closer); ok {
+			c.Close()
+		}
 	})
 	i.Endpoint = ln.Addr().String()
 	if i.HomeKeySHA256 != "" {
@@ -382,6 +410,29 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		i.WaitReady(t, 30*time.Second)
 	}
 	return i
+}
+
+// Runsc is runsc built once from the pinned gvisor.dev/gvisor module into
+// the project's cache (the build the Home image ships), or LAMPYR_RUNSC.
+// It skips the test, saying why, where sandboxes cannot run.
+func Runsc(t testing.TB) string {
+	t.Helper()
+	bin := os.Getenv("LAMPYR_RUNSC")
+	if bin == "" {
+		if os.Geteuid() != 0 {
+			t.Skip("skipping: the gvisor backend needs root to create sandboxes")
+		}
+		b := &gobuild.Builder{WorkDir: filepath.Join(installenv.Cache(), "go")}
+		bins, err := b.Build(context.Background(), runscpin.Spec(), "")
+		if err != nil {
+			t.Fatalf("building runsc from gvisor.dev/gvisor@%s: %v", runscpin.Version, err)
+		}
+		bin = bins[0].Path
+	}
+	if err := gvisor.Supported(bin); err != nil {
+		t.Skipf("skipping: %v", err)
+	}
+	return bin
 }
 
 // BackendConfig is a process backend configuration for a test whose
@@ -447,6 +498,23 @@ func setDefaults(o *Options, t testing.TB) {
 	}
 	if o.Logf == nil {
 		o.Logf = t.Logf
+	}
+	if o.Backend == "" {
+		o.Backend = os.Getenv("LAMPYR_FIBERDTEST_BACKEND")
+	}
+	switch o.Backend {
+	case "", "process":
+		o.Backend = "process"
+	case "gvisor":
+		if _, ok := o.Env["TESTHANDLER_HOST"]; !ok && o.HandlerPackage == TestHandlerPackage && o.HandlerBinary == "" {
+			env := map[string]string{"TESTHANDLER_HOST": "0.0.0.0"}
+			for k, v := range o.Env {
+				env[k] = v
+			}
+			o.Env = env
+		}
+	default:
+		t.Fatalf("fiberdtest: Backend %q: want \"process\" or \"gvisor\"", o.Backend)
 	}
 }
 

@@ -18,38 +18,19 @@ import (
 
 	"golang.org/x/mod/modfile"
 
-	"lampyr.dev/serving/impl/build/gobuild"
 	"lampyr.dev/serving/impl/contract"
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/backend/gvisor"
 	"lampyr.dev/serving/impl/fiberd/backend/gvisor/runscpin"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
-	"lampyr.dev/serving/impl/install/installenv"
 )
 
-// runsc is built once per test process from the pinned module into the
-// project's cache (the same build the Home image ships), or taken from
-// LAMPYR_RUNSC.
-func runsc(t testing.TB) string {
-	if p := os.Getenv("LAMPYR_RUNSC"); p != "" {
-		return p
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: the gvisor backend needs root to create sandboxes")
-	}
-	b := &gobuild.Builder{WorkDir: filepath.Join(installenv.Cache(), "go")}
-	bins, err := b.Build(context.Background(), runscpin.Spec(), "")
-	if err != nil {
-		t.Fatalf("building runsc from gvisor.dev/gvisor@%s: %v", runscpin.Version, err)
-	}
-	return bins[0].Path
-}
+// runsc is fiberdtest.Runsc: built once from the pinned module into the
+// project's cache, or LAMPYR_RUNSC.
+func runsc(t testing.TB) string { return fiberdtest.Runsc(t) }
 
 func newBackend(t testing.TB, preinit bool) (*gvisor.Backend, *backend.Spec) {
 	bin := runsc(t)
-	if err := gvisor.Supported(bin); err != nil {
-		t.Skipf("skipping: %v", err)
-	}
 	handler := fiberdtest.Build(t, fiberdtest.TestHandlerPackage)
 	state, _ := os.MkdirTemp("/tmp", "gv")
 	t.Cleanup(func() { os.RemoveAll(state) })

@@ -9,6 +9,7 @@ package netstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -348,7 +350,47 @@ func (l *Link) DialFiber(ctx context.Context, port uint16) (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c, nil
+	return &fiberConn{c}, nil
+}
+
+// fiberConn is a connection into the fiber whose errors carry the errno a
+// kernel socket's would. gonet reports the stack's errors as bare strings
+// ("connection reset by peer"), so a caller that tells a handler which
+// closed its side (errors.Is(err, syscall.ECONNRESET) or EPIPE: fiberd's
+// answerFirstConn, which keeps the answer of a handler that did not read
+// the body) could not tell it from a failure: on the gvisor backend that
+// turned one answer in ten to a request with an unread 10 MiB body into a
+// 502.
+type fiberConn struct{ *gonet.TCPConn }
+
+// stackErrnos maps the stack's error texts to errnos.
+var stackErrnos = map[string]syscall.Errno{
+	(&tcpip.ErrConnectionReset{}).String():   syscall.ECONNRESET,
+	(&tcpip.ErrClosedForSend{}).String():     syscall.EPIPE,
+	(&tcpip.ErrConnectionAborted{}).String(): syscall.ECONNABORTED,
+	(&tcpip.ErrConnectionRefused{}).String(): syscall.ECONNREFUSED,
+}
+
+func errno(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		if e, ok := stackErrnos[op.Err.Error()]; ok {
+			c := *op
+			c.Err = os.NewSyscallError(op.Op, e)
+			return &c
+		}
+	}
+	return err
+}
+
+func (c *fiberConn) Read(p []byte) (int, error) {
+	n, err := c.TCPConn.Read(p)
+	return n, errno(err)
+}
+
+func (c *fiberConn) Write(p []byte) (int, error) {
+	n, err := c.TCPConn.Write(p)
+	return n, errno(err)
 }
 
 // splice copies both ways with half-close, and ends both when the link
