@@ -158,3 +158,16 @@ const (
 	// ReasonGrantRefused is used when a refusal carries no reason of its own.
 	ReasonGrantRefused Reason = "CapacityGrantRefused"
 )
+
+// Reasons of the FibersPreinitialized condition (grant and Revision; on a
+// backend that pre-initializes fibers only, severity Info: Ready does not
+// depend on it).
+const (
+	// ReasonCheckpointFailed: no checkpoint of the initialized handler
+	// could be made; the Revision's fibers start cold (the message says
+	// why).
+	ReasonCheckpointFailed Reason = "CheckpointFailed"
+	// ReasonCheckpointPending: the checkpoint is made by the Revision's
+	// first fiber start, which has not happened yet.
+	ReasonCheckpointPending Reason = "CheckpointPending"
+)

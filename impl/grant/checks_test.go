@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgotesting "k8s.io/client-go/testing"
+	"knative.dev/pkg/apis"
 	rtesting "knative.dev/pkg/reconciler/testing"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
@@ -138,6 +139,87 @@ func TestHomeDiagnosis(t *testing.T) {
 			return d
 		}(),
 		PostConditions: check,
+	}}
+	table.Test(t, factory)
+}
+
+// TestPreinitObserved: a ready Home whose fiberd pre-initializes fibers
+// (gvisor, fiber-gvisor-preinit) is asked once per Home Pod how the
+// Revision's fibers start, and the grant's FibersPreinitialized says it
+// (severity Info: Ready stays True when they start cold); a Home on any
+// other backend is never asked.
+func TestPreinitObserved(t *testing.T) {
+	const uid = "pod-uid-1"
+	preinit := func() func(*corev1.Pod) {
+		return func(p *corev1.Pod) {
+			ready(p)
+			p.UID = uid
+			p.Spec.Containers[0].Args = append(p.Spec.Containers[0].Args, "--backend=gvisor", "--gvisor-preinit=true")
+		}
+	}
+	home := func(pod func(*corev1.Pod), opts ...grantOpt) []runtime.Object {
+		g := grant("hello-00001", append([]grantOpt{admitted}, opts...)...)
+		return []runtime.Object{g, homeSecret(g, now), homeService(g), homePod(g, pod)}
+	}
+	want := func(mark ...grantOpt) []clientgotesting.UpdateActionImpl {
+		return statusUpdate(grant("hello-00001", append([]grantOpt{admitted, reconciled(reserve(512<<20), atHome, issued("old-grant", now), homeReady)}, mark...)...))
+	}
+	asked := func(d *fakeDiagnoser, calls int, requeue time.Duration) map[string]any {
+		return map[string]any{diagnoserKey: d, "calls": calls, requeueKey: requeue}
+	}
+	check := []func(*testing.T, *rtesting.TableRow){checkCalls}
+	restored := fiberdclient.Readiness{Ready: true, Preinit: &fiberdclient.Preinit{Restored: true}}
+	cold := fiberdclient.Readiness{Ready: true, Preinit: &fiberdclient.Preinit{Message: "runsc checkpoint did not finish within 1m0s (gvisor.Config.CheckpointTimeout)"}}
+	pending := fiberdclient.Readiness{Ready: true, Preinit: &fiberdclient.Preinit{Pending: true, Message: "no checkpoint made yet"}}
+
+	table := rtesting.TableTest{{
+		Name:              "restored from a checkpoint",
+		Key:               "default/hello-00001",
+		Objects:           home(preinit()),
+		WantStatusUpdates: want(func(g *v1alpha1.CapacityGrant) { g.Status.MarkFibersPreinitialized(uid) }),
+		OtherTestData:     asked(&fakeDiagnoser{readiness: restored, readinessOK: true}, 1, 5*time.Minute),
+		PostConditions:    check,
+	}, {
+		Name:    "the checkpoint failed: cold starts, said as Info",
+		Key:     "default/hello-00001",
+		Objects: home(preinit()),
+		WantStatusUpdates: want(func(g *v1alpha1.CapacityGrant) {
+			g.Status.MarkFibersStartCold(uid, "%s", "The Revision's fibers start cold: no checkpoint of the initialized handler could be made: runsc checkpoint did not finish within 1m0s (gvisor.Config.CheckpointTimeout)")
+			if c := g.Status.GetCondition(v1alpha1.GrantConditionFibersPreinitialized); c.Severity != apis.ConditionSeverityInfo || !g.Status.IsReady() {
+				t.Errorf("a cold start made the grant not ready or is not Info: %+v", c)
+			}
+		}),
+		OtherTestData:  asked(&fakeDiagnoser{readiness: cold, readinessOK: true}, 1, 5*time.Minute),
+		PostConditions: check,
+	}, {
+		Name:    "no fiber started yet: asked again later",
+		Key:     "default/hello-00001",
+		Objects: home(preinit()),
+		WantStatusUpdates: want(func(g *v1alpha1.CapacityGrant) {
+			g.Status.MarkFibersPreinitPending("%s", "No fiber has started yet; the first makes the checkpoint of the initialized handler.")
+		}),
+		OtherTestData:  asked(&fakeDiagnoser{readiness: pending, readinessOK: true}, 1, preinitPendingInterval),
+		PostConditions: check,
+	}, {
+		Name:              "fiberd does not answer: asked again",
+		Key:               "default/hello-00001",
+		Objects:           home(preinit()),
+		WantStatusUpdates: want(),
+		OtherTestData:     asked(&fakeDiagnoser{}, 1, homeDiagnosisInterval),
+		PostConditions:    check,
+	}, {
+		Name:           "this Home Pod was asked already",
+		Key:            "default/hello-00001",
+		Objects:        home(preinit(), reconciled(reserve(512<<20), atHome, issued("old-grant", now), homeReady), func(g *v1alpha1.CapacityGrant) { g.Status.MarkFibersPreinitialized(uid) }),
+		OtherTestData:  asked(&fakeDiagnoser{readiness: cold, readinessOK: true}, 0, 5*time.Minute),
+		PostConditions: check,
+	}, {
+		Name:              "a Home on the process backend: not asked, a leftover condition cleared",
+		Key:               "default/hello-00001",
+		Objects:           home(ready, func(g *v1alpha1.CapacityGrant) { g.Status.MarkFibersPreinitialized("an-older-pod") }),
+		WantStatusUpdates: want(func(g *v1alpha1.CapacityGrant) { g.Status.PreinitObservedPod = "" }),
+		OtherTestData:     asked(&fakeDiagnoser{readiness: restored, readinessOK: true}, 0, 5*time.Minute),
+		PostConditions:    check,
 	}}
 	table.Test(t, factory)
 }

@@ -204,6 +204,15 @@ type fakeDiagnoser struct {
 	handler *fiberdclient.HandlerFailure
 	ok      bool
 	calls   int
+	// readiness is a ready Home's /readyz answer in JSON.
+	readiness   fiberdclient.Readiness
+	readinessOK bool
+}
+
+// Readiness answers readiness (ok: readinessOK), counted in calls too.
+func (f *fakeDiagnoser) Readiness(context.Context, *corev1.Pod, string) (fiberdclient.Readiness, bool) {
+	f.calls++
+	return f.readiness, f.readinessOK
 }
 
 func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod, string) (fiberdclient.Error, bool) {

@@ -29,6 +29,10 @@ type HomeDiagnoser interface {
 	// could not be asked or is ready. homeKeySHA256 is the Home's TLS key
 	// (status.homeKeySHA256): only a peer holding it is asked.
 	Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Error, ok bool)
+	// Readiness asks a ready Home how its fibers start (fiberd's /readyz
+	// in JSON); ok is false when fiberd could not be asked or is not
+	// ready.
+	Readiness(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Readiness, ok bool)
 }
 
 // HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP, over TLS, from a
@@ -43,36 +47,8 @@ type HTTPHomeDiagnoser struct {
 
 // Diagnose implements HomeDiagnoser.
 func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Error, bool) {
-	if pod.Status.PodIP == "" || homeKeySHA256 == "" {
-		// No key named yet (a grant not issued by this version): the
-		// Home cannot be told from an impostor, so it is not asked.
-		return client.Error{}, false
-	}
-	tlsConfig, err := homekey.ClientConfig(homeKeySHA256, "http/1.1")
-	if err != nil {
-		return client.Error{}, false
-	}
-	dial := h.DialContext
-	if dial == nil {
-		dial = (&net.Dialer{Timeout: time.Second}).DialContext
-	}
-	// One connection per question: each Home has its own key, and a Home
-	// is asked only every few seconds while it is not ready.
-	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
-		Proxy: nil, DialContext: dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
-	}}
-	u := "https://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return client.Error{}, false
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return client.Error{}, false
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
-	if resp.StatusCode == http.StatusOK {
+	status, b, ok := h.readyz(ctx, pod, homeKeySHA256)
+	if !ok || status == http.StatusOK {
 		return client.Error{}, false
 	}
 	var e client.Error
@@ -80,6 +56,57 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKe
 		return client.Error{}, false
 	}
 	return e, true
+}
+
+// Readiness implements HomeDiagnoser.
+func (h HTTPHomeDiagnoser) Readiness(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Readiness, bool) {
+	status, b, ok := h.readyz(ctx, pod, homeKeySHA256)
+	if !ok || status != http.StatusOK {
+		return client.Readiness{}, false
+	}
+	var r client.Readiness
+	if json.Unmarshal(b, &r) != nil {
+		// A fiberd that predates the JSON answer ("ok"): nothing to say.
+		return client.Readiness{Ready: true}, true
+	}
+	return r, true
+}
+
+// readyz GETs /readyz (asking for JSON) from the Home at pod's IP, over
+// TLS, from a peer holding homeKeySHA256 only.
+func (h HTTPHomeDiagnoser) readyz(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (status int, body []byte, ok bool) {
+	if pod.Status.PodIP == "" || homeKeySHA256 == "" {
+		// No key named yet (a grant not issued by this version): the
+		// Home cannot be told from an impostor, so it is not asked.
+		return 0, nil, false
+	}
+	tlsConfig, err := homekey.ClientConfig(homeKeySHA256, "http/1.1")
+	if err != nil {
+		return 0, nil, false
+	}
+	dial := h.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: time.Second}).DialContext
+	}
+	// One connection per question: each Home has its own key, and a Home
+	// is asked only every few seconds while it is not ready, and once
+	// when it is.
+	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
+		Proxy: nil, DialContext: dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
+	}}
+	u := "https://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, nil, false
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, false
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
+	return resp.StatusCode, b, true
 }
 
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.
@@ -90,8 +117,11 @@ const homeDiagnosisInterval = 3 * time.Second
 // anything else is kept Unknown with fiberd's message. It returns when to
 // look again.
 func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant, pod *corev1.Pod) time.Duration {
-	if r.diagnoser == nil || pod == nil || pod.Status.Phase != corev1.PodRunning || podReady(pod) {
+	if r.diagnoser == nil || pod == nil || pod.Status.Phase != corev1.PodRunning {
 		return 0
+	}
+	if podReady(pod) {
+		return r.observePreinit(ctx, g, pod)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -117,6 +147,47 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	}
 	g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s/%s is running; fiberd is not ready: %s", pod.Namespace, pod.Name, msg)
 	return homeDiagnosisInterval
+}
+
+// preinitPendingInterval is how often a ready Home whose checkpoint is not
+// made yet (no fiber started: a Home without warm fibers) is asked again.
+const preinitPendingInterval = 30 * time.Second
+
+// observePreinit asks a ready Home Pod, once, how the Revision's fibers
+// start, and records it in FibersPreinitialized (docs/contracts.md §1):
+// True when they are restored from a checkpoint of the initialized handler,
+// False with fiberd's reason when they start cold. A backend that does not
+// pre-initialize fibers says nothing and the condition is cleared. It
+// returns when to ask again (0: not before the Pod changes). A Home on any
+// other backend is never asked.
+func (r *Reconciler) observePreinit(ctx context.Context, g *v1alpha1.CapacityGrant, pod *corev1.Pod) time.Duration {
+	uid := string(pod.UID)
+	if g.Status.PreinitObservedPod == uid {
+		return 0
+	}
+	if !resources.PreinitializesFibers(pod) {
+		if g.Status.GetCondition(v1alpha1.GrantConditionFibersPreinitialized) != nil {
+			g.Status.ClearFibersPreinitialized(uid)
+		}
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	a, ok := r.diagnoser.Readiness(ctx, pod, g.Status.HomeKeySHA256)
+	switch {
+	case !ok:
+		return homeDiagnosisInterval
+	case a.Preinit == nil:
+		g.Status.ClearFibersPreinitialized(uid)
+	case a.Preinit.Restored:
+		g.Status.MarkFibersPreinitialized(uid)
+	case a.Preinit.Pending:
+		g.Status.MarkFibersPreinitPending("No fiber has started yet; the first makes the checkpoint of the initialized handler.")
+		return preinitPendingInterval
+	default:
+		g.Status.MarkFibersStartCold(uid, "The Revision's fibers start cold: no checkpoint of the initialized handler could be made: %s", boundMessage(a.Preinit.Message))
+	}
+	return 0
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -6,6 +6,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strings"
 	"time"
@@ -58,6 +59,23 @@ type HomeTasks interface {
 	// cheap.
 	BoundHomeTasks(maxFibers int) (int, error)
 }
+
+// Preinitializer is implemented by a backend that can start fibers from a
+// checkpoint of an initialized handler (the gvisor backend): fiberd reports
+// on /readyz whether a Revision's fibers are restored or start cold, and
+// the Revision's status says so (docs/contracts.md §4).
+type Preinitializer interface {
+	// PreinitEnabled is whether the backend pre-initializes fibers at all.
+	PreinitEnabled() bool
+	// Preinit is nil once spec's fibers are restored from a checkpoint,
+	// an error wrapping ErrPreinitPending before the checkpoint is made,
+	// else why they start cold.
+	Preinit(spec *Spec) error
+}
+
+// ErrPreinitPending: the checkpoint is made by a Revision's first fiber
+// start, which has not finished yet.
+var ErrPreinitPending = errors.New("the checkpoint is made by the Revision's first fiber start, which has not finished")
 
 // Fiber is one running fiber.
 type Fiber interface {

@@ -109,6 +109,28 @@ type GrantInfo struct {
 	LoadError string `json:"loadError,omitempty"`
 }
 
+// Readiness is /readyz's 200 answer to a request that accepts
+// application/json (kubelet's probe gets "ok"): how the Revision's fibers
+// start, which the grant controller puts in the Revision's status.
+type Readiness struct {
+	Ready bool `json:"ready"`
+	// Preinit is set on a backend that pre-initializes fibers (gvisor with
+	// --gvisor-preinit), nil on any other.
+	Preinit *Preinit `json:"preinit,omitempty"`
+}
+
+// Preinit says whether fibers are restored from a checkpoint of the
+// initialized handler or start cold, and why.
+type Preinit struct {
+	Restored bool `json:"restored"`
+	// Pending: the checkpoint is made by the Revision's first fiber start,
+	// which has not happened (a Home without warm fibers).
+	Pending bool `json:"pending,omitempty"`
+	// Message says why they start cold, or what is pending ("" when
+	// restored).
+	Message string `json:"message,omitempty"`
+}
+
 // Error is the JSON body of every non-2xx answer of the API.
 type Error struct {
 	// Status is the HTTP status code (not on the wire).
@@ -270,6 +292,14 @@ func (c *Client) Ready(ctx context.Context) error {
 	return c.call(ctx, http.MethodGet, ReadyzPath, http.StatusOK, nil)
 }
 
+// Readiness is /readyz in JSON: ready, and how the Revision's fibers
+// start on a backend that pre-initializes them.
+func (c *Client) Readiness(ctx context.Context) (Readiness, error) {
+	var r Readiness
+	err := c.call(ctx, http.MethodGet, ReadyzPath, http.StatusOK, &r)
+	return r, err
+}
+
 // NewFiberRequest prepares req (aimed at any path) to be proxied by fiberd
 // into fiber id: it points the URL at fiberd, keeps the path and query, and
 // sets the fiber and fiberd-authorization headers. The Host header and the
@@ -415,6 +445,7 @@ func (c *Client) call(ctx context.Context, method, path string, want int, out an
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
+	req.Header.Set("Accept", "application/json")
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
 		return fmt.Errorf("fiberd %s %s: %w", method, path, err)

@@ -106,6 +106,11 @@ type Options struct {
 	// on gvisor (TESTHANDLER_HOST): fiberd reaches it through the
 	// sandbox's own network stack, not its loopback.
 	Backend string
+	// GVisorPreinit restores gvisor fibers from a checkpoint of the
+	// initialized handler; GVisorCheckpointTimeout bounds making it
+	// (gvisor.Config).
+	GVisorPreinit           bool
+	GVisorCheckpointTimeout time.Duration
 	// HomeKey, if set, is the Home's TLS key: fiberd serves TLS with it
 	// (server.Config.TLSKeyFile), the grant names it, and Client dials
 	// TLS accepting that key only, as in a cluster.
@@ -337,15 +342,17 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 	var be backend.Backend
 	if opts.Backend == "gvisor" {
 		be, err = gvisor.New(gvisor.Config{
-			Runsc:        Runsc(t),
-			StateDir:     filepath.Join(state, "g"),
-			CgroupParent: "lampyr-fiberdtest-" + filepath.Base(state),
-			PidsMax:      int64(opts.PidsMax),
-			CPUMillis:    int64(opts.FiberCPUMillis),
-			UID:          opts.UID,
-			GID:          opts.UID,
-			Egress:       opts.Egress,
-			Log:          logWriter{opts.Logf},
+			Runsc:             Runsc(t),
+			StateDir:          filepath.Join(state, "g"),
+			CgroupParent:      "lampyr-fiberdtest-" + filepath.Base(state),
+			PidsMax:           int64(opts.PidsMax),
+			CPUMillis:         int64(opts.FiberCPUMillis),
+			UID:               opts.UID,
+			GID:               opts.UID,
+			Egress:            opts.Egress,
+			Log:               logWriter{opts.Logf},
+			Preinit:           opts.GVisorPreinit,
+			CheckpointTimeout: opts.GVisorCheckpointTimeout,
 		})
 	} else {
 		be, err = process.New(process.Config{

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
 	"lampyr.dev/serving/impl/trust/routercred"
@@ -137,7 +138,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, "warm pool not filled yet")
 		return
 	}
-	w.Write([]byte("ok\n"))
+	if !strings.Contains(r.Header.Get("Accept"), "application/json") {
+		w.Write([]byte("ok\n"))
+		return
+	}
+	out := client.Readiness{Ready: true}
+	if p, ok := s.cfg.Backend.(backend.Preinitializer); ok && p.PreinitEnabled() {
+		out.Preinit = &client.Preinit{Restored: true}
+		if err := p.Preinit(l.spec); err != nil {
+			out.Preinit = &client.Preinit{Pending: errors.Is(err, backend.ErrPreinitPending), Message: err.Error()}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {

@@ -356,7 +356,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 	if cfg.FiberBackend == lampyrconfig.BackendGVisor {
 		// runsc ships in the Home image beside fiberd (impl/install).
 		args = append(args, "--backend="+lampyrconfig.BackendGVisor, "--runsc="+runscpin.HomePath,
-			"--gvisor-preinit="+strconv.FormatBool(cfg.FiberGVisorPreinit))
+			preinitFlag+strconv.FormatBool(cfg.FiberGVisorPreinit))
 	}
 	var env []corev1.EnvVar
 	if (cfg.Egress == lampyrconfig.EgressCluster || cfg.Egress == lampyrconfig.EgressDirect) && len(cfg.EgressAllow) > 0 {
@@ -403,7 +403,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			InitContainers:                inits,
 			Containers: []corev1.Container{{
-				Name:            "fiberd",
+				Name:            FiberdContainer,
 				Image:           cfg.HomeImage,
 				Command:         []string{"/fiberd"},
 				Args:            args,
@@ -501,4 +501,26 @@ func MakeQuotaPod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) *corev1.P
 			}},
 		},
 	}
+}
+
+// FiberdContainer is the Home Pod's container.
+const FiberdContainer = "fiberd"
+
+const preinitFlag = "--gvisor-preinit="
+
+// PreinitializesFibers is whether the Home Pod's fiberd restores fibers
+// from a checkpoint of the initialized handler (the gvisor backend with
+// fiber-gvisor-preinit): only such a Home is asked how its fibers start.
+func PreinitializesFibers(pod *corev1.Pod) bool {
+	for _, c := range pod.Spec.Containers {
+		if c.Name != FiberdContainer {
+			continue
+		}
+		for _, a := range c.Args {
+			if a == preinitFlag+"true" {
+				return true
+			}
+		}
+	}
+	return false
 }

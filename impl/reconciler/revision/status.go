@@ -169,12 +169,42 @@ func (p *progress) markConditions(st *v1.RevisionStatus) {
 		m.MarkUnknown(v1.RevisionConditionContainerHealthy, contract.ReasonVerifyingArtifact.String(), "%s", p.artifactUnverified)
 	}
 
+	p.markPreinit(m)
+
 	ready := st.GetCondition(v1.RevisionConditionReady)
 	switch {
 	case ready.IsTrue():
 		m.MarkTrue(v1.RevisionConditionActive)
 	case ready != nil:
 		m.MarkUnknown(v1.RevisionConditionActive, reasonOr(ready.Reason, contract.Reason(v1.ReasonDeploying)), "%s", ready.Message)
+	}
+}
+
+// ConditionFibersPreinitialized is the grant's condition of the same name,
+// passed on to the Revision (a Lampyr addition, severity Info: Ready does
+// not depend on it): on a backend that pre-initializes fibers (gvisor with
+// fiber-gvisor-preinit), True when the Revision's fibers are restored from
+// a checkpoint of the initialized handler, False (CheckpointFailed) when
+// they start cold, and why. Absent on any other backend.
+const ConditionFibersPreinitialized = fiberdv1alpha1.GrantConditionFibersPreinitialized
+
+// markPreinit passes the grant's FibersPreinitialized on. It runs after
+// the dependents are marked: MarkTrue of a condition outside them
+// recomputes Ready from them, unchanged.
+func (p *progress) markPreinit(m apis.ConditionManager) {
+	if p.grant == nil {
+		return
+	}
+	c := p.grant.Status.GetCondition(fiberdv1alpha1.GrantConditionFibersPreinitialized)
+	switch {
+	case c == nil:
+		m.ClearCondition(ConditionFibersPreinitialized)
+	case c.IsTrue():
+		m.MarkTrue(ConditionFibersPreinitialized)
+	case c.IsFalse():
+		m.MarkFalse(ConditionFibersPreinitialized, c.Reason, "%s", c.Message)
+	default:
+		m.MarkUnknown(ConditionFibersPreinitialized, c.Reason, "%s", c.Message)
 	}
 }
 

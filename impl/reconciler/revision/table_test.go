@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	clientgotesting "k8s.io/client-go/testing"
+	"knative.dev/pkg/apis"
 	"knative.dev/pkg/ptr"
 	rtesting "knative.dev/pkg/reconciler/testing"
 	v1 "knative.dev/serving/pkg/apis/serving/v1"
@@ -109,6 +110,39 @@ func TestReconcile(t *testing.T) {
 		WantUpdates: []clientgotesting.UpdateActionImpl{
 			update(metadata(tmpl, testHome, true)),
 		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
+		},
+	}, {
+		Name: "gvisor fibers start cold (checkpoint failed): said as Info, the Revision stays Ready",
+		Objects: []runtime.Object{
+			rev(ready()),
+			grant(tmpl, grantReady, func(g *fiberdv1alpha1.CapacityGrant) {
+				g.Status.MarkFibersStartCold("uid-1", "%s", "The Revision's fibers start cold: runsc checkpoint: exit status 128")
+			}),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready(), func(r *v1.Revision) {
+				revisionConditions.Manage(&r.Status).MarkFalse(ConditionFibersPreinitialized, contract.ReasonCheckpointFailed.String(), "%s", "The Revision's fibers start cold: runsc checkpoint: exit status 128")
+				if c := r.Status.GetCondition(ConditionFibersPreinitialized); c.Severity != apis.ConditionSeverityInfo || !r.IsReady() {
+					panic(fmt.Sprintf("cold fibers made the Revision not Ready or are not Info: %+v", c))
+				}
+			})),
+		},
+	}, {
+		Name: "gvisor fibers restored, then a Home on another backend: the condition follows the grant",
+		Objects: []runtime.Object{
+			rev(ready(), func(r *v1.Revision) {
+				revisionConditions.Manage(&r.Status).MarkTrue(ConditionFibersPreinitialized)
+			}),
+			grant(tmpl, grantReady),
+			service(tmpl, lampyrconfig.BackendExternalName),
+			metadata(tmpl, testHome, true),
+		},
+		Key: key(),
 		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
 			statusUpdate(rev(ready())),
 		},

@@ -88,6 +88,34 @@ func (s *CapacityGrantStatus) MarkHandlerFailed(f HandlerFailure, message string
 	s.HandlerFailure = &f
 }
 
+// MarkFibersPreinitialized records that the Home Pod podUID restores the
+// Revision's fibers from a checkpoint of the initialized handler.
+func (s *CapacityGrantStatus) MarkFibersPreinitialized(podUID string) {
+	s.PreinitObservedPod = podUID
+	grantConditions.Manage(s).MarkTrue(GrantConditionFibersPreinitialized)
+}
+
+// MarkFibersStartCold records that the Home Pod podUID starts the
+// Revision's fibers cold, and why (severity Info: the Revision serves).
+func (s *CapacityGrantStatus) MarkFibersStartCold(podUID string, messageFormat string, args ...any) {
+	s.PreinitObservedPod = podUID
+	grantConditions.Manage(s).MarkFalse(GrantConditionFibersPreinitialized, contract.ReasonCheckpointFailed.String(), messageFormat, args...)
+}
+
+// MarkFibersPreinitPending records that no checkpoint is made yet: the
+// Revision's first fiber start makes it (PreinitObservedPod is left, so
+// the Home is asked again).
+func (s *CapacityGrantStatus) MarkFibersPreinitPending(messageFormat string, args ...any) {
+	grantConditions.Manage(s).MarkUnknown(GrantConditionFibersPreinitialized, contract.ReasonCheckpointPending.String(), messageFormat, args...)
+}
+
+// ClearFibersPreinitialized removes the condition (a backend that does not
+// pre-initialize fibers).
+func (s *CapacityGrantStatus) ClearFibersPreinitialized(podUID string) {
+	s.PreinitObservedPod = podUID
+	grantConditions.Manage(s).ClearCondition(GrantConditionFibersPreinitialized)
+}
+
 // IsAdmitted reports whether the grant is admitted.
 func (s *CapacityGrantStatus) IsAdmitted() bool {
 	return s.GetCondition(GrantConditionAdmitted).IsTrue()

@@ -88,6 +88,12 @@ const (
 	// GrantConditionHomeReady: the template opened and fits the Revision, and
 	// the Home runs, holds a valid signed grant and has loaded the snapshot.
 	GrantConditionHomeReady apis.ConditionType = "HomeReady"
+	// GrantConditionFibersPreinitialized, on a backend that pre-initializes
+	// fibers (gvisor with fiber-gvisor-preinit) only: True when the
+	// Revision's fibers are restored from a checkpoint of the initialized
+	// handler, False (ReasonCheckpointFailed) when they start cold. Severity
+	// Info: Ready does not depend on it.
+	GrantConditionFibersPreinitialized apis.ConditionType = "FibersPreinitialized"
 )
 
 // CapacityGrantStatus is written by the grant controller only.
@@ -112,6 +118,10 @@ type CapacityGrantStatus struct {
 	// handler fails its fiber starts (MarkHandlerFailed): the typed facts
 	// the Revision reconciler turns into ContainerHealthy=False.
 	HandlerFailure *HandlerFailure `json:"handlerFailure,omitempty"`
+	// PreinitObservedPod is the UID of the Home Pod whose fiberd said how
+	// fibers start (GrantConditionFibersPreinitialized): each Home Pod is
+	// asked once.
+	PreinitObservedPod string `json:"preinitObservedPod,omitempty"`
 }
 
 // HandlerFailure is why the Revision's handler did not start in a fiber,

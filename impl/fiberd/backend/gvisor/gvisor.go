@@ -104,6 +104,9 @@ type Config struct {
 	Egress *process.Egress
 	// Preinit starts fibers from a checkpoint of an initialized handler.
 	Preinit bool
+	// CheckpointTimeout bounds `runsc checkpoint` of one Revision's
+	// handler; default 60 s. Past it the Revision's fibers start cold.
+	CheckpointTimeout time.Duration
 	// Log receives runsc's and the handlers' output; default stderr.
 	Log io.Writer
 	// DebugLogDir, if set, gets runsc's debug logs (--debug-log), one
@@ -166,6 +169,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.CPUMillis == 0 {
 		cfg.CPUMillis = 1000
+	}
+	if cfg.CheckpointTimeout <= 0 {
+		cfg.CheckpointTimeout = time.Minute
 	}
 	if cfg.TmpBytes == 0 {
 		cfg.TmpBytes = 64 << 20
@@ -241,6 +247,9 @@ func (b *Backend) Close() error {
 	return err
 }
 
+// PreinitEnabled implements backend.Preinitializer: Config.Preinit.
+func (b *Backend) PreinitEnabled() bool { return b.cfg.Preinit }
+
 // Preinit says how spec's fibers start: nil once they are restored from
 // a checkpoint, the reason they start cold otherwise (Preinit off, no
 // image made yet, or the checkpoint failed).
@@ -252,13 +261,13 @@ func (b *Backend) Preinit(spec *backend.Spec) error {
 	img := b.images[spec]
 	b.mu.Unlock()
 	if img == nil {
-		return errors.New("no checkpoint made yet")
+		return fmt.Errorf("no checkpoint made yet: %w", backend.ErrPreinitPending)
 	}
 	select {
 	case <-img.ready:
 		return img.err
 	default:
-		return errors.New("the checkpoint is being made")
+		return fmt.Errorf("the checkpoint is being made: %w", backend.ErrPreinitPending)
 	}
 }
 
@@ -384,7 +393,9 @@ func (b *Backend) image(ctx context.Context, spec *backend.Spec) (*image, error)
 	t0 := time.Now()
 	err := b.checkpoint(ctx, spec, img.dir)
 	var sf *backend.StartFailure
-	if errors.As(err, &sf) {
+	if errors.As(err, &sf) || (err != nil && ctx.Err() != nil) {
+		// The handler failed (the pool backs off on it), or the Start
+		// that made the image was given up: the next Start tries again.
 		b.mu.Lock()
 		delete(b.images, spec)
 		b.mu.Unlock()
@@ -418,8 +429,13 @@ func (b *Backend) checkpoint(ctx context.Context, spec *backend.Spec, dir string
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	out, err := b.runsc(ctx, "checkpoint", "--image-path="+dir, id)
+	cctx, cancel := context.WithTimeout(ctx, b.cfg.CheckpointTimeout)
+	defer cancel()
+	out, err := b.runsc(cctx, "checkpoint", "--image-path="+dir, id)
 	if err != nil {
+		if cctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("runsc checkpoint did not finish within %s (gvisor.Config.CheckpointTimeout)", b.cfg.CheckpointTimeout)
+		}
 		return fmt.Errorf("runsc checkpoint: %w: %s", err, lastLine(out))
 	}
 	// The checkpointed sandbox exits.

@@ -22,6 +22,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend"
 	"lampyr.dev/serving/impl/fiberd/backend/gvisor"
 	"lampyr.dev/serving/impl/fiberd/backend/gvisor/runscpin"
+	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
 )
 
@@ -229,4 +230,58 @@ func TestPreinitializedFibersAreNeverUsedCopies(t *testing.T) {
 	sort.Slice(starts, func(i, j int) bool { return starts[i] < starts[j] })
 	// Figures are logged, not judged (the bench compares them).
 	t.Logf("checkpoint made in %s; restored fibers started in %v", be.ImageTook(spec), starts)
+}
+
+// TestReadinessSaysHowFibersStart: fiberd's /readyz in JSON (what the grant
+// controller puts in the Revision's FibersPreinitialized condition) says
+// the fibers are restored from a checkpoint, or that they start cold and
+// why, and a cold Revision still serves; the process backend says nothing.
+func TestReadinessSaysHowFibersStart(t *testing.T) {
+	serve := func(t *testing.T, c *client.Client) {
+		f, err := c.Acquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		req, _ := http.NewRequest(http.MethodGet, "http://app.example.com/", nil)
+		resp, err := c.Do(req, f.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("GET /: %d", resp.StatusCode)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		opts    fiberdtest.Options
+		want    func(*client.Preinit) bool
+		wantMsg string
+	}{
+		{"gvisor restored", fiberdtest.Options{Backend: "gvisor", GVisorPreinit: true},
+			func(p *client.Preinit) bool { return p != nil && p.Restored && !p.Pending && p.Message == "" }, ""},
+		{"gvisor checkpoint fails", fiberdtest.Options{Backend: "gvisor", GVisorPreinit: true, GVisorCheckpointTimeout: time.Millisecond},
+			func(p *client.Preinit) bool { return p != nil && !p.Restored && !p.Pending }, "runsc checkpoint did not finish within 1ms"},
+		{"gvisor without preinit", fiberdtest.Options{Backend: "gvisor"},
+			func(p *client.Preinit) bool { return p == nil }, ""},
+		{"process", fiberdtest.Options{Backend: "process"},
+			func(p *client.Preinit) bool { return p == nil }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.opts.Backend == "gvisor" {
+				runsc(t)
+			}
+			tc.opts.WarmFibers = 1
+			inst := fiberdtest.StartInstance(t, tc.opts)
+			r, err := inst.Client.Readiness(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Ready || !tc.want(r.Preinit) || (tc.wantMsg != "" && !strings.Contains(r.Preinit.Message, tc.wantMsg)) {
+				t.Fatalf("readiness = %+v, preinit %+v; want message %q", r, r.Preinit, tc.wantMsg)
+			}
+			t.Logf("readiness: %+v, preinit %+v", r, r.Preinit)
+			serve(t, inst.Client)
+		})
+	}
 }
