@@ -34,6 +34,7 @@ import (
 	"lampyr.dev/serving/impl/fiberd/client"
 	"lampyr.dev/serving/impl/fiberd/pool"
 	"lampyr.dev/serving/impl/fiberd/sockmap"
+	"lampyr.dev/serving/impl/internal/linger"
 	"lampyr.dev/serving/impl/trust/homekey"
 	"lampyr.dev/serving/impl/trust/signedgrant"
 )
@@ -220,6 +221,9 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	srv := s.httpSrv
 	s.mu.Unlock()
+	// A connection closed after an answer whose request body fiber-router
+	// is still sending is read to its end, not reset (package linger).
+	ln = linger.Listener(ln)
 	var err error
 	if srv.TLSConfig != nil {
 		// The certificate comes from TLSConfig.GetCertificate.

@@ -72,7 +72,11 @@ func (s *Server) tunnel(w http.ResponseWriter, r *http.Request) {
 	var pair *sockmap.Pair
 	path := "user"
 	if sp := s.kernelSplicer(); sp != nil && brw.Reader.Buffered() == 0 {
-		rt, ok1 := rc.(*net.TCPConn)
+		raw := rc
+		if u, ok := rc.(interface{ NetConn() net.Conn }); ok {
+			raw = u.NetConn() // under package linger's wrapper
+		}
+		rt, ok1 := raw.(*net.TCPConn)
 		ft, ok2 := fc.(*net.TCPConn)
 		if ok1 && ok2 {
 			if pair, err = sp.Join(rt, ft); err != nil {

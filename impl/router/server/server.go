@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"lampyr.dev/serving/impl/internal/linger"
 	"lampyr.dev/serving/impl/router/fibers"
 	"lampyr.dev/serving/impl/router/metrics"
 	"lampyr.dev/serving/impl/router/proxy"
@@ -129,7 +130,11 @@ func (s *Server) Start() error {
 			ErrorLog:    slog.NewLogLogger(s.opts.Logger.Handler(), slog.LevelDebug),
 		}
 		s.data = append(s.data, srv)
-		go func() { _ = srv.Serve(ln) }()
+		// A connection closed after an answer whose request body the
+		// gateway is still sending (a handler that did not read it) is
+		// read to its end, not reset: the gateway then passes the answer
+		// on instead of a 502 (package linger).
+		go func() { _ = srv.Serve(linger.Listener(ln)) }()
 	}
 
 	mux := http.NewServeMux()
