@@ -688,6 +688,11 @@ func (b *Backend) ociSpec(id string, spec *backend.Spec, nsPath string) *specs.S
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: b.cfg.OpenFiles, Soft: b.cfg.OpenFiles},
 				{Type: "RLIMIT_NPROC", Hard: b.cfg.Processes, Soft: b.cfg.Processes},
+				// As the process backend: no file larger than /tmp, no
+				// core files (the tenancy suite's F1 row found RLIMIT_FSIZE
+				// unlimited here).
+				{Type: "RLIMIT_FSIZE", Hard: uint64(b.cfg.TmpBytes), Soft: uint64(b.cfg.TmpBytes)},
+				{Type: "RLIMIT_CORE"},
 			},
 			NoNewPrivileges: true,
 			Capabilities:    &specs.LinuxCapabilities{},

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
@@ -132,6 +133,18 @@ func TestAFiberRunsUnderGVisor(t *testing.T) {
 		t.Errorf("fiber's /proc/version %d %q is the host's %q: not under gVisor", resp.StatusCode, v, host)
 	}
 	t.Logf("fiber kernel: %s", strings.TrimSpace(string(v)))
+	// The process backend's rlimits: no file larger than /tmp, no cores.
+	resp, err = c.Get("http://fiber/read?path=/proc/self/limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`Max file size\s+67108864\s+67108864`, `Max core file size\s+0\s+0`, `Max open files\s+4096\s+4096`, `Max processes\s+512\s+512`} {
+		if !regexp.MustCompile(want).Match(lim) {
+			t.Errorf("/proc/self/limits lacks %q:\n%s", want, lim)
+		}
+	}
 	resp, err = c.Get("http://fiber/write?path=/app/x")
 	if err != nil {
 		t.Fatal(err)
