@@ -236,6 +236,9 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 			CPUMillis: int64(sb.fiberCPUMillis),
 			Egress:    eg,
 			Preinit:   sb.gvisorPreinit,
+			IDBase:    uint32(sb.idBase),
+			IDRanges:  sb.idRanges,
+			IDLockDir: sb.idLockDir,
 		})
 	default:
 		return fmt.Errorf("--backend %q: want \"process\" or \"gvisor\"", sb.backend)

@@ -353,6 +353,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 			Log:               logWriter{opts.Logf},
 			Preinit:           opts.GVisorPreinit,
 			CheckpointTimeout: opts.GVisorCheckpointTimeout,
+			DebugLogDir:       os.Getenv("LAMPYR_GVISOR_DEBUG_LOG"),
 		})
 	} else {
 		be, err = process.New(process.Config{

@@ -91,6 +91,14 @@ type Config struct {
 	// TmpBytes sizes each fiber's /tmp (memory, charged to the fiber);
 	// default 64 MiB.
 	TmpBytes int64
+	// IDBase, IDRanges and IDLockDir: the node's pool of host id ranges
+	// (process.NewIDPool; zero: the process backend's defaults, so both
+	// backends share one pool). Each sandbox runs in a user namespace
+	// that maps its ids onto a range of its own: the Sentry and the gofer
+	// are an unprivileged host user no other live fiber shares, not root.
+	IDBase    uint32
+	IDRanges  int
+	IDLockDir string
 	// CgroupParent is the cgroups path under which runsc makes each
 	// sandbox's cgroup, relative to fiberd's own (so the Home's limits
 	// cover its fibers, as with the process backend); default
@@ -122,6 +130,8 @@ type Backend struct {
 	resolvConf string
 	cleanups   sync.WaitGroup
 	closeOnce  sync.Once
+
+	ids *process.IDPool
 
 	mu     sync.Mutex
 	images map[*backend.Spec]*image
@@ -211,12 +221,19 @@ func New(cfg Config) (*Backend, error) {
 			}
 		}
 	}
-	b := &Backend{cfg: cfg, root: filepath.Join(cfg.StateDir, "runsc"), images: map[*backend.Spec]*image{}}
+	ids, err := process.NewIDPool(cfg.IDBase, cfg.IDRanges, cfg.IDLockDir)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor backend: %w", err)
+	}
+	b := &Backend{cfg: cfg, root: filepath.Join(cfg.StateDir, "runsc"), images: map[*backend.Spec]*image{}, ids: ids}
 	for _, d := range []string{b.root, filepath.Join(cfg.StateDir, "fibers"), filepath.Join(cfg.StateDir, "images")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor backend: state dir: %w", err)
 		}
 	}
+	// The gofer, in the sandbox's user namespace, bind-mounts the fiber's
+	// resolv.conf from here: it must be able to pass through (not list).
+	os.Chmod(cfg.StateDir, 0o711)
 	b.resolvConf = filepath.Join(cfg.StateDir, "resolv.conf")
 	if err := os.WriteFile(b.resolvConf, []byte(cfg.ResolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("gvisor backend: writing the fibers' resolv.conf: %w", err)
@@ -477,14 +494,18 @@ func (b *Backend) globalFlags() []string {
 }
 
 type fiber struct {
-	b    *Backend
-	id   string
-	dir  string
-	port uint16
-	ns   netns.NsHandle
-	link *netstack.Link
-	cmd  *exec.Cmd
-	done chan struct{}
+	b  *Backend
+	id string
+	// idRange is the fiber's range in the backend's id pool (-1: none),
+	// hostID its first host id.
+	idRange int
+	hostID  uint32
+	dir     string
+	port    uint16
+	ns      netns.NsHandle
+	link    *netstack.Link
+	cmd     *exec.Cmd
+	done    chan struct{}
 
 	mu      sync.Mutex
 	err     error
@@ -494,7 +515,7 @@ type fiber struct {
 
 // start starts one fiber, cold (image "") or restored from image.
 func (b *Backend) start(ctx context.Context, id string, spec *backend.Spec, image string) (*fiber, error) {
-	f := &fiber{b: b, id: id, dir: filepath.Join(b.cfg.StateDir, "fibers", id), port: uint16(spec.Port), ns: netns.None(), done: make(chan struct{})}
+	f := &fiber{b: b, id: id, dir: filepath.Join(b.cfg.StateDir, "fibers", id), port: uint16(spec.Port), ns: netns.None(), done: make(chan struct{}), idRange: -1}
 	if err := f.start(ctx, spec, image); err != nil {
 		f.Destroy()
 		b.cleanups.Wait()
@@ -528,8 +549,12 @@ func (f *fiber) start(ctx context.Context, spec *backend.Spec, image string) err
 	if f.link, err = netstack.AttachGateway(ns, b.hostNS, guard, dial); err != nil {
 		return fmt.Errorf("fiber network: %w", err)
 	}
+	if f.idRange, f.hostID, err = b.ids.Acquire(); err != nil {
+		f.idRange = -1
+		return err
+	}
 	nsPath := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), int(ns))
-	cfg, err := json.Marshal(b.ociSpec(f.id, spec, nsPath))
+	cfg, err := json.Marshal(b.ociSpec(f.id, spec, nsPath, f.hostID))
 	if err != nil {
 		return err
 	}
@@ -543,7 +568,15 @@ func (f *fiber) start(ctx context.Context, spec *backend.Spec, image string) err
 		// --background: the image's pages keep loading after the
 		// restored handler runs (the image is uncompressed, runsc's
 		// default), so its first request need not wait for all of them.
-		args = append(args, "restore", "--background", "--image-path="+image, "--bundle="+f.dir, f.id)
+		//
+		// --restore-spec-validation=warning: each restored sandbox maps
+		// its user namespace onto a host id range of its own, not the
+		// checkpointed sandbox's, and runsc's default (enforce) refuses
+		// any UIDMappings/GIDMappings change. The mapping is the Sentry's
+		// and the gofer's host identity only: the handler's ids are the
+		// Sentry's own and the same in both. Any other difference is
+		// still logged by runsc into the fiber's output.
+		args = append(args, "--restore-spec-validation=warning", "restore", "--background", "--image-path="+image, "--bundle="+f.dir, f.id)
 	}
 	out := &prefixWriter{w: b.cfg.Log, prefix: "fiber " + f.id + ": "}
 	tail := &tailBuffer{}
@@ -658,7 +691,11 @@ func (f *fiber) exited(tail *tailBuffer) error {
 }
 
 // ociSpec is the fiber's bundle configuration.
-func (b *Backend) ociSpec(id string, spec *backend.Spec, nsPath string) *specs.Spec {
+//
+// hostID is the first of the host ids the sandbox's user namespace maps
+// (process.IDRangeSize of them, from 0): runsc starts the Sentry and the
+// gofer as that namespace's root, which is hostID on the host.
+func (b *Backend) ociSpec(id string, spec *backend.Spec, nsPath string, hostID uint32) *specs.Spec {
 	uid, gid := b.cfg.UID, b.cfg.GID
 	if spec.UID != 0 {
 		uid, gid = spec.UID, spec.GID
@@ -702,6 +739,12 @@ func (b *Backend) ociSpec(id string, spec *backend.Spec, nsPath string) *specs.S
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(b.cfg.TmpBytes, 10)}},
 			{Destination: "/etc/resolv.conf", Type: "bind", Source: b.resolvConf, Options: []string{"rbind", "ro"}},
+			// The Sentry's own cgroupfs (cgroup v1 controllers inside the
+			// sandbox, not the host's): the runtime contract's
+			// /sys/fs/cgroup/{memory,cpu} files, with the CPU quota and
+			// memory limit runsc read from the sandbox's host cgroup.
+			// Read-only to the handler (owned by the Sentry's root).
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"ro", "nosuid", "nodev", "noexec"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: filepath.Join(b.cfg.CgroupParent, id),
@@ -710,7 +753,10 @@ func (b *Backend) ociSpec(id string, spec *backend.Spec, nsPath string) *specs.S
 				CPU:    &specs.LinuxCPU{Shares: &shares, Quota: &quota, Period: &period},
 				Pids:   &specs.LinuxPids{Limit: pids},
 			},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: hostID, Size: process.IDRangeSize}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: hostID, Size: process.IDRangeSize}},
 			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.UserNamespace},
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
@@ -822,6 +868,9 @@ func (f *fiber) Destroy() error {
 			}
 			os.RemoveAll(f.dir)
 			f.b.removeCgroups(f.id)
+			if f.idRange >= 0 {
+				f.b.ids.Release(f.idRange)
+			}
 		}()
 	})
 	return nil

@@ -12,7 +12,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,7 @@ func newBackend(t testing.TB, preinit bool) (*gvisor.Backend, *backend.Spec) {
 	bin := runsc(t)
 	handler := fiberdtest.Build(t, fiberdtest.TestHandlerPackage)
 	state, _ := os.MkdirTemp("/tmp", "gv")
+	os.Chmod(state, 0o711) // the sandboxes run as unprivileged host users: they pass through to the rootfs
 	t.Cleanup(func() { os.RemoveAll(state) })
 	root := filepath.Join(state, "root")
 	for _, d := range []string{"app", "etc", "proc", "dev", "tmp"} {
@@ -59,6 +62,24 @@ type testLog struct{ t testing.TB }
 func (l testLog) Write(b []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(b), "\n"))
 	return len(b), nil
+}
+
+// read is the fiber's file path as the handler reads it ("" if it cannot).
+func read(t testing.TB, f backend.Fiber, path string) string {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return f.Dial(ctx)
+	}}, Timeout: 10 * time.Second}
+	resp, err := c.Get("http://fiber/read?path=" + path)
+	if err != nil {
+		t.Fatalf("reading %s in fiber %s: %v", path, f.ID(), err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 // get asks the fiber's handler for path and decodes its JSON answer.
@@ -145,6 +166,32 @@ func TestAFiberRunsUnderGVisor(t *testing.T) {
 			t.Errorf("/proc/self/limits lacks %q:\n%s", want, lim)
 		}
 	}
+	// The runtime contract's cgroup files (Knative's runtime conformance
+	// reads them): the Sentry's own cgroupfs, showing the fiber's memory
+	// limit and CPU bound, and not writable by the handler.
+	for path, want := range map[string]string{
+		"/sys/fs/cgroup/memory/memory.limit_in_bytes": strconv.FormatInt(spec.MemoryBytes, 10),
+		"/sys/fs/cgroup/cpu/cpu.cfs_quota_us":         "100000",
+		"/sys/fs/cgroup/cpu/cpu.cfs_period_us":        "100000",
+	} {
+		resp, err := c.Get("http://fiber/read?path=" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s: %d %q, want %s", path, resp.StatusCode, b, want)
+		}
+		resp, err = c.Get("http://fiber/write?path=" + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Errorf("the handler wrote %s", path)
+		}
+	}
 	resp, err = c.Get("http://fiber/write?path=/app/x")
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +276,10 @@ func TestPreinitializedFibersAreNeverUsedCopies(t *testing.T) {
 		if err := be.Preinit(spec); err != nil {
 			t.Fatalf("fibers start cold: %v", err)
 		}
+		// A restored sandbox keeps the contract's cgroup files.
+		if b := read(t, f, "/sys/fs/cgroup/memory/memory.limit_in_bytes"); b != strconv.FormatInt(spec.MemoryBytes, 10) {
+			t.Errorf("fiber %d: memory.limit_in_bytes %q", i, b)
+		}
 		m := get(t, f, "/init")
 		if m["served"].(float64) != 0 {
 			t.Errorf("fiber %d had served %v requests before its first", i, m["served"])
@@ -297,4 +348,85 @@ func TestReadinessSaysHowFibersStart(t *testing.T) {
 			serve(t, inst.Client)
 		})
 	}
+}
+
+// The Sentry and the gofer of each fiber run on the host as an
+// unprivileged user of a range no other live fiber holds (the user
+// namespace runsc starts them in maps the sandbox's ids onto the fiber's
+// range of the node's pool), under their seccomp filter and without
+// no_new_privs unset: a Sentry escape lands in an unprivileged, per-fiber
+// host identity, not root. Without the spec's user namespace both run as
+// host root (uid_map "0 0 4294967295"), and this fails.
+// Restored fibers too: each restore maps a range of its own, not the
+// checkpointed sandbox's.
+func TestSentryRunsAsAnUnprivilegedHostUser(t *testing.T) {
+	for _, preinit := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cold", true: "restored"}[preinit], func(t *testing.T) { sentryUnprivileged(t, preinit) })
+	}
+}
+
+func sentryUnprivileged(t *testing.T, preinit bool) {
+	be, spec := newBackend(t, preinit)
+	seen := map[string]string{}
+	for _, id := range []string{"u1", "u2", "u3"} {
+		f, err := be.Start(context.Background(), id, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Destroy()
+		if preinit && id != "u1" {
+			if err := be.Preinit(spec); err != nil {
+				t.Fatalf("fiber %s started cold: %v", id, err)
+			}
+		}
+		procs := sandboxProcs(t, id)
+		if len(procs) < 2 {
+			t.Fatalf("fiber %s: found %d runsc-sandbox/runsc-gofer processes, want both", id, len(procs))
+		}
+		for pid, st := range procs {
+			uid := st["Uid"]
+			if uid == "" || uid == "0" {
+				t.Errorf("fiber %s: %s (pid %d) runs as host uid %q", id, st["name"], pid, uid)
+			}
+			if st["NoNewPrivs"] != "1" || st["Seccomp"] != "2" {
+				t.Errorf("fiber %s: %s (pid %d): NoNewPrivs %s, Seccomp %s", id, st["name"], pid, st["NoNewPrivs"], st["Seccomp"])
+			}
+			if other, ok := seen[uid]; ok && other != id {
+				t.Errorf("fibers %s and %s share host uid %s", other, id, uid)
+			}
+			seen[uid] = id
+			t.Logf("fiber %s: %s runs as host uid %s, uid_map %q, NoNewPrivs %s, Seccomp %s", id, st["name"], uid, st["uid_map"], st["NoNewPrivs"], st["Seccomp"])
+		}
+	}
+}
+
+// sandboxProcs are the host processes of fiber id's sandbox (runsc-sandbox
+// and runsc-gofer with id in their arguments): pid -> name, Uid (the
+// first field), NoNewPrivs, Seccomp, uid_map.
+func sandboxProcs(t *testing.T, id string) map[int]map[string]string {
+	t.Helper()
+	out := map[int]map[string]string{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if len(args) == 0 || (args[0] != "runsc-sandbox" && args[0] != "runsc-gofer") || !slices.ContainsFunc(args, func(a string) bool { return a == id || strings.HasSuffix(a, "/"+id) }) {
+			continue
+		}
+		st := map[string]string{"name": args[0]}
+		status, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		for _, l := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(l); len(f) > 1 {
+				st[strings.TrimSuffix(f[0], ":")] = f[1]
+			}
+		}
+		m, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "uid_map"))
+		st["uid_map"] = strings.Join(strings.Fields(string(m)), " ")
+		out[pid] = st
+	}
+	return out
 }

@@ -118,3 +118,34 @@ func (p *idPool) release(n int) {
 		delete(p.held, n)
 	}
 }
+
+// IDPool is the node's pool of host id ranges for another backend (the
+// gvisor backend maps each sandbox's user namespace onto one): the same
+// lock files as the process backend's, so a range is held by one live
+// fiber of either backend on the node.
+type IDPool struct{ p *idPool }
+
+// NewIDPool opens the pool of ranges host ids base, base+IDRangeSize ...
+// (ranges of them), locked in dir; zero values take the defaults.
+func NewIDPool(base uint32, ranges int, dir string) (*IDPool, error) {
+	if base == 0 {
+		base = DefaultIDBase
+	}
+	if ranges == 0 {
+		ranges = DefaultIDRanges
+	}
+	if dir == "" {
+		dir = DefaultIDLockDir
+	}
+	p, err := newIDPool(base, ranges, dir)
+	if err != nil {
+		return nil, err
+	}
+	return &IDPool{p}, nil
+}
+
+// Acquire claims a free range: its index (for Release) and first host id.
+func (p *IDPool) Acquire() (int, uint32, error) { return p.p.acquire() }
+
+// Release gives range n back once the processes that used it are gone.
+func (p *IDPool) Release(n int) { p.p.release(n) }
