@@ -67,6 +67,11 @@ type attack struct {
 	runParity func(ctx context.Context, s *side) (observed, verdict string, refused bool)
 	// tags are extra Ginkgo labels (guardrails, tarpit, quota ...).
 	tags []string
+	// onGVisor, where set, replaces expected and run on a Lampyr whose
+	// fibers run on the gvisor backend (gvisor_test.go): the handler's
+	// calls are served by gVisor's kernel, so the row judges what reaches
+	// the host.
+	onGVisor *variant
 	// withoutDefence says how the row fails when its defence is removed
 	// (printed with the row and under the report's table).
 	withoutDefence string
@@ -282,6 +287,7 @@ func (a attack) nodeTimeout() time.Duration {
 // judges Lampyr: refused (a control: not refused), and for a parity row
 // the same verdict as stock.
 func runRow(ctx SpecContext, a attack) {
+	a = a.on(the().lampyr.backend)
 	r := &result{attack: a}
 	addResult(r)
 	var wg sync.WaitGroup

@@ -193,6 +193,7 @@ var fiberAttacks = []attack{
 		appliesTo: onLampyr,
 		expected:  "24/24 NoNewPrivs 1, Seccomp 2, CapEff 0, uid_map not 0",
 		run:       everyFiber,
+		onGVisor:  &variant{expected: "24/24 fibers (and a child of each) under gVisor's kernel, CapEff 0, not root; on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: everyFiberGVisor},
 	},
 	{
 		name:      "F2a keyring: A's fiber stores a key; B's fiber looks for it",
@@ -211,30 +212,35 @@ var fiberAttacks = []attack{
 		appliesTo: onLampyr,
 		expected:  "B opens 8 of 8; A's and B's fibers on different host id ranges",
 		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "inotify") },
+		onGVisor:  &variant{expected: "B takes 8 of 8 (each fiber is its own kernel); A's and B's Sentries different unprivileged host users", run: holdAcrossGVisor("inotify")},
 	},
 	{
 		name:      "F3b per-user limits: A holds every POSIX message queue byte it can; B opens 8 queues",
 		appliesTo: onLampyr,
 		expected:  "B opens 8 of 8",
 		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "mqueue") },
+		onGVisor:  &variant{expected: "B takes 8 of 8 (each fiber is its own kernel); A's and B's Sentries different unprivileged host users", run: holdAcrossGVisor("mqueue")},
 	},
 	{
 		name:      "F3c per-user limits: A holds every process it can start; B starts 8",
 		appliesTo: onLampyr,
 		expected:  "B starts 8 of 8",
 		run:       func(ctx context.Context, s *side) (string, bool) { return holdAcross(ctx, s, "procs") },
+		onGVisor:  &variant{expected: "B takes 8 of 8 (each fiber is its own kernel); A's and B's Sentries different unprivileged host users", run: holdAcrossGVisor("procs")},
 	},
 	{
 		name:      "F4 A's handler creates user, mount, network, PID, IPC, UTS, cgroup namespaces (unshare, clone, clone3)",
 		appliesTo: onLampyr,
 		expected:  "EPERM (clone3: ENOSYS)",
 		run:       escape("/userns"),
+		onGVisor:  &variant{expected: "answered by gVisor's kernel, not the host's (what it answered is reported); on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: inGVisor("/userns")},
 	},
 	{
 		name:      "F5 A's handler calls what the seccomp filter refuses (bpf, perf, keyctl, ptrace, io_uring, userfaultfd, mount, setns, modules, kexec, raw sockets ...)",
 		appliesTo: onLampyr,
 		expected:  "Seccomp 2; every call EPERM",
 		run:       escape("/seccomp"),
+		onGVisor:  &variant{expected: "answered by gVisor's kernel, not the host's (what it answered is reported); on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: inGVisor("/seccomp")},
 	},
 	{
 		name:      "F6 CPU: two fibers of A spin 4 threads each; B's fresh-fiber requests meanwhile",
@@ -253,18 +259,21 @@ var fiberAttacks = []attack{
 		appliesTo: onLampyr,
 		expected:  "EACCES / EPERM / ENOENT",
 		run:       escape("/proc"),
+		onGVisor:  &variant{expected: "answered by gVisor's kernel, not the host's (what it answered is reported); on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: inGVisor("/proc")},
 	},
 	{
 		name:      "F9 A's handler ptraces the helper and its own child, reads the helper's memory",
 		appliesTo: onLampyr,
 		expected:  "EPERM",
 		run:       escape("/ptrace"),
+		onGVisor:  &variant{expected: "answered by gVisor's kernel, not the host's (what it answered is reported); on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: inGVisor("/ptrace")},
 	},
 	{
 		name:      "F10 A's handler opens raw, packet, ping, audit and vsock sockets",
 		appliesTo: onLampyr,
 		expected:  "EPERM (ping: EACCES)",
 		run:       escape("/raw"),
+		onGVisor:  &variant{expected: "answered by gVisor's kernel, not the host's (what it answered is reported); on the node every Sentry and gofer an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2", run: inGVisor("/raw")},
 	},
 	{
 		name:      "F11 A's handler reaches the Kubernetes API, the node, B's Home, its own Home, fiber-router, DNS by address and by name (also through Services A made to point at them); UDP to link-local metadata, the internet, DNS",
@@ -277,6 +286,7 @@ var fiberAttacks = []attack{
 		appliesTo: onLampyr,
 		expected:  "stops below 1024 tasks (EAGAIN); A and B keep answering",
 		run:       bombThenServe("/forkbomb", http.StatusOK),
+		onGVisor:  &variant{expected: "stops (EAGAIN) or its sandbox is OOM-killed at the fiber's memory (5xx: each guest process costs the Sentry ~4 MiB of host memory under systrap); A and B keep answering", run: bombGVisor("/forkbomb")},
 	},
 	{
 		name:      "F13 memory bomb in A's fiber",

@@ -170,6 +170,9 @@ func reportHeader() []string {
 			levels = append(levels, ns+": "+s.podSecurity[ns])
 		}
 		line := fmt.Sprintf("- %s: Pod Security %s", s.name, strings.Join(levels, ", "))
+		if s.backend != "" {
+			line += "; fibers on the " + s.backend + " backend"
+		}
 		if s.err != nil {
 			line += "; not set up: " + s.err.Error()
 		}

@@ -138,6 +138,8 @@ type side struct {
 	// would find them.
 	routerIPs []string
 	homeB     corev1.Pod
+	// backend is config-lampyr's fiber-backend (process or gvisor).
+	backend string
 	// Stock only: a Pod of B's victim (min-scale 1 keeps one).
 	victimPodB corev1.Pod
 
@@ -352,6 +354,9 @@ func setupTenancy(ctx context.Context, _ *envconf.Config) (context.Context, erro
 	}
 	Expect(lampyr.routerIPs).NotTo(BeEmpty(), "no fiber-router Pod with an IP")
 	fmt.Fprintf(GinkgoWriter, "Homes: A %s, B %s (Pod %s, %s); fiber-router Pods %v\n", lampyr.a.home, lampyr.b.home, lampyr.homeB.Name, lampyr.homeB.Status.PodIP, lampyr.routerIPs)
+
+	lampyr.backend = fiberBackend(ctx, lampyr)
+	fmt.Fprintf(GinkgoWriter, "fibers run on the %s backend\n", lampyr.backend)
 
 	By("tenant-a starts its forged Home (attacker listen) in its own namespace")
 	Expect(startForgedHome(ctx, lampyr)).To(Succeed())

@@ -21,6 +21,7 @@ import (
 
 	"lampyr.dev/serving/clusters/e2eutil"
 	"lampyr.dev/serving/impl/contract"
+	"lampyr.dev/serving/impl/contract/lampyrconfig"
 )
 
 func TestClassify(t *testing.T) {
@@ -200,6 +201,14 @@ func TestAttacksAreWellFormed(t *testing.T) {
 	for _, a := range append(append(append([]attack{}, attacks...), fiberAttacks...), guardRails...) {
 		if a.name == "" || a.expected == "" || (a.run == nil) == (a.runParity == nil) || a.appliesTo&onLampyr == 0 {
 			t.Errorf("attack %q: every attack has a name, an expectation, one run func and applies to Lampyr", a.name)
+		}
+		if v := a.onGVisor; v != nil && (v.expected == "" || v.run == nil || a.runParity != nil) {
+			t.Errorf("attack %q: a gvisor variant has an expectation and a run func (and is not a parity row)", a.name)
+		}
+		if g := a.on(lampyrconfig.BackendGVisor); a.onGVisor == nil && g.expected != a.expected {
+			t.Errorf("attack %q: changed on gvisor without a variant", a.name)
+		} else if a.onGVisor != nil && (!strings.Contains(g.expected, "[gvisor backend]") || a.on(lampyrconfig.BackendProcess).expected != a.expected) {
+			t.Errorf("attack %q: the gvisor variant must replace the row on gvisor only, and say so", a.name)
 		}
 		if a.runParity != nil && !a.parity {
 			t.Errorf("attack %q: runParity is for parity rows", a.name)
