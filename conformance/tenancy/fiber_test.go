@@ -247,6 +247,7 @@ var fiberAttacks = []attack{
 		appliesTo: onLampyr, timeout: 6 * time.Minute,
 		expected: fmt.Sprintf("B's p99 <= %dx its p99 alone + %s (alone and beside alternated); A gets <= fiber-cpu-limit %s per fiber and home-cpu-limit %s per Home (+ %.2f)", cpuBoundFactor, cpuBoundSlack, suiteFiberCPULimit, suiteHomeCPULimit, cpuShareSlack),
 		run:      cpuStarvation,
+		onGVisor: &variant{expected: fmt.Sprintf("B's p99 <= %dx its p99 alone + %s (alone and beside alternated); on the host, each of A's sandboxes held to fiber-cpu-limit %s and A's Home to home-cpu-limit %s (its Pod cgroup's cpuacct, + %.2f)", cpuBoundFactor, cpuBoundSlack, suiteFiberCPULimit, suiteHomeCPULimit, cpuShareSlack), run: cpuStarvationGVisor},
 	},
 	{
 		name:      "F7 A's handler mounts tmpfs, remounts / read-write, binds /, unmounts /proc, writes the root",
@@ -413,7 +414,18 @@ func quantile(lat []time.Duration, q float64) time.Duration {
 // spinReport is what one of A's spinning fibers said it got.
 type spinReport struct{ cpu, wall, start float64 }
 
-func cpuStarvation(ctx context.Context, s *side) (string, bool) {
+func cpuStarvation(ctx context.Context, s *side) (string, bool) { return cpuRounds4(ctx, s, false) }
+
+// cpuStarvationGVisor: F6 on gvisor, where the CPU time a handler reports
+// is gVisor's own accounting (it showed 0.80 CPU for a Home held to 0.30
+// by the host): A's Home's CPU is read from the host (its Pod cgroup's
+// cpuacct.usage on the node, across each spinning phase), and each of its
+// sandboxes' host CPU quota is read while they spin.
+func cpuStarvationGVisor(ctx context.Context, s *side) (string, bool) {
+	return cpuRounds4(ctx, s, true)
+}
+
+func cpuRounds4(ctx context.Context, s *side, hostAcct bool) (string, bool) {
 	hq, fq := resource.MustParse(suiteHomeCPULimit), resource.MustParse(suiteFiberCPULimit)
 	homeLimit, fiberLimit := hq.AsApproximateFloat64(), fq.AsApproximateFloat64()
 	// The case measures the suite's operating point: check that A's Home
@@ -433,6 +445,11 @@ func cpuStarvation(ctx context.Context, s *side) (string, bool) {
 	for r := 0; r < cpuRounds; r++ {
 		lat, failed := bRequests(ctx, s, cpuPhase, nil)
 		alone, f0 = append(alone, lat...), f0+failed
+		var homeCPU0 float64
+		var t0 time.Time
+		if hostAcct {
+			homeCPU0, t0 = homeCPUSeconds(ctx, s, homes.Items), time.Now()
+		}
 		// Two of A's fibers spin 4 threads each for a phase, then report
 		// the CPU the kernel gave them; B's requests run meanwhile.
 		reports := make([]spinReport, 2)
@@ -460,8 +477,26 @@ func cpuStarvation(ctx context.Context, s *side) (string, bool) {
 			})
 		}
 		go func() { wg.Wait(); close(done) }()
+		var quotas []float64
+		quotasRead := make(chan struct{})
+		if hostAcct {
+			go func() {
+				defer close(quotasRead)
+				// An abortf here must not panic off the attempt's goroutine.
+				defer func() {
+					if p := recover(); p != nil {
+						quotas = nil
+					}
+				}()
+				time.Sleep(cpuPhase / 2)
+				quotas = sandboxCPUQuotas(ctx, s, homes.Items)
+			}()
+		} else {
+			close(quotasRead)
+		}
 		lat, failed = bRequests(ctx, s, 0, done)
 		beside, f1 = append(beside, lat...), f1+failed
+		<-quotasRead
 		for _, e := range errs {
 			if e != "" {
 				abortf("%s", e)
@@ -475,11 +510,28 @@ func cpuStarvation(ctx context.Context, s *side) (string, bool) {
 			first, last, total = min(first, rep.start), max(last, rep.start+rep.wall), total+rep.cpu
 		}
 		worstHome = max(worstHome, total/(last-first))
+		if hostAcct {
+			// The host's figures replace gVisor's own: the Home's CPU over
+			// the phase (the sandboxes' starts included), and per fiber
+			// the CFS quota the host enforces on each sandbox.
+			worstHome = (homeCPUSeconds(ctx, s, homes.Items) - homeCPU0) / time.Since(t0).Seconds()
+			worstFiber = 0
+			if len(quotas) == 0 {
+				abortf("no sandbox cgroup of A's Home found on the node while its fibers spun")
+			}
+			for _, q := range quotas {
+				worstFiber = max(worstFiber, q)
+			}
+		}
 	}
 	a50, a99 := quantile(alone, 0.5), quantile(alone, 0.99)
 	b50, b99 := quantile(beside, 0.5), quantile(beside, 0.99)
 	bound := cpuBoundFactor*a99 + cpuBoundSlack
-	obs := fmt.Sprintf("B p50/p99 alone %s/%s (%d requests), beside A's 8 spinning threads %s/%s (%d; bound %s); failures %d/%d; A got at most %.2f CPU per fiber (bound %.2f + %.2f), %.2f for its Home (bound %.2f + %.2f); %d rounds of %s",
+	how := "A got at most"
+	if hostAcct {
+		how = "on the host, each of A's sandboxes held to a quota of at most"
+	}
+	obs := fmt.Sprintf("B p50/p99 alone %s/%s (%d requests), beside A's 8 spinning threads %s/%s (%d; bound %s); failures %d/%d; "+how+" %.2f CPU per fiber (bound %.2f + %.2f), %.2f for its Home (bound %.2f + %.2f); %d rounds of %s",
 		a50.Round(time.Millisecond), a99.Round(time.Millisecond), len(alone), b50.Round(time.Millisecond), b99.Round(time.Millisecond), len(beside), bound.Round(time.Millisecond), f0, f1,
 		worstFiber, fiberLimit, cpuShareSlack, worstHome, homeLimit, cpuShareSlack, cpuRounds, cpuPhase)
 	return obs, b99 <= bound && f1 == 0 && worstFiber <= fiberLimit+cpuShareSlack && worstHome <= homeLimit+cpuShareSlack

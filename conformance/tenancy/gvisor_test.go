@@ -20,9 +20,11 @@ import (
 	"os/exec"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"lampyr.dev/serving/clusters/e2eutil"
@@ -65,11 +67,6 @@ var podInCgroup = regexp.MustCompile(`pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]
 // cluster's node, as the node's root sees them (docker exec into the Kind
 // node container).
 func nodeSentries(ctx context.Context, s *side) []sentry {
-	nodes, err := s.admin.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-	must(err, "listing nodes")
-	if len(nodes.Items) != 1 {
-		abortf("the gvisor rows read the node's processes and expect one Kind node, found %d", len(nodes.Items))
-	}
 	const script = `for d in /proc/[0-9]*; do
   a=$(tr '\0' ' ' < $d/cmdline 2>/dev/null)
   case "$a" in runsc-sandbox*|runsc-gofer*) ;; *) continue;; esac
@@ -78,15 +75,10 @@ func nodeSentries(ctx context.Context, s *side) []sentry {
   echo "uid_map: $(head -n1 $d/uid_map)"
   echo "cgroup: $(tr '\n' ' ' < $d/cgroup)"
 done`
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(cctx, "docker", "exec", nodes.Items[0].Name, "sh", "-c", script).CombinedOutput()
-	if err != nil {
-		abortf("reading the node's gVisor processes (docker exec %s): %v: %s", nodes.Items[0].Name, err, short(string(out), 300))
-	}
+	out := nodeShell(ctx, s, script)
 	var all []sentry
 	var cur *sentry
-	for _, l := range strings.Split(string(out), "\n") {
+	for _, l := range strings.Split(out, "\n") {
 		f := strings.Fields(l)
 		switch {
 		case len(f) == 3 && f[0] == "==":
@@ -114,8 +106,34 @@ done`
 // an unprivileged host user, with no_new_privs and a seccomp filter, and
 // no two sandboxes may share a host uid) and says how many belong to each
 // tenant's evil Home; need names tenants that must have at least one.
+//
+// A sandbox that is still booting (a pool refill) has not yet installed
+// its seccomp filter and no_new_privs, and runs no tenant code yet: a
+// process is judged unconfined only if it still is on two more reads 2 s
+// apart (a Sentry serving a handler never drops its filter).
 func sentriesConfined(ctx context.Context, s *side, need ...*tenant) (string, bool) {
 	all := nodeSentries(ctx, s)
+	unconfined := func(p sentry) bool {
+		return p.uid == "" || p.uid == "0" || p.uidMap == "0 0 4294967295" || p.noNewPrivs != "1" || p.seccomp != "2"
+	}
+	suspect := map[string]sentry{}
+	for _, p := range all {
+		if unconfined(p) {
+			suspect[p.pid] = p
+		}
+	}
+	booting := 0
+	for i := 0; i < 2 && len(suspect) > 0; i++ {
+		time.Sleep(2 * time.Second)
+		still := map[string]sentry{}
+		for _, p := range nodeSentries(ctx, s) {
+			if _, ok := suspect[p.pid]; ok && unconfined(p) {
+				still[p.pid] = p
+			}
+		}
+		booting += len(suspect) - len(still)
+		suspect = still
+	}
 	homes := map[string]string{} // Pod UID -> tenant namespace
 	for _, t := range s.tenants() {
 		pods, err := e2eutil.HomePods(ctx, s.admin, t.ns, evilRev)
@@ -129,7 +147,7 @@ func sentriesConfined(ctx context.Context, s *side, need ...*tenant) (string, bo
 	perTenant := map[string]int{}
 	uidOf := map[string]string{} // host uid -> a sandbox holding it
 	for _, p := range all {
-		if p.uid == "" || p.uid == "0" || p.uidMap == "0 0 4294967295" || p.noNewPrivs != "1" || p.seccomp != "2" {
+		if _, bad0 := suspect[p.pid]; bad0 {
 			ok = false
 			bad = append(bad, fmt.Sprintf("%s %s: uid %q, uid_map %q, NoNewPrivs %q, Seccomp %q", p.role, p.pid, p.uid, p.uidMap, p.noNewPrivs, p.seccomp))
 		}
@@ -163,6 +181,9 @@ func sentriesConfined(ctx context.Context, s *side, need ...*tenant) (string, bo
 	}
 	sort.Strings(per)
 	obs := fmt.Sprintf("node: %d sandboxes (%s), %d Sentry/gofer processes", sb, strings.Join(per, ", "), len(all))
+	if booting > 0 {
+		obs += fmt.Sprintf(" (%d still booting at the first read, confined at a later one)", booting)
+	}
 	if ok {
 		obs += ", each an unprivileged host uid of its own range, NoNewPrivs 1, Seccomp 2"
 	} else if len(bad) > 0 {
@@ -296,4 +317,59 @@ func bombGVisor(path string) func(ctx context.Context, s *side) (string, bool) {
 		}
 		return obs, refused
 	}
+}
+
+// nodeShell runs script in the Lampyr cluster's (only) Kind node.
+func nodeShell(ctx context.Context, s *side, script string) string {
+	nodes, err := s.admin.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	must(err, "listing nodes")
+	if len(nodes.Items) != 1 {
+		abortf("the gvisor rows read the node and expect one Kind node, found %d", len(nodes.Items))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(cctx, "docker", "exec", nodes.Items[0].Name, "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		abortf("docker exec %s: %v: %s", nodes.Items[0].Name, err, short(string(out), 300))
+	}
+	return string(out)
+}
+
+// podCgroupFind is a shell fragment setting d to Pod uid's cpuacct cgroup
+// directory on the node (cgroupfs or systemd naming).
+func podCgroupFind(uid string) string {
+	return fmt.Sprintf(`d=$(find /sys/fs/cgroup/cpuacct/ -maxdepth 6 -type d \( -name '*pod%s*' -o -name '*pod%s*' \) | head -n1)`, uid, strings.ReplaceAll(uid, "-", "_"))
+}
+
+// homeCPUSeconds is the CPU the host charged to A's Home Pods so far.
+func homeCPUSeconds(ctx context.Context, s *side, homes []corev1.Pod) float64 {
+	total := 0.0
+	for _, p := range homes {
+		out := strings.TrimSpace(nodeShell(ctx, s, podCgroupFind(string(p.UID))+`; [ -n "$d" ] && cat "$d/cpuacct.usage"`))
+		ns, err := strconv.ParseFloat(out, 64)
+		if err != nil {
+			abortf("reading Home %s's cpuacct.usage on the node: %q", p.Name, out)
+		}
+		total += ns / 1e9
+	}
+	return total
+}
+
+// sandboxCPUQuotas are the CPU bounds (quota/period) the host holds each of
+// the Homes' gVisor sandboxes to (their cgroups under the Pod's).
+func sandboxCPUQuotas(ctx context.Context, s *side, homes []corev1.Pod) []float64 {
+	var qs []float64
+	for _, p := range homes {
+		out := nodeShell(ctx, s, podCgroupFind(string(p.UID))+`; [ -n "$d" ] || exit 0; for q in $(find "$d"/ -path '*fibers-gvisor/*' -name cpu.cfs_quota_us); do echo "$(cat $q) $(cat ${q%quota_us}period_us)"; done`)
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var q, per float64
+			if _, err := fmt.Sscan(l, &q, &per); err == nil && per > 0 {
+				if q < 0 {
+					q = per * 1000 // unbounded: fails any bound
+				}
+				qs = append(qs, q/per)
+			}
+		}
+	}
+	return qs
 }
