@@ -335,17 +335,21 @@ func nodeShell(ctx context.Context, s *side, script string) string {
 	return string(out)
 }
 
-// podCgroupFind is a shell fragment setting d to Pod uid's cpuacct cgroup
-// directory on the node (cgroupfs or systemd naming).
-func podCgroupFind(uid string) string {
-	return fmt.Sprintf(`d=$(find /sys/fs/cgroup/cpuacct/ -maxdepth 6 -type d \( -name '*pod%s*' -o -name '*pod%s*' \) | head -n1)`, uid, strings.ReplaceAll(uid, "-", "_"))
+// podCgroupFind is a shell fragment setting d to Pod uid's cgroup
+// directory of controller (cgroup v1: cpu and cpuacct may be mounted
+// apart) on the node, cgroupfs or systemd naming.
+func podCgroupFind(controller, uid string) string {
+	if uid == "" {
+		abortf("a Home Pod without a UID")
+	}
+	return fmt.Sprintf(`d=$(find /sys/fs/cgroup/%s/ -maxdepth 6 -type d \( -name '*pod%s*' -o -name '*pod%s*' \) | head -n1)`, controller, uid, strings.ReplaceAll(uid, "-", "_"))
 }
 
 // homeCPUSeconds is the CPU the host charged to A's Home Pods so far.
 func homeCPUSeconds(ctx context.Context, s *side, homes []corev1.Pod) float64 {
 	total := 0.0
 	for _, p := range homes {
-		out := strings.TrimSpace(nodeShell(ctx, s, podCgroupFind(string(p.UID))+`; [ -n "$d" ] && cat "$d/cpuacct.usage"`))
+		out := strings.TrimSpace(nodeShell(ctx, s, podCgroupFind("cpuacct", string(p.UID))+`; [ -n "$d" ] && cat "$d/cpuacct.usage"`))
 		ns, err := strconv.ParseFloat(out, 64)
 		if err != nil {
 			abortf("reading Home %s's cpuacct.usage on the node: %q", p.Name, out)
@@ -360,7 +364,7 @@ func homeCPUSeconds(ctx context.Context, s *side, homes []corev1.Pod) float64 {
 func sandboxCPUQuotas(ctx context.Context, s *side, homes []corev1.Pod) []float64 {
 	var qs []float64
 	for _, p := range homes {
-		out := nodeShell(ctx, s, podCgroupFind(string(p.UID))+`; [ -n "$d" ] || exit 0; for q in $(find "$d"/ -path '*fibers-gvisor/*' -name cpu.cfs_quota_us); do echo "$(cat $q) $(cat ${q%quota_us}period_us)"; done`)
+		out := nodeShell(ctx, s, podCgroupFind("cpu", string(p.UID))+`; [ -n "$d" ] || exit 0; for q in $(find "$d"/ -path '*fibers-gvisor/*/cpu.cfs_quota_us'); do echo "$(cat $q) $(cat ${q%quota_us}period_us)"; done`)
 		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 			var q, per float64
 			if _, err := fmt.Sscan(l, &q, &per); err == nil && per > 0 {
