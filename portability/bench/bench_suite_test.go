@@ -40,7 +40,10 @@ const (
 	benchIdleSeconds  = "LAMPYR_BENCH_IDLE_CPU_SECONDS"
 	benchQuietMillis  = "LAMPYR_BENCH_QUIET_MILLICORES"
 	benchReadySamples = "LAMPYR_BENCH_READY_SAMPLES"
-	benchSetupTimeout = 60 * time.Minute
+	// benchBackendCycles: cold requests per Service in the fiber-backend
+	// spec (label backends, backends_test.go).
+	benchBackendCycles = "LAMPYR_BENCH_BACKEND_CYCLES"
+	benchSetupTimeout  = 60 * time.Minute
 )
 
 var suite = harness.New(harness.Config{
@@ -48,7 +51,7 @@ var suite = harness.New(harness.Config{
 	Folder:       "bench",
 	Recipe:       "just bench-portability",
 	Clusters:     harness.Paired(),
-	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis, benchReadySamples},
+	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis, benchReadySamples, benchBackendCycles},
 	SetupTimeout: benchSetupTimeout,
 })
 
