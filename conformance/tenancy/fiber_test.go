@@ -100,6 +100,22 @@ func deployEvil(ctx context.Context, s *side) error {
 			return fmt.Errorf("%s/%s: %w", t.ns, evilSvc, err)
 		}
 	}
+	// Ready is not yet routed: the gateway may answer 404 for a moment
+	// after (a run's F0 met "404 page not found"). Wait, as for the
+	// victims, until each answers through the gateway.
+	for _, t := range s.tenants() {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			code, body, err := gatewayGet(ctx, s, host(evilSvc, t.ns), "/hello", nil)
+			if err == nil && code == http.StatusOK {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s/%s is Ready but the gateway still answers %d %s (%v) after a minute", t.ns, evilSvc, code, short(body, 80), err)
+			}
+			time.Sleep(time.Second)
+		}
+	}
 	return nil
 }
 
