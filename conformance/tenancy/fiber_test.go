@@ -338,6 +338,21 @@ var fiberAttacks = []attack{
 }
 
 func everyFiber(ctx context.Context, s *side) (string, bool) {
+	n, bad := askEveryFiber(ctx, s, func(p evilProbe) string {
+		if p.Escaped {
+			return p.Result
+		}
+		return ""
+	})
+	if len(bad) > 0 {
+		return fmt.Sprintf("%d fibers; %s", n, strings.Join(bad, "; ")), false
+	}
+	return fmt.Sprintf("%d/24 fibers (and a child of each): NoNewPrivs 1, Seccomp 2, CapEff 0, own uid_map", n), n == 24
+}
+
+// askEveryFiber asks 12 fresh fibers of each tenant for /status: how many
+// answered, and each failure or what judge found wrong ("" for nothing).
+func askEveryFiber(ctx context.Context, s *side, judge func(evilProbe) string) (int, []string) {
 	var bad []string
 	n := 0
 	for _, t := range s.tenants() {
@@ -348,15 +363,12 @@ func everyFiber(ctx context.Context, s *side) (string, bool) {
 				continue
 			}
 			n++
-			if p.Escaped {
-				bad = append(bad, t.ns+": "+p.Result)
+			if why := judge(p); why != "" {
+				bad = append(bad, t.ns+": "+why)
 			}
 		}
 	}
-	if len(bad) > 0 {
-		return fmt.Sprintf("%d fibers; %s", n, strings.Join(bad, "; ")), false
-	}
-	return fmt.Sprintf("%d/24 fibers (and a child of each): NoNewPrivs 1, Seccomp 2, CapEff 0, own uid_map", n), n == 24
+	return n, bad
 }
 
 func keyAcross(ctx context.Context, s *side, finder *tenant) (string, bool) {

@@ -217,24 +217,16 @@ func underGVisor(p evilProbe) (string, bool) {
 // hold no capability and are not root of gVisor's kernel; on the node,
 // every Sentry and gofer is confined (sentriesConfined).
 func everyFiberGVisor(ctx context.Context, s *side) (string, bool) {
-	var bad []string
-	n := 0
-	for _, t := range s.tenants() {
-		for i := 0; i < 12; i++ {
-			code, p, body := evilGet(ctx, s, t, "/status")
-			if code != http.StatusOK {
-				bad = append(bad, fmt.Sprintf("%s: %d %s", t.ns, code, short(body, 80)))
-				continue
-			}
-			n++
-			if k, ok := underGVisor(p); !ok {
-				bad = append(bad, fmt.Sprintf("%s: kernel %q, not gVisor's", t.ns, k))
-			}
-			if strings.Contains(p.Result, "holds capabilities") || strings.Contains(p.Result, "runs as root") {
-				bad = append(bad, t.ns+": "+p.Result)
-			}
+	n, bad := askEveryFiber(ctx, s, func(p evilProbe) string {
+		var why []string
+		if k, ok := underGVisor(p); !ok {
+			why = append(why, fmt.Sprintf("kernel %q, not gVisor's", k))
 		}
-	}
+		if strings.Contains(p.Result, "holds capabilities") || strings.Contains(p.Result, "runs as root") {
+			why = append(why, p.Result)
+		}
+		return strings.Join(why, "; ")
+	})
 	stop := keepFibers(ctx, s)
 	node, ok := sentriesConfined(ctx, s, s.a, s.b)
 	stop()
