@@ -288,29 +288,6 @@ func holdAcrossGVisor(what string) func(ctx context.Context, s *side) (string, b
 	}
 }
 
-// bombGVisor: F12 on gvisor. The bomb either stops (EAGAIN at the fiber's
-// RLIMIT_NPROC) or, as each guest process costs the Sentry host memory,
-// its sandbox is OOM-killed at the fiber's memory limit (5xx), as the
-// memory bomb's is; either way A and B keep answering.
-func bombGVisor(path string) func(ctx context.Context, s *side) (string, bool) {
-	return func(ctx context.Context, s *side) (string, bool) {
-		code, p, body := evilGet(ctx, s, s.a, path)
-		obs := fmt.Sprintf("%d %s", code, short(p.Result, 120))
-		if p.Result == "" {
-			obs = fmt.Sprintf("%d %s", code, short(firstLine(body), 120))
-		}
-		refused := code >= 500 || (code == http.StatusOK && !p.Escaped)
-		for _, t := range s.tenants() {
-			c, q, _ := evilGet(ctx, s, t, "/contract")
-			obs += fmt.Sprintf("; then %s: %d", t.ns, c)
-			if c != http.StatusOK || q.Escaped {
-				refused = false
-			}
-		}
-		return obs, refused
-	}
-}
-
 // nodeShell runs script in the Lampyr cluster's (only) Kind node.
 func nodeShell(ctx context.Context, s *side, script string) string {
 	nodes, err := s.admin.Kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
