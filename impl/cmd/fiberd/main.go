@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -149,6 +150,14 @@ func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
 			return nil, errors.New("--egress-dial=proxy needs --egress-api (the grant controller's egress API, which names this namespace's egress Pod)")
 		}
 		grant := func() ([]byte, error) {
+			// The grant fiberd runs on (a claimed spare Home's came over
+			// its API before its Secret volume has it); the file before
+			// the server is up.
+			if srv := runningServer.Load(); srv != nil {
+				if b := srv.GrantRaw(); b != nil {
+					return b, nil
+				}
+			}
 			b, err := os.ReadFile(sb.grantFile)
 			if err != nil {
 				return nil, fmt.Errorf("reading the signed grant for the egress proxy: %w", err)
@@ -162,6 +171,9 @@ func (sb sandboxFlags) egressConfig() (*process.Egress, error) {
 	}
 	return eg, nil
 }
+
+// runningServer is the fiberd server once made (the egress proxy's grant).
+var runningServer atomic.Pointer[server.Server]
 
 type uint32Flag uint32
 
@@ -258,10 +270,19 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 		RegistryOptions: m.RemoteOptions(),
 		KernelSplice:    kernelSplice,
 		ArtifactLimits:  sb.limits,
+		OnGrant: func(c signedgrant.Claims) {
+			// A spare Home (no --egress-namespace) learns its namespace
+			// from its first grant, before any fiber starts; a Home
+			// never takes a grant of another Revision (server.putGrant).
+			if eg != nil && eg.Policy.SearchNamespace == "" {
+				eg.Policy.SearchNamespace = c.Namespace
+			}
+		},
 	})
 	if err != nil {
 		return err
 	}
+	runningServer.Store(srv)
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err

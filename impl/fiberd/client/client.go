@@ -436,9 +436,23 @@ func apiError(resp *http.Response, body []byte) *Error {
 	return e
 }
 
+// PushGrant hands a spare Home its signed grant (PUT /v1/grant; the grant
+// controller does, the moment it claims the spare for a Revision) and
+// returns /readyz's answer once fiberd loaded it: an *Error (503 with
+// fiberd's reason) while it is not ready.
+func (c *Client) PushGrant(ctx context.Context, signedGrant []byte) (Readiness, error) {
+	var r Readiness
+	err := c.callBody(ctx, http.MethodPut, GrantPath, bytes.NewReader(signedGrant), http.StatusOK, &r)
+	return r, err
+}
+
 func (c *Client) call(ctx context.Context, method, path string, want int, out any) error {
+	return c.callBody(ctx, method, path, nil, want, out)
+}
+
+func (c *Client) callBody(ctx context.Context, method, path string, body io.Reader, want int, out any) error {
 	u := c.base.ResolveReference(&url.URL{Path: path})
-	req, err := http.NewRequestWithContext(ctx, method, u.String(), nil)
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
 	if err != nil {
 		return err
 	}
@@ -451,15 +465,15 @@ func (c *Client) call(ctx context.Context, method, path string, want int, out an
 		return fmt.Errorf("fiberd %s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
 		return fmt.Errorf("fiberd %s %s: reading answer: %w", method, path, err)
 	}
 	if resp.StatusCode != want {
-		return apiError(resp, body)
+		return apiError(resp, answer)
 	}
 	if out != nil {
-		if err := json.Unmarshal(body, out); err != nil {
+		if err := json.Unmarshal(answer, out); err != nil {
 			return fmt.Errorf("fiberd %s %s: decoding answer: %w", method, path, err)
 		}
 	}

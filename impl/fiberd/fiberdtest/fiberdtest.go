@@ -115,6 +115,9 @@ type Options struct {
 	// (server.Config.TLSKeyFile), the grant names it, and Client dials
 	// TLS accepting that key only, as in a cluster.
 	HomeKey ed25519.PrivateKey
+	// Spare starts fiberd with no grant (a spare Home): Claims is made but
+	// not written; push it (Client.PushGrant) or WriteGrant it.
+	Spare bool
 }
 
 // Instance is a running fiberd under test.
@@ -337,7 +340,11 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 			t.Fatal(err)
 		}
 	}
-	i.WriteGrant(t, i.Claims)
+	if opts.Spare {
+		opts.NoWait = true
+	} else {
+		i.WriteGrant(t, i.Claims)
+	}
 
 	var be backend.Backend
 	if opts.Backend == "gvisor" {

@@ -55,17 +55,8 @@ func (s *Server) syncGrant() {
 			s.cfg.Logf("keeping the previous home key: %v", err)
 		}
 	}
-	raw, err := os.ReadFile(s.cfg.GrantFile)
 	now := s.cfg.Now()
-	var claims signedgrant.Claims
-	if err == nil {
-		claims, err = signedgrant.Verify(s.cfg.GrantKey, bytes.TrimSpace(raw), now)
-		if err == nil {
-			err = s.checkHomeKey(claims)
-		}
-	} else if errors.Is(err, os.ErrNotExist) {
-		err = fmt.Errorf("no grant yet at %s (the grant controller writes it once the CapacityGrant is admitted)", s.cfg.GrantFile)
-	}
+	raw, claims, err := s.newestGrant(now)
 	s.mu.Lock()
 	if err != nil {
 		if s.grantErr == nil || s.grantErr.Error() != err.Error() {
@@ -81,12 +72,16 @@ func (s *Server) syncGrant() {
 	}
 	s.grant, s.grantErr, s.grantRaw, s.home = &claims, nil, raw, claims.Home
 	key := loadKey(claims)
+	onGrant := s.cfg.OnGrant
 	cur := s.loaded
 	needLoad := cur == nil || key != s.loadKey
 	retryDue := now.Sub(s.lastTry) >= 5*time.Second
 	s.mu.Unlock()
 	s.metrics.grantValid.Set(1)
 	s.metrics.grantExpiry.Set(float64(claims.ExpiresAt.Unix()))
+	if onGrant != nil {
+		onGrant(claims)
+	}
 	// The Home-wide task bound follows the grant's maxFibers (a no-op
 	// while it is unchanged).
 	if ht, ok := s.cfg.Backend.(backend.HomeTasks); ok {

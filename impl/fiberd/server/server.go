@@ -82,6 +82,10 @@ type Config struct {
 	// Where the kernel or privileges refuse it, tunnels copy in user space
 	// and the reason is logged once.
 	KernelSplice bool
+	// OnGrant is called with every grant that verified, before a load it
+	// leads to (under the load's lock): a spare Home learns there which
+	// namespace it serves (its fibers' DNS search path). Nil: nothing.
+	OnGrant func(signedgrant.Claims)
 }
 
 // Server is a running fiberd.
@@ -94,6 +98,11 @@ type Server struct {
 	mu       sync.Mutex
 	grant    *signedgrant.Claims
 	grantRaw []byte
+	// pushed is the last grant the grant controller pushed (PUT
+	// /v1/grant): a spare Home claimed for a Revision has no grant file
+	// until the kubelet refreshes its Secret volume, so the grant comes
+	// over the API; the newer of the two is used.
+	pushed []byte
 	// home is this Home's name from the last grant that verified: the
 	// audience router credentials must name.
 	home       string
@@ -193,6 +202,9 @@ func New(cfg Config) (*Server, error) {
 		s.tunnel(w, r)
 	})))
 	s.mux.Handle("GET "+client.GrantPath, s.auth(http.HandlerFunc(s.grantInfo)))
+	// No router credential: the grant's signature and its home key are
+	// what authenticate a push (push.go).
+	s.mux.HandleFunc("PUT "+client.GrantPath, s.putGrant)
 	go s.grantLoop()
 	return s, nil
 }
