@@ -107,6 +107,7 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 		quotaPods:  quotaPodInformer.Lister(),
 		namespaces: namespaceInformer.Lister(),
 		diagnoser:  HTTPHomeDiagnoser{},
+		pusher:     HTTPGrantPusher{},
 		now:        time.Now,
 		grantID:    newGrantID,
 		pending:    map[string]int64{},
@@ -115,9 +116,11 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 	// config-lampyr, parsed once per change by Knative's config store; a
 	// change may admit grants refused for capacity.
 	var impl *controller.Impl
+	sparesKey := types.NamespacedName{Namespace: homesNS, Name: SparesKeyName}
 	store := config.NewStore(logger.Named("config-store"), func(string, any) {
 		if impl != nil {
 			impl.GlobalResync(grantInformer.Informer())
+			impl.EnqueueKey(sparesKey)
 		}
 	})
 	if w, ok := cmw.(config.DefaultingWatcher); ok {
@@ -142,7 +145,10 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 			// On promotion (the generated reconciler then enqueues every
 			// grant), also look at every Home: one whose grant went while
 			// no replica led is deleted by its grant's key.
-			PromoteFunc: func(pkgreconciler.Bucket) { enqueueHomes(impl, r) },
+			PromoteFunc: func(pkgreconciler.Bucket) {
+				enqueueHomes(impl, r)
+				impl.EnqueueKey(sparesKey)
+			},
 		}
 	})
 	// Several workers, so that renewals never wait behind another grant's
@@ -180,6 +186,22 @@ func newController(ctx context.Context, cmw configmap.Watcher, o Options) *contr
 		}
 	})
 	podInformer.Informer().AddEventHandler(toGrant)
+	// The spares are kept by a key of their own (spare.go): a spare that
+	// starts, ends or is claimed or deleted is looked at.
+	r.enqueueSparesAfter = func(d time.Duration) {
+		if d == 0 {
+			impl.EnqueueKey(sparesKey)
+		} else {
+			impl.EnqueueKeyAfter(sparesKey, d)
+		}
+	}
+	podInformer.Informer().AddEventHandler(cache.FilteringResourceEventHandler{
+		FilterFunc: func(obj any) bool {
+			acc, err := kmeta.DeletionHandlingAccessor(obj)
+			return err == nil && acc.GetLabels()[resources.SpareLabel] != ""
+		},
+		Handler: controller.HandleAll(func(any) { impl.EnqueueKey(sparesKey) }),
+	})
 	// A quota Pod deleted, ended or ungated in its namespace is replaced
 	// (or the grant loses its admission) by its grant's reconcile.
 	quotaPodInformer.Informer().AddEventHandler(toGrant)

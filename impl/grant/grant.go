@@ -82,6 +82,21 @@ type Reconciler struct {
 	// back cannot both take the last capacity.
 	admitMu sync.Mutex
 	pending map[string]int64
+
+	// claims are the spare Homes claimed here (spare.go);
+	// enqueueSparesAfter looks at the spares again after a while (nil:
+	// tests without a work queue).
+	claims             claims
+	enqueueSparesAfter func(time.Duration)
+	// pusher hands claimed spares their grant (nil: not pushed; the
+	// Secret volume brings it).
+	pusher GrantPusher
+}
+
+func (r *Reconciler) enqueueSpares(after time.Duration) {
+	if r.enqueueSparesAfter != nil {
+		r.enqueueSparesAfter(after)
+	}
 }
 
 var (
@@ -94,6 +109,9 @@ var (
 // is gone, also when that happened while this controller was down (every
 // Home object's grant is enqueued at start and on promotion).
 func (r *Reconciler) ObserveDeletion(ctx context.Context, key types.NamespacedName) error {
+	if key.Namespace == r.homesNamespace && key.Name == SparesKeyName {
+		return r.reconcileSpares(ctx)
+	}
 	r.forget(key.String())
 	return r.deleteHome(ctx, key.Namespace, key.Name, "")
 }
@@ -138,6 +156,10 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGran
 		return r.deleteHome(ctx, g.Namespace, g.Name, "")
 	}
 	r.nameHome(g)
+	// A new Home is a spare claimed, when one fits (spare.go).
+	if _, err := r.claimSpare(ctx, g, cfg); err != nil {
+		return err
+	}
 	renewIn, err := r.reconcileSecret(ctx, g, cfg, helper)
 	switch {
 	case errors.Is(err, errHomeNameTaken):
@@ -155,7 +177,14 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGran
 		return err
 	}
 	g.Status.HomeEndpoint = resources.HomeEndpointOf(g, r.homesNamespace, home)
-	if again := r.diagnoseHome(ctx, g, home); again > 0 && (renewIn == 0 || again < renewIn) {
+	pushedReady := r.pushGrant(ctx, g, home)
+	again, fiberdReady := r.diagnoseHome(ctx, g, home)
+	if pushedReady || fiberdReady {
+		// fiberd itself said ready before the kubelet's next readiness
+		// probe did: the Pod's own address, as for a Ready Pod.
+		g.Status.HomeEndpoint = resources.PodEndpoint(home)
+	}
+	if again > 0 && (renewIn == 0 || again < renewIn) {
 		return lookAgain(again, nil)
 	}
 	return lookAgain(renewIn, nil)

@@ -207,6 +207,8 @@ type fakeDiagnoser struct {
 	// readiness is a ready Home's /readyz answer in JSON.
 	readiness   fiberdclient.Readiness
 	readinessOK bool
+	// ready: fiberd answers ready to Diagnose (the kubelet has not yet).
+	ready bool
 }
 
 // Readiness answers readiness (ok: readinessOK), counted in calls too.
@@ -215,13 +217,16 @@ func (f *fakeDiagnoser) Readiness(context.Context, *corev1.Pod, string) (fiberdc
 	return f.readiness, f.readinessOK
 }
 
-func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod, string) (fiberdclient.Error, bool) {
+func (f *fakeDiagnoser) Diagnose(context.Context, *corev1.Pod, string) (fiberdclient.Error, bool, bool) {
 	f.calls++
+	if f.ready {
+		return fiberdclient.Error{}, true, true
+	}
 	e := fiberdclient.Error{Reason: f.reason, Message: f.msg, Handler: f.handler}
 	if f.reason == "" {
 		e.Reason = contract.ReasonNotReady
 	}
-	return e, f.ok
+	return e, false, f.ok
 }
 
 // TestHTTPHomeDiagnoser reads fiberd's /readyz error body, from a Home
@@ -255,19 +260,19 @@ func TestHTTPHomeDiagnoser(t *testing.T) {
 		return (&net.Dialer{}).DialContext(ctx, network, target)
 	}}
 	pod := &corev1.Pod{Status: corev1.PodStatus{PodIP: "10.244.0.7"}}
-	e, ok := d.Diagnose(context.Background(), pod, testHomeKey.SHA256)
-	if !ok || e.Reason != "NotReady" || e.Message != "TemplateMismatch: no" || e.Handler != nil {
+	e, ready, ok := d.Diagnose(context.Background(), pod, testHomeKey.SHA256)
+	if !ok || ready || e.Reason != "NotReady" || e.Message != "TemplateMismatch: no" || e.Handler != nil {
 		t.Fatalf("Diagnose = %+v %v", e, ok)
 	}
-	if _, ok := d.Diagnose(context.Background(), &corev1.Pod{}, testHomeKey.SHA256); ok {
+	if _, _, ok := d.Diagnose(context.Background(), &corev1.Pod{}, testHomeKey.SHA256); ok {
 		t.Error("a Pod without an IP was diagnosed")
 	}
 	// Whoever answers at the Pod's address without the Home's key does not
 	// write the Revision's status.
-	if e, ok := d.Diagnose(context.Background(), pod, otherHomeKey.SHA256); ok {
+	if e, _, ok := d.Diagnose(context.Background(), pod, otherHomeKey.SHA256); ok {
 		t.Errorf("a peer without the Home's key was believed: %+v", e)
 	}
-	if _, ok := d.Diagnose(context.Background(), pod, ""); ok {
+	if _, _, ok := d.Diagnose(context.Background(), pod, ""); ok {
 		t.Error("a Home whose grant names no key was asked")
 	}
 }

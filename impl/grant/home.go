@@ -72,6 +72,14 @@ func (r *Reconciler) deleteHome(ctx context.Context, namespace, name string, kee
 	if s, err := r.secrets.Secrets(r.homesNamespace).Get(homeName); err == nil && mine(s) {
 		errs = append(errs, ignoreNotFound(r.kube.CoreV1().Secrets(r.homesNamespace).Delete(ctx, homeName, metav1.DeleteOptions{})))
 	}
+	// A claimed spare's Secret has the spare's name (spare.go).
+	if secrets, err := r.secrets.Secrets(r.homesNamespace).List(homePodsOf(namespace, name)); err == nil {
+		for _, s := range secrets {
+			if s.Name != homeName && mine(s) {
+				errs = append(errs, ignoreNotFound(r.kube.CoreV1().Secrets(r.homesNamespace).Delete(ctx, s.Name, metav1.DeleteOptions{})))
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("deleting the Home of CapacityGrant %s/%s: %w", namespace, name, err)
 	}
@@ -151,6 +159,9 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 	if err != nil {
 		return nil, err
 	}
+	if pods, err = r.claimedPod(ctx, g, pods); err != nil {
+		return nil, err
+	}
 	var live []*corev1.Pod
 	draining := ""
 	var handingOver *corev1.Pod
@@ -201,7 +212,8 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 			return nil, nil
 		case p.Spec.Containers[0].Image != image:
 			outdated = append(outdated, p)
-		case p.Name != resources.HomeName(g) && (canonicalFree || canonicalServes):
+		case p.Name != resources.HomeName(g) && !resources.IsClaimedSpare(p) && (canonicalFree || canonicalServes):
+			// (A claimed spare keeps its own name: it is the Home.)
 			// A replacement that outlived its predecessor goes back to
 			// the Home's own name the same way (make before break): an
 			// earlier grant controller, after a downgrade, knows only

@@ -24,11 +24,12 @@ import (
 // (its /readyz answer), so the grant, and through it the Revision, can say
 // so instead of a generic "not ready yet".
 type HomeDiagnoser interface {
-	// Diagnose returns fiberd's answer (reason, message and, for a
-	// handler that fails its starts, the details); ok is false when fiberd
-	// could not be asked or is ready. homeKeySHA256 is the Home's TLS key
-	// (status.homeKeySHA256): only a peer holding it is asked.
-	Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Error, ok bool)
+	// Diagnose returns fiberd's answer: ready, or why not (reason,
+	// message and, for a handler that fails its starts, the details); ok
+	// is false when fiberd could not be asked. homeKeySHA256 is the
+	// Home's TLS key (status.homeKeySHA256): only a peer holding it is
+	// asked.
+	Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Error, ready, ok bool)
 	// Readiness asks a ready Home how its fibers start (fiberd's /readyz
 	// in JSON); ok is false when fiberd could not be asked or is not
 	// ready.
@@ -46,16 +47,19 @@ type HTTPHomeDiagnoser struct {
 }
 
 // Diagnose implements HomeDiagnoser.
-func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Error, bool) {
+func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Error, bool, bool) {
 	status, b, ok := h.readyz(ctx, pod, homeKeySHA256)
-	if !ok || status == http.StatusOK {
-		return client.Error{}, false
+	if !ok {
+		return client.Error{}, false, false
+	}
+	if status == http.StatusOK {
+		return client.Error{}, true, true
 	}
 	var e client.Error
 	if json.Unmarshal(b, &e) != nil || e.Message == "" {
-		return client.Error{}, false
+		return client.Error{}, false, false
 	}
-	return e, true
+	return e, false, true
 }
 
 // Readiness implements HomeDiagnoser.
@@ -112,29 +116,47 @@ func (h HTTPHomeDiagnoser) readyz(ctx context.Context, pod *corev1.Pod, homeKeyS
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.
 const homeDiagnosisInterval = 3 * time.Second
 
-// diagnoseHome refines HomeReady for a Home Pod that runs but is not ready:
-// a load failure fiberd reports makes HomeReady False with fiberd's reason;
-// anything else is kept Unknown with fiberd's message. It returns when to
-// look again.
-func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant, pod *corev1.Pod) time.Duration {
+// homeStartingInterval is how often a Home Pod whose fiberd started in
+// the last homeStartingFor is asked whether it is ready: fiberd's own
+// answer makes the Home ready, not the kubelet's next readiness probe
+// (every 2 s).
+const (
+	homeStartingInterval = 200 * time.Millisecond
+	homeStartingFor      = 30 * time.Second
+)
+
+// diagnoseHome refines HomeReady for a Home Pod that runs but is not
+// ready. fiberd answering ready makes HomeReady True at once (fiberdReady:
+// the kubelet's probe has not seen it yet); a load failure fiberd reports
+// makes HomeReady False with fiberd's reason; anything else is kept
+// Unknown with fiberd's message. It returns when to look again.
+func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant, pod *corev1.Pod) (again time.Duration, fiberdReady bool) {
 	if r.diagnoser == nil || pod == nil || pod.Status.Phase != corev1.PodRunning {
-		return 0
+		return 0, false
 	}
 	if podReady(pod) {
-		return r.observePreinit(ctx, g, pod)
+		return r.observePreinit(ctx, g, pod), false
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	e, ok := r.diagnoser.Diagnose(ctx, pod, g.Status.HomeKeySHA256)
+	interval := homeDiagnosisInterval
+	if started := fiberdStarted(pod); !started.IsZero() && r.now().Sub(started) < homeStartingFor {
+		interval = homeStartingInterval
+	}
+	e, ready, ok := r.diagnoser.Diagnose(ctx, pod, g.Status.HomeKeySHA256)
 	if !ok {
-		return homeDiagnosisInterval
+		return interval, false
+	}
+	if ready {
+		g.Status.MarkHomeReady()
+		return r.observePreinit(ctx, g, pod), true
 	}
 	reason, msg := e.Reason, e.Message
 	if f := handlerFailure(e); f != nil {
 		// The handler's own failure, in its own words: no Pod name or
 		// address of the Home, since it is shown to the Revision's owner.
 		g.Status.MarkHandlerFailed(*f, boundMessage(msg))
-		return homeDiagnosisInterval
+		return homeDiagnosisInterval, false
 	}
 	// fiberd's reasons for not loading a Revision (its load error, the
 	// reason of /readyz's 503) do not heal by waiting: the grant or its
@@ -143,10 +165,10 @@ func (r *Reconciler) diagnoseHome(ctx context.Context, g *v1alpha1.CapacityGrant
 	// (template.go), which opens templates.
 	if contract.LoadFailure(reason) {
 		g.Status.MarkHomeFailed(reason, "fiberd in Home Pod %s/%s cannot run this Revision: %s", pod.Namespace, pod.Name, msg)
-		return homeDiagnosisInterval
+		return homeDiagnosisInterval, false
 	}
 	g.Status.MarkHomeNotReady(contract.ReasonHomeNotReady, "Home Pod %s/%s is running; fiberd is not ready: %s", pod.Namespace, pod.Name, msg)
-	return homeDiagnosisInterval
+	return interval, false
 }
 
 // preinitPendingInterval is how often a ready Home whose checkpoint is not
@@ -188,6 +210,16 @@ func (r *Reconciler) observePreinit(ctx context.Context, g *v1alpha1.CapacityGra
 		g.Status.MarkFibersStartCold(uid, "The Revision's fibers start cold: no checkpoint of the initialized handler could be made: %s", boundMessage(a.Preinit.Message))
 	}
 	return 0
+}
+
+// fiberdStarted is when the Home Pod's fiberd container last started.
+func fiberdStarted(p *corev1.Pod) time.Time {
+	for _, cs := range p.Status.ContainerStatuses {
+		if cs.Name == resources.FiberdContainer && cs.State.Running != nil {
+			return cs.State.Running.StartedAt.Time
+		}
+	}
+	return time.Time{}
 }
 
 func podReady(p *corev1.Pod) bool {

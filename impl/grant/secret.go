@@ -12,7 +12,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
@@ -27,8 +26,8 @@ import (
 // renew next.
 func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, helper signedgrant.Helper) (time.Duration, error) {
 	now := r.now()
-	existing, err := r.secrets.Secrets(r.homesNamespace).Get(resources.HomeName(g))
-	if err != nil && !apierrs.IsNotFound(err) {
+	existing, err := r.homeSecret(ctx, g)
+	if err != nil {
 		return 0, err
 	}
 	if existing != nil {
@@ -86,8 +85,8 @@ func (r *Reconciler) reconcileSecret(ctx context.Context, g *v1alpha1.CapacityGr
 
 // currentGrantOf is the valid grant g's Home holds now, if any.
 func (r *Reconciler) currentGrantOf(g *v1alpha1.CapacityGrant) *signedgrant.Claims {
-	s, err := r.secrets.Secrets(r.homesNamespace).Get(resources.HomeName(g))
-	if err != nil || !resources.IsHomeOf(s, g) {
+	s, err := r.homeSecret(context.Background(), g)
+	if err != nil || s == nil || !resources.IsHomeOf(s, g) {
 		return nil
 	}
 	return r.currentGrant(s, r.now())

@@ -36,6 +36,9 @@ const (
 	KeyHomeImage           = "home-image"
 	KeyHelperImage         = "helper-image"
 	KeyHomeWarmFibers      = "home-warm-fibers"
+	// KeyHomeSpares is how many spare Homes (fiberd running, no grant
+	// yet) the grant controller keeps for new Revisions to claim.
+	KeyHomeSpares = "home-spares"
 	// KeyHomeRegistryMirrors: comma-separated from=to registry host pairs
 	// for fiberd (e.g. localhost:5002=kind-registry:5000), since the
 	// references `ly` writes name the registry as the developer reaches it.
@@ -121,7 +124,7 @@ const (
 // GrantKeys are the keys the grant controller parses.
 var GrantKeys = []string{
 	KeyFiberMemoryCapacity, KeyMaxMemoryPerFiber, KeyMaxFibersPerGrant, KeyDefaultMaxFibers,
-	KeyGrantTTL, KeyGrantRenewInterval, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeRegistryMirrors,
+	KeyGrantTTL, KeyGrantRenewInterval, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeSpares, KeyHomeRegistryMirrors,
 	KeyFiberBackend, KeyFiberGVisorPreinit,
 	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit, KeyNamespaceFiberMemoryShare,
 	KeyFiberEgress, KeyFiberEgressDomains, KeyFiberEgressDenyNames, KeyFiberEgressAllowCIDRs, KeyFiberEgressDenyCIDRs,
@@ -205,6 +208,8 @@ type Config struct {
 	HelperImage string
 	// HomeWarmFibers is each Home's warm pool size.
 	HomeWarmFibers int
+	// HomeSpares is how many unclaimed spare Homes are kept.
+	HomeSpares int
 	// FiberBackend is fiberd's --backend: BackendProcess or BackendGVisor.
 	FiberBackend string
 	// FiberGVisorPreinit is fiberd's --gvisor-preinit.
@@ -287,6 +292,7 @@ func Defaults() *Config {
 		GrantTTL:            time.Hour,
 		GrantRenewInterval:  5 * time.Minute,
 		HomeWarmFibers:      2,
+		HomeSpares:          1,
 		FiberBackend:        BackendProcess,
 		FiberGVisorPreinit:  true,
 		HomeCPULimit:        resource.MustParse("1"),
@@ -351,6 +357,7 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 	KeyMaxFibersPerGrant: integer(KeyMaxFibersPerGrant, 1, func(c *Config, n int32) { c.MaxFibersPerGrant = n }),
 	KeyDefaultMaxFibers:  integer(KeyDefaultMaxFibers, 1, func(c *Config, n int32) { c.DefaultMaxFibers = n }),
 	KeyHomeWarmFibers:    integer(KeyHomeWarmFibers, 0, func(c *Config, n int32) { c.HomeWarmFibers = int(n) }),
+	KeyHomeSpares:        integer(KeyHomeSpares, 0, func(c *Config, n int32) { c.HomeSpares = int(n) }),
 	KeyGrantTTL: func(c *Config, v string, _ map[string]string) error {
 		ttl, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil || ttl < 30*time.Second {

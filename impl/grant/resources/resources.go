@@ -126,6 +126,11 @@ func HomeEndpointOf(g *v1alpha1.CapacityGrant, homesNamespace string, home *core
 	return HomeEndpoint(g, homesNamespace)
 }
 
+// PodEndpoint is fiberd's API on the Home Pod's own address.
+func PodEndpoint(home *corev1.Pod) string {
+	return net.JoinHostPort(home.Status.PodIP, strconv.Itoa(APIPort))
+}
+
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
@@ -309,10 +314,28 @@ func HomePodName(g *v1alpha1.CapacityGrant, n int) string {
 // gets no service-account token and no service links, so nothing of the
 // cluster's identity can reach a fiber.
 func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNamespace string, n int) *corev1.Pod {
+	return makeHomePod(homePod{
+		name: HomePodName(g, n), secret: HomeName(g), labels: Labels(g), namespace: g.Namespace,
+		grace: HomeGracePeriodSeconds(g), resources: HomeResources(g, cfg),
+	}, cfg, homesNamespace)
+}
+
+// homePod is what differs between a grant's Home Pod and a spare.
+type homePod struct {
+	name, secret string
+	labels       map[string]string
+	// namespace is the tenant's ("" for a spare: fiberd takes it from
+	// the grant it is given).
+	namespace string
+	grace     int64
+	resources corev1.ResourceRequirements
+}
+
+func makeHomePod(h homePod, cfg *lampyrconfig.Config, homesNamespace string) *corev1.Pod {
 	helperPath := "/lampyr-helper"
 	storage := cfg.HomeStorageLimit
 	volumes := []corev1.Volume{
-		{Name: "home", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: HomeName(g), DefaultMode: ptr.To[int32](0o400)}}},
+		{Name: "home", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: h.secret, DefaultMode: ptr.To[int32](0o400)}}},
 		{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: &storage}}},
 		{Name: "idmap", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: IDLockDir, Type: ptr.To(corev1.HostPathDirectoryOrCreate)}}},
 	}
@@ -366,7 +389,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 			"--egress-deny-names="+strings.Join(cfg.EgressDenyNames, ","),
 			"--egress-allow="+prefixes(cfg.EgressAllow),
 			"--egress-deny="+prefixes(cfg.EgressDeny),
-			"--egress-namespace="+g.Namespace,
+			"--egress-namespace="+h.namespace,
 		)
 		args = append(args, egressDialArgs(cfg)...)
 		// fiberd denies its own Pod's and node's addresses too.
@@ -395,11 +418,11 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 		FailureThreshold: 3,
 	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: HomePodName(g, n), Namespace: homesNamespace, Labels: Labels(g)},
+		ObjectMeta: metav1.ObjectMeta{Name: h.name, Namespace: homesNamespace, Labels: h.labels},
 		Spec: corev1.PodSpec{
 			AutomountServiceAccountToken:  ptr.To(false),
 			EnableServiceLinks:            ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To(HomeGracePeriodSeconds(g)),
+			TerminationGracePeriodSeconds: ptr.To(h.grace),
 			RestartPolicy:                 corev1.RestartPolicyAlways,
 			InitContainers:                inits,
 			Containers: []corev1.Container{{
@@ -410,7 +433,7 @@ func MakeHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, homesNames
 				Env:             env,
 				Ports:           []corev1.ContainerPort{{Name: "https", ContainerPort: APIPort}},
 				SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-				Resources:       HomeResources(g, cfg),
+				Resources:       h.resources,
 				ReadinessProbe:  readiness,
 				LivenessProbe:   liveness,
 				VolumeMounts:    mounts,
