@@ -217,7 +217,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		proto = "http1"
 	}
 	s.cfg.Logf("loaded %s/%s: snapshot %s verified, mode %s, max %d fibers", c.Namespace, c.Revision, snap.Digest(), c.Execution.Mode, c.MaxFibers)
-	return &loaded{snapshot: snap, pool: p, spec: spec, protocol: proto}, nil
+	return &loaded{snapshot: snap.Digest(), pool: p, spec: spec, protocol: proto}, nil
 }
 
 // snapshotErr is the LoadError of a snapshot that could not be fetched or

@@ -137,7 +137,11 @@ type Server struct {
 }
 
 type loaded struct {
-	snapshot *artifact.Snapshot
+	// snapshot is the digest of the unpacked snapshot. The verified,
+	// compressed layer itself is not kept: held for the Home's whole
+	// life it was an idle Home's largest allocation after the Go runtime
+	// (issue 32).
+	snapshot string
 	pool     *pool.Pool
 	spec     *backend.Spec
 	protocol string
