@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"lampyr.dev/serving/impl/build/gobuild"
@@ -189,6 +190,9 @@ func (i *Installer) Install(ctx context.Context, cl Cluster, profile, provider s
 			if err := SetBackendStrategy(comps.Objects, BackendStrategyFor(provider)); err != nil {
 				return err
 			}
+			if err := SetConfig(comps.Objects, lampyrconfig.KeyBackendClusterIPProbe, strconv.FormatBool(ClusterIPProbeFor(provider))); err != nil {
+				return err
+			}
 			// References name the registry as the host reaches it;
 			// inside the cluster fiberd reaches it through the mirror.
 			if err := SetConfig(comps.Objects, "home-registry-mirrors", i.registryMirror()); err != nil {
@@ -228,6 +232,22 @@ var backendStrategies = map[string]string{
 	// Kourier (Envoy) resolves an ExternalName as DNS, as seed 000 proved;
 	// not measured here (its gateway must be pulled from a registry).
 	"kourier": "externalname",
+}
+
+// ClusterIPProbeFor says whether a Revision must wait, behind provider's
+// gateway, until its backend Service's cluster IP leads to fiber-router
+// (config-lampyr backend-cluster-ip-probe): only where the gateway dials
+// cluster IPs (Traefik's Knative provider). Traefik's Gateway API provider
+// dials the EndpointSlice's ready addresses, and net-gateway-api probes
+// the route before the KIngress is Ready, so there the wait for kube-proxy
+// (up to 1.8 s after the Service is made, measured 2026-12-05) delayed
+// every new Revision and guarded nothing. A provider not named here is
+// probed.
+func ClusterIPProbeFor(provider string) bool {
+	if p, err := networking.Get(provider); err == nil {
+		provider = p.Name()
+	}
+	return provider != networking.GatewayAPIName
 }
 
 // BackendStrategyFor is the Revision backend strategy Lampyr uses behind a

@@ -91,6 +91,15 @@ const (
 	// KeyBackendStrategy selects how a Revision's backend Service reaches
 	// fiber-router (docs/contracts.md §3).
 	KeyBackendStrategy = "backend-strategy"
+	// KeyBackendClusterIPProbe: in the endpointslice strategy, a Revision
+	// is routable only once its backend Service's cluster IP leads to
+	// fiber-router ("true", the default: a gateway that dials cluster IPs,
+	// as Traefik's Knative provider does, needs kube-proxy to have
+	// programmed it). "false" where the gateway dials the EndpointSlice's
+	// addresses and probes the route itself before a KIngress is Ready
+	// (net-gateway-api over Traefik's Gateway API provider): the wait for
+	// kube-proxy is then up to 1.8 s on no one's path (issue 32).
+	KeyBackendClusterIPProbe = "backend-cluster-ip-probe"
 	// KeyDefaultMemoryPerFiber is the memory each fiber gets when the
 	// Revision has no memory request (a plain Service without resources).
 	KeyDefaultMemoryPerFiber = "default-memory-per-fiber"
@@ -132,7 +141,7 @@ var GrantKeys = []string{
 
 // RevisionKeys are the keys the Revision controller parses.
 var RevisionKeys = []string{
-	KeyBackendStrategy, KeyDefaultMemoryPerFiber, KeyVerifyArtifacts, KeyImageSnapshots,
+	KeyBackendStrategy, KeyBackendClusterIPProbe, KeyDefaultMemoryPerFiber, KeyVerifyArtifacts, KeyImageSnapshots,
 	KeyTemplateRepository, KeyRegistryMirrors, KeyHomeRegistryMirrors,
 }
 
@@ -240,7 +249,9 @@ type Config struct {
 
 	// Revision controller.
 
-	BackendStrategy       BackendStrategy
+	BackendStrategy BackendStrategy
+	// BackendClusterIPProbe is backend-cluster-ip-probe.
+	BackendClusterIPProbe bool
 	DefaultMemoryPerFiber resource.Quantity
 	VerifyArtifacts       bool
 	// ImageSnapshots maps an image (ImageKey: repository@sha256:...) to a
@@ -305,6 +316,7 @@ func Defaults() *Config {
 		EgressAPI:           EgressAPIURL(contract.SystemNamespace),
 
 		BackendStrategy:       BackendExternalName,
+		BackendClusterIPProbe: true,
 		DefaultMemoryPerFiber: resource.MustParse("256Mi"),
 		TemplateRepository:    DefaultTemplateRepository,
 		RouterNamespace:       contract.SystemNamespace,
@@ -433,6 +445,14 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 			return nil
 		}
 		return fmt.Errorf("%s %q: want %q or %q", KeyBackendStrategy, v, BackendExternalName, BackendEndpointSlice)
+	},
+	KeyBackendClusterIPProbe: func(c *Config, v string, _ map[string]string) error {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return fmt.Errorf("%s %q: want true or false", KeyBackendClusterIPProbe, v)
+		}
+		c.BackendClusterIPProbe = b
+		return nil
 	},
 	KeyVerifyArtifacts: func(c *Config, v string, _ map[string]string) error {
 		b, err := strconv.ParseBool(strings.TrimSpace(v))

@@ -90,7 +90,7 @@ func (b *reachableBackends) forget(rev *v1.Revision) {
 // before the Revision is routable; until then it is looked at again every
 // backendProbeInterval.
 func (r *Reconciler) probeBackend(ctx context.Context, rev *v1.Revision, p *progress) error {
-	if r.prober == nil || p.cfg.BackendStrategy != lampyrconfig.BackendEndpointSlice || !p.serviceReady || !p.sliceReady ||
+	if r.prober == nil || p.cfg.BackendStrategy != lampyrconfig.BackendEndpointSlice || !p.cfg.BackendClusterIPProbe || !p.serviceReady || !p.sliceReady ||
 		p.clusterIP == "" || p.clusterIP == "None" {
 		return nil
 	}

@@ -1066,6 +1066,26 @@ func probeRows() rtesting.TableTest {
 			), withContainerStatus("user-container", testImage))),
 		},
 	}, {
+		// backend-cluster-ip-probe false: the gateway dials the
+		// EndpointSlice's addresses (Traefik's Gateway API provider), so
+		// the Revision does not wait for kube-proxy.
+		Name: "endpointslice strategy without the cluster IP probe: Ready before the cluster IP answers",
+		OtherTestData: func() map[string]interface{} {
+			d := with(fakeProber{})
+			l := testLampyr(lampyrconfig.BackendEndpointSlice)
+			l.BackendClusterIPProbe = false
+			d[lampyrConfigKey] = l
+			return d
+		}(),
+		Objects: objects(rev(waitingForGrant()), metadata(tmpl, "", false)),
+		Key:     key(),
+		WantUpdates: []clientgotesting.UpdateActionImpl{
+			update(metadata(tmpl, testHome, true)),
+		},
+		WantStatusUpdates: []clientgotesting.UpdateActionImpl{
+			statusUpdate(rev(ready())),
+		},
+	}, {
 		Name:          "endpointslice strategy: cluster IP answers, Ready",
 		OtherTestData: with(fakeProber{"10.96.0.42:80": true}),
 		Objects:       objects(rev(waitingForGrant()), metadata(tmpl, "", false)),
