@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"sort"
 	"sync"
 	"testing"
@@ -138,4 +139,27 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	return s[len(s)*50/100], s[min(len(s)-1, len(s)*99/100)]
+}
+
+// BenchmarkIdleHomeHeap reports what an idle Home's fiberd keeps on its
+// heap once its Revision is loaded and its pool warm (after two GCs): the
+// memory every idle Revision pays for in its Home besides the Go runtime
+// and its warm fibers (issue 32). The test registry runs in the same
+// process, so compare two commits' figures, not the absolute value.
+//
+//	go test ./impl/fiberd/server -run '^$' -bench IdleHomeHeap -benchtime 1x -count 3
+func BenchmarkIdleHomeHeap(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		inst := fiberdtest.StartInstance(b, fiberdtest.Options{WarmFibers: 2, Logf: func(string, ...any) {}})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		inst.Server.Close()
+		runtime.GC()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(before.HeapInuse)/(1<<20), "heap-MiB")
+		b.ReportMetric((float64(before.HeapInuse)-float64(after.HeapInuse))/(1<<20), "freed-by-close-MiB")
+	}
 }
