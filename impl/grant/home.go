@@ -229,7 +229,7 @@ func (r *Reconciler) reconcilePod(ctx context.Context, g *v1alpha1.CapacityGrant
 		// No Home runs the configured image: start one. A Home of an
 		// outdated image (an upgrade) keeps serving until it is Ready:
 		// make before break.
-		next, err := r.newHomePod(g, cfg)
+		next, err := r.newHomePod(ctx, g, cfg)
 		if err != nil {
 			return nil, ignoreTaken(err)
 		}
@@ -301,9 +301,19 @@ func homePodsOf(namespace, name string) labels.Selector {
 // newHomePod is g's next Home Pod under the first name no Pod holds. A Pod
 // of someone else under the Home's own name stops the grant (HomeNameTaken),
 // as a Service or Secret does.
-func (r *Reconciler) newHomePod(g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
+func (r *Reconciler) newHomePod(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config) (*corev1.Pod, error) {
+	// The Home Secret of a claimed spare has the spare's name: a Pod that
+	// replaces that spare mounts it (the same Home key, so the grant and
+	// everything fiber-router pinned stay valid).
+	secret, err := r.homeSecret(ctx, g)
+	if err != nil {
+		return nil, err
+	}
 	for n := 0; ; n++ {
 		want := resources.MakeHomePod(g, cfg, r.homesNamespace, n)
+		if secret != nil {
+			resources.MountSecret(want, secret.Name)
+		}
 		have, err := r.pods.Pods(r.homesNamespace).Get(want.Name)
 		switch {
 		case apierrs.IsNotFound(err):

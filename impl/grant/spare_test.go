@@ -241,3 +241,40 @@ func equalResources(a, b corev1.ResourceRequirements) bool {
 	}
 	return true
 }
+
+// TestAClaimedSpareIsReplacedWithItsSecret: a claimed spare that is gone
+// (deleted, evicted) is replaced by an ordinary Home Pod that mounts the
+// spare's Secret, which keeps the spare's name: the same Home key, so the
+// grant stays valid and no Secret is made under the Home's own name (a
+// Pod mounting that would never start).
+func TestAClaimedSpareIsReplacedWithItsSecret(t *testing.T) {
+	g := grant("hello-00001", admitted)
+	s := homeSecret(g, now)
+	s.Name = "home-spare-aaaa"
+	h := newHarness(t, []runtime.Object{g, s, homeService(g)})
+	h.r.pusher = &fakePusher{ready: true}
+	err := h.reconcile("default/hello-00001")
+	if ok, _ := controller.IsRequeueKey(err); err != nil && !ok {
+		t.Fatal(err)
+	}
+	var made *corev1.Pod
+	for _, a := range h.kube.Actions() {
+		if a.GetVerb() != "create" {
+			continue
+		}
+		switch o := a.(clientgotesting.CreateAction).GetObject().(type) {
+		case *corev1.Pod:
+			made = o
+		case *corev1.Secret:
+			t.Errorf("created Secret %s; the claimed spare's Secret is the Home's", o.Name)
+		}
+	}
+	if made == nil || made.Name != resources.HomeName(g) {
+		t.Fatalf("replacement Pod: %+v", made)
+	}
+	for _, v := range made.Spec.Volumes {
+		if v.Name == "home" && v.Secret.SecretName != s.Name {
+			t.Errorf("the replacement mounts Secret %s, want the claimed spare's %s", v.Secret.SecretName, s.Name)
+		}
+	}
+}

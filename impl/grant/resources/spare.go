@@ -154,3 +154,13 @@ func SpareFits(p *corev1.Pod, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Confi
 	}
 	return true, ""
 }
+
+// MountSecret makes a Home Pod mount the Home Secret name (a claimed
+// spare's, which keeps the spare's name) instead of its Home's name.
+func MountSecret(p *corev1.Pod, name string) {
+	for i := range p.Spec.Volumes {
+		if v := p.Spec.Volumes[i].Secret; v != nil && p.Spec.Volumes[i].Name == "home" {
+			v.SecretName = name
+		}
+	}
+}
