@@ -223,6 +223,7 @@ func (r *Reconciler) claimSpare(ctx context.Context, g *v1alpha1.CapacityGrant, 
 }
 
 func (r *Reconciler) claim(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *lampyrconfig.Config, spare *corev1.Pod) (*corev1.Pod, error) {
+	start := time.Now()
 	pods := r.kube.CoreV1().Pods(r.homesNamespace)
 	upd := spare.DeepCopy()
 	upd.Labels = resources.ClaimedLabels(g)
@@ -253,6 +254,7 @@ func (r *Reconciler) claim(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *
 		return nil, errors.Join(fmt.Errorf("claiming spare Home %s/%s: %w", r.homesNamespace, spare.Name, err), derr)
 	}
 	g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Spare Home %s/%s claimed; fiberd is loading the Revision.", r.homesNamespace, claimed.Name)
+	logging.FromContext(ctx).Infow("Claimed a spare Home", "pod", claimed.Name, "took", time.Since(start).String())
 	return claimed, nil
 }
 
@@ -370,7 +372,9 @@ func (r *Reconciler) pushGrant(ctx context.Context, g *v1alpha1.CapacityGrant, h
 	}
 	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
 	defer cancel()
+	start := time.Now()
 	ready, err := r.pusher.Push(ctx, home, g.Status.HomeKeySHA256, s.Data[resources.SecretKeyGrant])
+	logging.FromContext(ctx).Infow("Pushed the grant to a claimed spare Home", "pod", home.Name, "ready", ready, "took", time.Since(start).String())
 	if err != nil {
 		// Pushed again by the next reconcile; the Secret volume brings
 		// the grant in any case.

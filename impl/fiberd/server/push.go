@@ -109,7 +109,9 @@ func (s *Server) putGrant(w http.ResponseWriter, r *http.Request) {
 	}
 	s.pushed = raw
 	s.mu.Unlock()
+	start := time.Now()
 	s.syncGrant()
+	loaded := time.Since(start)
 	deadline := time.Now().Add(pushReadyWait)
 	for time.Now().Before(deadline) && r.Context().Err() == nil {
 		l, _, status, _, _ := s.current()
@@ -126,5 +128,6 @@ func (s *Server) putGrant(w http.ResponseWriter, r *http.Request) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	s.cfg.Logf("pushed grant %s for %s/%s: loaded in %s, answered after %s", c.GrantID, c.Namespace, c.Revision, loaded.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 	s.readyz(w, r)
 }
