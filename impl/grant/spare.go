@@ -40,6 +40,54 @@ type claims struct {
 	mu     sync.Mutex
 	byUID  map[types.UID]string
 	pushed map[string]bool
+	// made are spares started here that the informer cache may not show
+	// yet (name -> when), so that a reconcile on a stale cache neither
+	// starts a second spare for the same gap nor counts a claimed spare
+	// as unclaimed.
+	made map[string]time.Time
+}
+
+// spareCacheGrace is how long a spare started here is counted before the
+// informer cache shows it.
+const spareCacheGrace = 30 * time.Second
+
+func (c *claims) started(name string, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.made == nil {
+		c.made = map[string]time.Time{}
+	}
+	c.made[name] = at
+}
+
+// unseen are the spares started here in the last spareCacheGrace that
+// are not in seen; the ones seen are forgotten.
+func (c *claims) unseen(seen map[string]bool, now time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for name, at := range c.made {
+		switch {
+		case seen[name] || now.Sub(at) > spareCacheGrace:
+			delete(c.made, name)
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// isClaimed reports whether a claim made here took the Pod name (the
+// cache may still show it unclaimed).
+func (c *claims) isClaimed(name string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, n := range c.byUID {
+		if n == name {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *claims) claimed(uid types.UID) (string, bool) {
@@ -99,8 +147,16 @@ func (r *Reconciler) reconcileSpares(ctx context.Context) error {
 	oldestFirst(pods)
 	var keep []*corev1.Pod
 	var errs []error
+	// Every Pod of the Homes namespace the cache shows (claimed spares
+	// too): a spare started here and not among them yet is counted.
+	seen := map[string]bool{}
+	if all, err := r.pods.Pods(r.homesNamespace).List(labels.Everything()); err == nil {
+		for _, p := range all {
+			seen[p.Name] = true
+		}
+	}
 	for _, p := range pods {
-		if p.DeletionTimestamp != nil {
+		if p.DeletionTimestamp != nil || r.claims.isClaimed(p.Name) {
 			continue
 		}
 		ended := p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded
@@ -113,7 +169,7 @@ func (r *Reconciler) reconcileSpares(ctx context.Context) error {
 	if checkImagesOK(cfg) != nil {
 		return errors.Join(errs...)
 	}
-	for n := len(keep); n < cfg.HomeSpares; n++ {
+	for n := len(keep) + r.claims.unseen(seen, r.now()); n < cfg.HomeSpares; n++ {
 		errs = append(errs, r.startSpare(ctx, cfg))
 	}
 	// A spare's Secret whose Pod never came (its create failed) goes too.
@@ -150,6 +206,7 @@ func (r *Reconciler) startSpare(ctx context.Context, cfg *lampyrconfig.Config) e
 		r.kube.CoreV1().Secrets(r.homesNamespace).Delete(ctx, name, metav1.DeleteOptions{})
 		return fmt.Errorf("creating spare Home Pod %s/%s: %w", r.homesNamespace, name, err)
 	}
+	r.claims.started(name, r.now())
 	return nil
 }
 
@@ -203,7 +260,7 @@ func (r *Reconciler) claimSpare(ctx context.Context, g *v1alpha1.CapacityGrant, 
 	}
 	oldestFirst(spares)
 	for _, p := range spares {
-		if !spareReady(p) {
+		if !spareReady(p) || r.claims.isClaimed(p.Name) {
 			continue
 		}
 		if ok, _ := resources.SpareFits(p, g, cfg, r.homesNamespace); !ok {
@@ -216,7 +273,8 @@ func (r *Reconciler) claimSpare(ctx context.Context, g *v1alpha1.CapacityGrant, 
 		if err != nil {
 			return nil, err
 		}
-		r.enqueueSpares(0)
+		// The claimed Pod's update event brings the spares' key (its
+		// label filter), with a cache that shows the claim.
 		return claimed, nil
 	}
 	return nil, nil

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -135,8 +134,6 @@ func TestAGrantClaimsASpare(t *testing.T) {
 	pusher := &fakePusher{ready: true}
 	h := newHarness(t, []runtime.Object{g, spare, secret})
 	h.r.pusher = pusher
-	enqueued := 0
-	h.r.enqueueSparesAfter = func(d time.Duration) { enqueued++ }
 	err := h.reconcile("default/hello-00001")
 	if ok, _ := controller.IsRequeueKey(err); err != nil && !ok {
 		t.Fatal(err)
@@ -189,8 +186,36 @@ func TestAGrantClaimsASpare(t *testing.T) {
 	if st == nil || !st.Status.GetCondition(v1alpha1.GrantConditionHomeReady).IsTrue() || st.Status.HomeEndpoint != "10.244.0.9:9090" || st.Status.HomeKeySHA256 != key.SHA256 {
 		t.Fatalf("status after the claim: %+v", st)
 	}
-	if enqueued == 0 {
-		t.Error("a claim did not ask for a new spare")
+	// A reconcile of the spares on a cache that still shows the spare
+	// unclaimed leaves it alone and starts its replacement.
+	h.r.config = func(context.Context) (*lampyrconfig.Config, error) { return testConfig(), nil }
+	if err := h.reconcile(sparesKey()); err != nil {
+		t.Fatal(err)
+	}
+	var created int
+	for _, a := range h.actions() {
+		if strings.HasPrefix(a, "delete") && strings.Contains(a, spare.Name) {
+			t.Errorf("%s: the claimed spare was taken for an unclaimed one", a)
+		}
+		if strings.HasPrefix(a, "create pods "+resources.SparePrefix) {
+			created++
+		}
+	}
+	if created != 1 {
+		t.Errorf("started %d spares after the claim, want 1", created)
+	}
+	// Again, before the cache shows the new spare: no second one.
+	if err := h.reconcile(sparesKey()); err != nil {
+		t.Fatal(err)
+	}
+	created = 0
+	for _, a := range h.actions() {
+		if strings.HasPrefix(a, "create pods "+resources.SparePrefix) {
+			created++
+		}
+	}
+	if created != 1 {
+		t.Errorf("started %d spares in all, want 1: a stale cache made a second", created)
 	}
 }
 
