@@ -224,6 +224,19 @@ var attacks = []attack{
 		},
 	},
 	{
+		// How a spare Home gets its grant (docs/security.md §1 "Spare
+		// Homes"). A's own grant, valid and signed, as if it had leaked
+		// (the administrator reads it from A's Home Secret): fiberd takes
+		// only a grant naming its own key, and never a second Revision.
+		name:      "7f B's Home, port-forwarded: A's own signed grant pushed to it (PUT /v1/grant, as a spare Home is given its grant)",
+		appliesTo: onLampyr,
+		expected:  "403 grant refused: the grant names home key … but fiberd serves with …",
+		run: func(ctx context.Context, s *side) (string, bool) {
+			code, msg := homeRequest(ctx, s, http.MethodPut, "/v1/grant", "", grantOf(ctx, s, s.a))
+			return fmt.Sprintf("%d %s", code, short(msg, 100)), code == http.StatusForbidden || code == http.StatusConflict
+		},
+	},
+	{
 		name:      "8 A writes router metadata in its namespace pointing A's and B's Revisions at its forged Home",
 		appliesTo: onLampyr,
 		expected:  "40/40 answered by the handlers; forged Home sees 0",
@@ -737,6 +750,21 @@ func callRouterAdmin(ctx context.Context, s *side) (string, bool) {
 // homeVerdict: a credential not minted for this Home is refused with 401.
 func homeVerdict(code int, msg string) (string, bool) {
 	return fmt.Sprintf("%d %s", code, short(msg, 100)), code == 401
+}
+
+// grantOf is the signed grant t's victim Home runs on, as the
+// administrator reads it from the Home's Secret (a claimed spare's keeps
+// the spare's name: found by the grant's labels).
+func grantOf(ctx context.Context, s *side, t *tenant) []byte {
+	l, err := s.admin.Kube.CoreV1().Secrets(contract.HomesNamespace).List(ctx, metav1.ListOptions{LabelSelector: "fiberd.io/grant-namespace=" + t.ns})
+	must(err, "administrator listing the Home Secrets of "+t.ns)
+	for _, sec := range l.Items {
+		if g := sec.Data["grant"]; len(g) > 0 {
+			return g
+		}
+	}
+	abortf("no Home Secret with a grant for namespace %s", t.ns)
+	return nil
 }
 
 // routerKey is fiber-router's private key, as the administrator reads it.

@@ -470,12 +470,22 @@ func forward(ctx context.Context, c *e2eutil.Clients, ns, pod string, port int) 
 // "Authorization: Bearer cred" unless cred is empty, and returns the status
 // and fiberd's error message (or the body).
 func homeCall(ctx context.Context, s *side, cred string) (int, string) {
+	return homeRequest(ctx, s, http.MethodGet, "/v1/fibers", cred, nil)
+}
+
+// homeRequest sends method path (with body, if any) to B's Home as
+// homeCall does.
+func homeRequest(ctx context.Context, s *side, method, path, cred string, body []byte) (int, string) {
 	addr, stop, err := forward(ctx, s.admin, contract.HomesNamespace, s.homeB.Name, 9090)
 	must(err, "administrator port-forwarding to B's Home")
 	defer stop()
-	rctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(rctx, http.MethodGet, "https://"+addr+"/v1/fibers", nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, _ := http.NewRequestWithContext(rctx, method, "https://"+addr+path, rd)
 	if cred != "" {
 		req.Header.Set("Authorization", "Bearer "+cred)
 	}
