@@ -165,8 +165,17 @@ func (e *Env) Spec(name, nodeImage string) kindcluster.Spec {
 		// (kindcluster.Spec.EtcdOnTmpfs says what that costs).
 		EtcdOnTmpfs: !e.EtcdOnDisk,
 		Workers:     e.Workers,
+		// Both sides alike: the bench's scale row holds 200 idle
+		// Services on one node, each a Home Pod on Lampyr.
+		MaxPods: NodeMaxPods,
 	}
 }
+
+// NodeMaxPods is every test node's kubelet maxPods: room for the bench's
+// 200 idle Revisions (a Home Pod each on Lampyr) beside the platform's own
+// Pods. The single-node pod range (inputs.PodSubnet, a /16) has the
+// addresses.
+const NodeMaxPods = 250
 
 // Up builds the inputs and creates or reuses the named clusters in parallel,
 // each connected to the local registry and enforcing NetworkPolicies.

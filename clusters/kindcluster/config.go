@@ -48,6 +48,10 @@ type Spec struct {
 	// (ptp) then gets each node's own pod range and a route to every other
 	// node's (podnet.go), as kindnetd would give them.
 	Workers int `json:"workers,omitempty"`
+	// MaxPods is kubelet's maxPods on every node (0: kubelet's default,
+	// 110). A Lampyr Revision keeps a Home Pod while idle, so a node that
+	// is to hold a few hundred idle Revisions needs more than 110.
+	MaxPods int `json:"maxPods,omitempty"`
 }
 
 // APIServerAdmissionPlugins are the admission plugins every cluster's
@@ -139,8 +143,16 @@ func (s Spec) KindConfig() ([]byte, error) {
 	for range s.Workers {
 		cfg.Nodes = append(cfg.Nodes, node{Role: "worker"})
 	}
+	// One KubeletConfiguration patch for every kubelet setting.
+	kubelet := ""
 	if s.CgroupV1 {
-		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: KubeletConfiguration\nfailCgroupV1: false\n")
+		kubelet += "failCgroupV1: false\n"
+	}
+	if s.MaxPods > 0 {
+		kubelet += fmt.Sprintf("maxPods: %d\n", s.MaxPods)
+	}
+	if kubelet != "" {
+		cfg.KubeadmConfigPatches = append(cfg.KubeadmConfigPatches, "kind: KubeletConfiguration\n"+kubelet)
 	}
 	cfg.KubeadmConfigPatchesJSON6902 = []patchJSON6902{{
 		Group: "kubeadm.k8s.io", Version: "v1beta3", Kind: "ClusterConfiguration",

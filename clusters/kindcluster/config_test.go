@@ -46,6 +46,14 @@ func TestKindConfig(t *testing.T) {
 	if !strings.Contains(string(b), "dataDir: /tmp/lampyr-etcd") {
 		t.Errorf("EtcdOnTmpfs must move etcd's data dir into the node's tmpfs:\n%s", b)
 	}
+	if strings.Contains(string(b), "maxPods") || strings.Contains(string(b), "KubeletConfiguration") {
+		t.Errorf("no kubelet patch without a kubelet setting:\n%s", b)
+	}
+	s.CgroupV1, s.MaxPods = true, 250
+	b, _ = s.KindConfig()
+	if got := string(b); strings.Count(got, "kind: KubeletConfiguration") != 1 || !strings.Contains(got, "maxPods: 250") || !strings.Contains(got, "failCgroupV1: false") {
+		t.Errorf("MaxPods and CgroupV1 must be one KubeletConfiguration patch with both settings:\n%s", got)
+	}
 	s.Ports[0].HostPort = 0
 	if _, err := s.KindConfig(); err == nil {
 		t.Error("an unresolved host port must be an error")
