@@ -17,6 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -40,6 +41,10 @@ const (
 	benchIdleSeconds  = "LAMPYR_BENCH_IDLE_CPU_SECONDS"
 	benchQuietMillis  = "LAMPYR_BENCH_QUIET_MILLICORES"
 	benchReadySamples = "LAMPYR_BENCH_READY_SAMPLES"
+	// benchScaleServices and benchScaleBatch: the scale spec's idle
+	// Services (200) and how many it applies at once (20).
+	benchScaleServices = "LAMPYR_BENCH_SCALE_SERVICES"
+	benchScaleBatch    = "LAMPYR_BENCH_SCALE_BATCH"
 	// benchBackendCycles: cold requests per Service in the fiber-backend
 	// spec (label backends, backends_test.go).
 	benchBackendCycles = "LAMPYR_BENCH_BACKEND_CYCLES"
@@ -51,7 +56,7 @@ var suite = harness.New(harness.Config{
 	Folder:       "bench",
 	Recipe:       "just bench-portability",
 	Clusters:     harness.Paired(),
-	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis, benchReadySamples, benchBackendCycles},
+	Knobs:        []string{benchSeconds, benchColdCycles, benchIdleSeconds, benchQuietMillis, benchReadySamples, benchBackendCycles, benchScaleServices, benchScaleBatch},
 	SetupTimeout: benchSetupTimeout,
 })
 
@@ -641,79 +646,9 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		for _, s := range the().sides {
 			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
 		}
-		// emptied waits until the namespace has no Pod on either side, then
-		// until both nodes are quiet (settle): the first run measured the
-		// 20 Services while their Homes' starts still loaded the machine
-		// (load 10 falling to 5 over the window).
-		emptied := func() {
-			for _, s := range the().sides {
-				Eventually(func() (int, error) {
-					// Every Pod of the namespace (stock), and Lampyr's
-					// Homes for it, which run in lampyr-homes.
-					pods, err := s.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-					if err != nil {
-						return 0, err
-					}
-					homes, err := e2eutil.HomePods(ctx, s.Clients, ns, "")
-					if err != nil {
-						return 0, err
-					}
-					return len(pods.Items) + len(homes.Items), nil
-				}).WithTimeout(4*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Pods of deleted Services still running", s.Name)
-			}
-			time.Sleep(10 * time.Second)
-			settle(ctx, the().sides)
-		}
 		window := time.Duration(suite.IntKnob(benchIdleSeconds, 60)) * time.Second
-		type idle struct {
-			mem, cpu [2]float64
-			load     string
-		}
-		// measure samples both nodes over the same window: memory (the
-		// node's working set) every 5 s, averaged, and CPU from cumulative
-		// counters over the whole window.
-		measure := func(label string) idle {
-			var out idle
-			names := []string{the().stock.Name, the().lampyr.Name}
-			var mem [2][]float64
-			done := make(chan struct{})
-			go func() {
-				defer GinkgoRecover()
-				defer close(done)
-				for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(5 * time.Second) {
-					for i, n := range names {
-						v, err := NodeWorkingSetMiB(n)
-						Expect(err).NotTo(HaveOccurred())
-						mem[i] = append(mem[i], v)
-					}
-				}
-			}()
-			start := loadNow()
-			rates := cpuRates(the().sides, window)
-			<-done
-			out.load = start + " -> " + loadNow()
-			for i := range names {
-				var sum float64
-				for _, v := range mem[i] {
-					sum += v
-				}
-				out.mem[i] = sum / float64(len(mem[i]))
-				out.cpu[i] = rates[i]["node CPU"]
-				fmt.Fprintf(GinkgoWriter, "idle, %s, %s: node working set %.0f MiB (mean of %d samples), node CPU %.0f millicores over %s, load %s\n", label, names[i], out.mem[i], len(mem[i]), out.cpu[i], window, out.load)
-			}
-			for _, what := range []string{"node memory", "serving planes memory", "workload memory"} {
-				var v [2]float64
-				for i, s := range the().sides {
-					fp, err := Footprint(s.Name, ns)
-					Expect(err).NotTo(HaveOccurred())
-					v[i] = fp[what]
-				}
-				addRows(Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Note: "one sample (docker stats, crictl)"})
-			}
-			addRows(Row{Group: "idle, " + label, Metric: "node working set", Unit: "MiB", Stock: out.mem[0], Lampyr: out.mem[1], Note: fmt.Sprintf("mean over %s", window), Load: out.load},
-				Row{Group: "idle, " + label, Metric: "node CPU", Unit: "millicores", Stock: out.cpu[0], Lampyr: out.cpu[1], Note: fmt.Sprintf("%s window", window), Load: out.load})
-			return out
-		}
+		emptied := func() { emptyBoth(ctx) }
+		measure := func(label string) idleMeasure { return measureIdle(ctx, label, window) }
 		emptied()
 		zero := measure("0 Services")
 		const n = 20
@@ -749,7 +684,217 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				Note: fmt.Sprintf("(%d Services - 0) / %d, over %s each", n, n, window), Load: load},
 		)
 	})
+
+	It("holds N idle Services on one node, all Ready and each answering its first request", Label("scale"), func(ctx SpecContext) {
+		n := suite.IntKnob(benchScaleServices, 200)
+		batch := suite.IntKnob(benchScaleBatch, 20)
+		window := time.Duration(suite.IntKnob(benchIdleSeconds, 60)) * time.Second
+		for _, s := range the().sides {
+			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
+		}
+		// Each scale Service: max-scale 1, 64 MiB a fiber (the same
+		// limit on stock's container). Lampyr admits a grant's memory x
+		// max fibers against fiber-memory-capacity (8Gi by default: 128
+		// of these); the platform sizes it for the node, here 16Gi of the
+		// node's 24 GiB for 200 Revisions. Restored afterwards.
+		before := configLampyr(ctx)[lampyrconfig.KeyFiberMemoryCapacity]
+		patchConfigLampyr(ctx, map[string]any{lampyrconfig.KeyFiberMemoryCapacity: "16Gi"})
+		DeferCleanup(func(ctx SpecContext) {
+			var v any
+			if before != "" {
+				v = before
+			}
+			patchConfigLampyr(ctx, map[string]any{lampyrconfig.KeyFiberMemoryCapacity: v})
+		})
+		emptyBoth(ctx)
+		zero := measureIdle(ctx, "scale, 0 Services", window)
+		mk := func(i int) *unstructured.Unstructured {
+			r := the()
+			p := *r.project
+			p.Name = fmt.Sprintf("scale-%03d", i)
+			one := int32(1)
+			p.MaxScale, p.Memory = &one, "64Mi"
+			tmpl, err := ly.SealTemplate(context.Background(), r.inst, r.sealer.Key, ns, p.Name+"-00001", r.snap, r.built.Config, p.Policy())
+			Expect(err).NotTo(HaveOccurred())
+			return ly.ServiceManifest(&p, ly.ServiceInputs{Namespace: ns, Image: r.runnable, Snapshot: r.snap.String(), Template: tmpl.String(), Public: true})
+		}
+		// Batches, each side in turn (which side goes first alternates):
+		// apply a batch, wait for every Service of it to be Ready, send each
+		// its first request. Stock starts a Pod per new Revision (initial
+		// scale 1) and scales it to zero a minute later; 200 at once would
+		// not fit its node's CPU.
+		held := map[string]int{}
+		took := map[string]time.Duration{}
+		first := map[string]*Sample{"stock": {}, "lampyr": {}}
+		for b, k := 0, 0; b < n; b, k = b+batch, k+1 {
+			sides := the().sides
+			if k%2 == 1 {
+				sides = []*side{sides[1], sides[0]}
+			}
+			for _, s := range sides {
+				t0 := time.Now()
+				var svcs []*unstructured.Unstructured
+				for i := b; i < n && i < b+batch; i++ {
+					u := mk(i)
+					apply(ctx, s, u)
+					svcs = append(svcs, u)
+				}
+				for _, u := range svcs {
+					_, err := s.Clients.WaitReady(ctx, e2eutil.KServices, ns, u.GetName(), 10*time.Minute)
+					Expect(err).NotTo(HaveOccurred(), "%s on %s (%d of %d Services Ready before it)", u.GetName(), s.Name, held[s.Name], n)
+				}
+				for _, u := range svcs {
+					get := GetFunc(the().client, s.Gateway, host(u.GetName()), "/")
+					sent := time.Now()
+					var code int
+					Eventually(func() (int, error) { c, err := get(ctx); code = c; return c, err }).
+						WithTimeout(2*time.Minute).WithPolling(200*time.Millisecond).Should(Equal(200), "first request to %s on %s", u.GetName(), s.Name)
+					first[s.Name].Add(time.Since(sent), code)
+					held[s.Name]++
+				}
+				took[s.Name] += time.Since(t0)
+				fmt.Fprintf(GinkgoWriter, "scale: %s holds %d Services Ready and answering (batch of %d in %.1fs), load %s\n", s.Name, held[s.Name], len(svcs), time.Since(t0).Seconds(), loadNow())
+			}
+		}
+		// Idle: stock at zero Pods, and every Lampyr Home Running (its
+		// reservation given back once idle, when config-lampyr
+		// home-idle-after says so).
+		Eventually(func() (int, error) {
+			pods, err := the().stock.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
+			return len(pods.Items), err
+		}).WithTimeout(6*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock's idle Services never reached zero Pods")
+		homes, err := e2eutil.HomePods(ctx, the().lampyr.Clients, ns, "")
+		Expect(err).NotTo(HaveOccurred())
+		running, idleReq := 0, 0
+		for _, p := range homes.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running++
+			}
+			if p.Annotations["lampyr.dev/home-reservation"] == "idle" {
+				idleReq++
+			}
+		}
+		fmt.Fprintf(GinkgoWriter, "scale: Lampyr runs %d Homes for %d Services, %d of them with their reservation given back\n", running, n, idleReq)
+		time.Sleep(10 * time.Second)
+		settle(ctx, the().sides)
+		full := measureIdle(ctx, fmt.Sprintf("scale, %d Services", n), window)
+		// Every Service still answers (a Home that died while idle would
+		// not).
+		answering := map[string]int{}
+		for _, s := range the().sides {
+			for i := 0; i < n; i++ {
+				if code, err := GetFunc(the().client, s.Gateway, host(fmt.Sprintf("scale-%03d", i)), "/")(ctx); err == nil && code == 200 {
+					answering[s.Name]++
+				}
+			}
+		}
+		load := zero.load + "; " + full.load
+		fn := float64(n)
+		addRows(
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "Ready and answering their first request", Unit: "Services", Stock: float64(held["stock"]), Lampyr: float64(held["lampyr"]), Goal: ">= 1.0",
+				Note: fmt.Sprintf("goal: all %d on each side; batches of %d, sides alternating; took stock %.0fs, Lampyr %.0fs", n, batch, took["stock"].Seconds(), took["lampyr"].Seconds()), Load: load},
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "answering again after the idle window", Unit: "Services", Stock: float64(answering["stock"]), Lampyr: float64(answering["lampyr"]), Goal: ">= 1.0", Load: load},
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "first request, median", Unit: "ms", Stock: ms(first["stock"].Percentile(50)), Lampyr: ms(first["lampyr"].Percentile(50)),
+				Note: "right after Ready: stock's initial Pod is still up", Load: load},
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "node working set", Unit: "MiB", Stock: full.mem[0], Lampyr: full.mem[1], Note: fmt.Sprintf("mean over %s; with 0 Services: stock %.0f, Lampyr %.0f", window, zero.mem[0], zero.mem[1]), Load: load},
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "node CPU", Unit: "millicores", Stock: full.cpu[0], Lampyr: full.cpu[1], Note: fmt.Sprintf("%s window; with 0 Services: stock %.0f, Lampyr %.0f", window, zero.cpu[0], zero.cpu[1]), Load: load},
+			Row{Group: "idle cost per Service", Metric: fmt.Sprintf("node memory, %d Services", n), Unit: "MiB", Stock: (full.mem[0] - zero.mem[0]) / fn, Lampyr: (full.mem[1] - zero.mem[1]) / fn, Goal: "<= 1.0",
+				Note: fmt.Sprintf("(%d Services - 0) / %d, node working set, mean over %s each", n, n, window), Load: load},
+			Row{Group: "idle cost per Service", Metric: fmt.Sprintf("node CPU, %d Services", n), Unit: "millicores", Stock: (full.cpu[0] - zero.cpu[0]) / fn, Lampyr: (full.cpu[1] - zero.cpu[1]) / fn, Goal: "<= 1.0",
+				Note: fmt.Sprintf("(%d Services - 0) / %d, over %s each", n, n, window), Load: load},
+		)
+		for _, s := range the().sides {
+			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
+		}
+		Expect(held).To(HaveKeyWithValue("lampyr", n), "Lampyr held %d of %d idle Services", held["lampyr"], n)
+		Expect(answering).To(HaveKeyWithValue("lampyr", n), "Lampyr: %d of %d idle Services answered after the idle window", answering["lampyr"], n)
+	})
 })
+
+// emptyBoth waits until the bench namespace has no Pod on either side (nor
+// a Home of Lampyr's for it), then until both nodes are quiet (settle): the
+// first footprint run measured 20 Services while their Homes' starts still
+// loaded the machine (load 10 falling to 5 over the window).
+func emptyBoth(ctx context.Context) {
+	for _, s := range the().sides {
+		Eventually(func() (int, error) {
+			// Every Pod of the namespace (stock), and Lampyr's Homes for
+			// it, which run in lampyr-homes.
+			pods, err := s.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return 0, err
+			}
+			homes, err := e2eutil.HomePods(ctx, s.Clients, ns, "")
+			if err != nil {
+				return 0, err
+			}
+			// Lampyr's quota Pods are never scheduled: they hold nothing
+			// on the node and go with their grants.
+			n := len(homes.Items)
+			for _, p := range pods.Items {
+				if p.Spec.NodeName != "" || len(p.Spec.SchedulingGates) == 0 {
+					n++
+				}
+			}
+			return n, nil
+		}).WithTimeout(6*time.Minute).WithPolling(time.Second).Should(BeZero(), "%s: Pods of deleted Services still running", s.Name)
+	}
+	time.Sleep(10 * time.Second)
+	settle(ctx, the().sides)
+}
+
+// idleMeasure is both nodes over one window: the mean working set and the
+// CPU rate, stock first.
+type idleMeasure struct {
+	mem, cpu [2]float64
+	load     string
+}
+
+// measureIdle samples both nodes over the same window: memory (the node's
+// working set) every 5 s, averaged, and CPU from cumulative counters over
+// the whole window; it adds the report's rows for label.
+func measureIdle(ctx context.Context, label string, window time.Duration) idleMeasure {
+	var out idleMeasure
+	names := []string{the().stock.Name, the().lampyr.Name}
+	var mem [2][]float64
+	done := make(chan struct{})
+	go func() {
+		defer GinkgoRecover()
+		defer close(done)
+		for end := time.Now().Add(window); time.Now().Before(end); time.Sleep(5 * time.Second) {
+			for i, n := range names {
+				v, err := NodeWorkingSetMiB(n)
+				Expect(err).NotTo(HaveOccurred())
+				mem[i] = append(mem[i], v)
+			}
+		}
+	}()
+	start := loadNow()
+	rates := cpuRates(the().sides, window)
+	<-done
+	out.load = start + " -> " + loadNow()
+	for i := range names {
+		var sum float64
+		for _, v := range mem[i] {
+			sum += v
+		}
+		out.mem[i] = sum / float64(len(mem[i]))
+		out.cpu[i] = rates[i]["node CPU"]
+		fmt.Fprintf(GinkgoWriter, "idle, %s, %s: node working set %.0f MiB (mean of %d samples), node CPU %.0f millicores over %s, load %s\n", label, names[i], out.mem[i], len(mem[i]), out.cpu[i], window, out.load)
+	}
+	for _, what := range []string{"node memory", "serving planes memory", "workload memory"} {
+		var v [2]float64
+		for i, s := range the().sides {
+			fp, err := Footprint(s.Name, ns)
+			Expect(err).NotTo(HaveOccurred())
+			v[i] = fp[what]
+		}
+		addRows(Row{Group: "idle, " + label, Metric: what, Unit: "MiB", Stock: v[0], Lampyr: v[1], Note: "one sample (docker stats, crictl)"})
+	}
+	addRows(Row{Group: "idle, " + label, Metric: "node working set", Unit: "MiB", Stock: out.mem[0], Lampyr: out.mem[1], Note: fmt.Sprintf("mean over %s", window), Load: out.load},
+		Row{Group: "idle, " + label, Metric: "node CPU", Unit: "millicores", Stock: out.cpu[0], Lampyr: out.cpu[1], Note: fmt.Sprintf("%s window", window), Load: out.load})
+	return out
+}
 
 // networkingFacts names the networking provider installed on both sides.
 func networkingFacts(provider string) string {
