@@ -91,6 +91,9 @@ type Reconciler struct {
 	// pusher hands claimed spares their grant (nil: not pushed; the
 	// Secret volume brings it).
 	pusher GrantPusher
+	// idle remembers when each Ready Home was last asked whether it is
+	// idle (idle.go).
+	idle idleHomes
 }
 
 func (r *Reconciler) enqueueSpares(after time.Duration) {
@@ -183,6 +186,11 @@ func (r *Reconciler) ReconcileKind(ctx context.Context, g *v1alpha1.CapacityGran
 		// fiberd itself said ready before the kubelet's next readiness
 		// probe did: the Pod's own address, as for a Ready Pod.
 		g.Status.HomeEndpoint = resources.PodEndpoint(home)
+	}
+	// An idle Ready Home gives back its reservation, and takes it back
+	// when traffic returns; it is asked again after a while (idle.go).
+	if idleAgain := r.reconcileReservation(ctx, g, cfg, home); idleAgain > 0 && (again == 0 || idleAgain < again) {
+		again = idleAgain
 	}
 	if again > 0 && (renewIn == 0 || again < renewIn) {
 		return lookAgain(again, nil)

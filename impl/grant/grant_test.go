@@ -209,6 +209,23 @@ type fakeDiagnoser struct {
 	readinessOK bool
 	// ready: fiberd answers ready to Diagnose (the kubelet has not yet).
 	ready bool
+	// idle is what Idle answers (a ready Home's Fiberd-Idle-Seconds),
+	// counted in idleCalls (not calls).
+	idle      idleAnswer
+	idleCalls int
+}
+
+// idleAnswer is fiberd's idle time: seconds, whether the header was
+// there, whether fiberd answered.
+type idleAnswer struct {
+	seconds     int64
+	present, ok bool
+}
+
+// Idle answers idle, counted in idleCalls.
+func (f *fakeDiagnoser) Idle(context.Context, *corev1.Pod, string) (int64, bool, bool) {
+	f.idleCalls++
+	return f.idle.seconds, f.idle.present, f.idle.ok
 }
 
 // Readiness answers readiness (ok: readinessOK), counted in calls too.

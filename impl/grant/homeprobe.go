@@ -34,7 +34,20 @@ type HomeDiagnoser interface {
 	// in JSON); ok is false when fiberd could not be asked or is not
 	// ready.
 	Readiness(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (answer client.Readiness, ok bool)
+	// Idle asks a ready Home how long its pool has had no fiber leased
+	// and no acquire in flight (fiberd's /readyz header
+	// Fiberd-Idle-Seconds; 0 while busy). present is false when fiberd
+	// does not say (a fiberd that predates the header: its Home never
+	// gives back its reservation); ok is false when fiberd could not be
+	// asked or is not ready.
+	Idle(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (seconds int64, present, ok bool)
 }
+
+// idleSecondsHeader is fiberd's /readyz header saying how long its pool
+// has been idle, in whole seconds.
+//
+// TODO: use impl/fiberd/client's constant once fiberd defines it there.
+const idleSecondsHeader = "Fiberd-Idle-Seconds"
 
 // HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP, over TLS, from a
 // peer holding the Home's key only: what it answers lands in the
@@ -48,7 +61,7 @@ type HTTPHomeDiagnoser struct {
 
 // Diagnose implements HomeDiagnoser.
 func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Error, bool, bool) {
-	status, b, ok := h.readyz(ctx, pod, homeKeySHA256)
+	status, b, _, ok := h.readyz(ctx, pod, homeKeySHA256)
 	if !ok {
 		return client.Error{}, false, false
 	}
@@ -64,7 +77,7 @@ func (h HTTPHomeDiagnoser) Diagnose(ctx context.Context, pod *corev1.Pod, homeKe
 
 // Readiness implements HomeDiagnoser.
 func (h HTTPHomeDiagnoser) Readiness(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (client.Readiness, bool) {
-	status, b, ok := h.readyz(ctx, pod, homeKeySHA256)
+	status, b, _, ok := h.readyz(ctx, pod, homeKeySHA256)
 	if !ok || status != http.StatusOK {
 		return client.Readiness{}, false
 	}
@@ -76,41 +89,59 @@ func (h HTTPHomeDiagnoser) Readiness(ctx context.Context, pod *corev1.Pod, homeK
 	return r, true
 }
 
+// Idle implements HomeDiagnoser.
+func (h HTTPHomeDiagnoser) Idle(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (int64, bool, bool) {
+	status, _, header, ok := h.readyz(ctx, pod, homeKeySHA256)
+	if !ok || status != http.StatusOK {
+		return 0, false, false
+	}
+	v := header.Get(idleSecondsHeader)
+	if v == "" {
+		return 0, false, true
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 {
+		// Not what fiberd says: as if it said nothing.
+		return 0, false, true
+	}
+	return n, true, true
+}
+
 // readyz GETs /readyz (asking for JSON) from the Home at pod's IP, over
 // TLS, from a peer holding homeKeySHA256 only.
-func (h HTTPHomeDiagnoser) readyz(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (status int, body []byte, ok bool) {
+func (h HTTPHomeDiagnoser) readyz(ctx context.Context, pod *corev1.Pod, homeKeySHA256 string) (status int, body []byte, header http.Header, ok bool) {
 	if pod.Status.PodIP == "" || homeKeySHA256 == "" {
 		// No key named yet (a grant not issued by this version): the
 		// Home cannot be told from an impostor, so it is not asked.
-		return 0, nil, false
+		return 0, nil, nil, false
 	}
 	tlsConfig, err := homekey.ClientConfig(homeKeySHA256, "http/1.1")
 	if err != nil {
-		return 0, nil, false
+		return 0, nil, nil, false
 	}
 	dial := h.DialContext
 	if dial == nil {
 		dial = (&net.Dialer{Timeout: time.Second}).DialContext
 	}
 	// One connection per question: each Home has its own key, and a Home
-	// is asked only every few seconds while it is not ready, and once
-	// when it is.
+	// is asked only every few seconds while it is not ready, and every
+	// 15 s when it is (whether it is idle: idle.go).
 	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{
 		Proxy: nil, DialContext: dial, TLSClientConfig: tlsConfig, DisableKeepAlives: true,
 	}}
 	u := "https://" + net.JoinHostPort(pod.Status.PodIP, strconv.Itoa(resources.APIPort)) + client.ReadyzPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return 0, nil, false
+		return 0, nil, nil, false
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.Do(req)
 	if err != nil {
-		return 0, nil, false
+		return 0, nil, nil, false
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<10))
-	return resp.StatusCode, b, true
+	return resp.StatusCode, b, resp.Header, true
 }
 
 // homeDiagnosisInterval is how often a running, not-ready Home is asked.

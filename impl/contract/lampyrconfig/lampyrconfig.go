@@ -39,6 +39,18 @@ const (
 	// KeyHomeSpares is how many spare Homes (fiberd running, no grant
 	// yet) the grant controller keeps for new Revisions to claim.
 	KeyHomeSpares = "home-spares"
+	// KeyHomeIdleAfter: a Home whose fiberd reports no fiber leased for
+	// this long gives back its scheduler reservation (its fiberd
+	// container's requests are resized in place to KeyHomeIdleMemory and
+	// KeyHomeIdleCPU; its limits stay) and takes it back when traffic
+	// returns. "0" turns the give-back off.
+	KeyHomeIdleAfter = "home-idle-after"
+	// KeyHomeIdleMemory is an idle Home's memory request.
+	KeyHomeIdleMemory = "home-idle-memory"
+	// KeyHomeIdleCPU is an idle Home's CPU request.
+	KeyHomeIdleCPU = "home-idle-cpu"
+	// KeyHomeWarmIdle is fiberd's --warm-idle (given only when not 0).
+	KeyHomeWarmIdle = "home-warm-idle"
 	// KeyHomeRegistryMirrors: comma-separated from=to registry host pairs
 	// for fiberd (e.g. localhost:5002=kind-registry:5000), since the
 	// references `ly` writes name the registry as the developer reaches it.
@@ -134,6 +146,7 @@ const (
 var GrantKeys = []string{
 	KeyFiberMemoryCapacity, KeyMaxMemoryPerFiber, KeyMaxFibersPerGrant, KeyDefaultMaxFibers,
 	KeyGrantTTL, KeyGrantRenewInterval, KeyHomeImage, KeyHelperImage, KeyHomeWarmFibers, KeyHomeSpares, KeyHomeRegistryMirrors,
+	KeyHomeIdleAfter, KeyHomeIdleMemory, KeyHomeIdleCPU, KeyHomeWarmIdle,
 	KeyFiberBackend, KeyFiberGVisorPreinit,
 	KeyHomeCPULimit, KeyFiberCPULimit, KeyHomeStorageLimit, KeyNamespaceFiberMemoryShare,
 	KeyFiberEgress, KeyFiberEgressDomains, KeyFiberEgressDenyNames, KeyFiberEgressAllowCIDRs, KeyFiberEgressDenyCIDRs,
@@ -219,6 +232,14 @@ type Config struct {
 	HomeWarmFibers int
 	// HomeSpares is how many unclaimed spare Homes are kept.
 	HomeSpares int
+	// HomeIdleAfter is how long a Home's fiberd must have had no fiber
+	// leased before the Home gives back its reservation (0: never).
+	HomeIdleAfter time.Duration
+	// HomeIdleMemory and HomeIdleCPU are an idle Home's requests.
+	HomeIdleMemory resource.Quantity
+	HomeIdleCPU    resource.Quantity
+	// HomeWarmIdle is fiberd's --warm-idle (0: the flag is not given).
+	HomeWarmIdle time.Duration
 	// FiberBackend is fiberd's --backend: BackendProcess or BackendGVisor.
 	FiberBackend string
 	// FiberGVisorPreinit is fiberd's --gvisor-preinit.
@@ -304,6 +325,9 @@ func Defaults() *Config {
 		GrantRenewInterval:  5 * time.Minute,
 		HomeWarmFibers:      2,
 		HomeSpares:          1,
+		HomeIdleAfter:       60 * time.Second,
+		HomeIdleMemory:      resource.MustParse("64Mi"),
+		HomeIdleCPU:         resource.MustParse("1m"),
 		FiberBackend:        BackendProcess,
 		FiberGVisorPreinit:  true,
 		HomeCPULimit:        resource.MustParse("1"),
@@ -370,6 +394,24 @@ var parsers = map[string]func(c *Config, v string, data map[string]string) error
 	KeyDefaultMaxFibers:  integer(KeyDefaultMaxFibers, 1, func(c *Config, n int32) { c.DefaultMaxFibers = n }),
 	KeyHomeWarmFibers:    integer(KeyHomeWarmFibers, 0, func(c *Config, n int32) { c.HomeWarmFibers = int(n) }),
 	KeyHomeSpares:        integer(KeyHomeSpares, 0, func(c *Config, n int32) { c.HomeSpares = int(n) }),
+	KeyHomeIdleMemory:    quantity(KeyHomeIdleMemory, func(c *Config) *resource.Quantity { return &c.HomeIdleMemory }),
+	KeyHomeIdleCPU:       quantity(KeyHomeIdleCPU, func(c *Config) *resource.Quantity { return &c.HomeIdleCPU }),
+	KeyHomeIdleAfter: func(c *Config, v string, _ map[string]string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 0 || (d > 0 && d < MinHomeIdleAfter) {
+			return fmt.Errorf("%s %q: want 0 (off) or a duration of at least %s, e.g. 60s (Homes are asked whether they are idle every 15s)", KeyHomeIdleAfter, v, MinHomeIdleAfter)
+		}
+		c.HomeIdleAfter = d
+		return nil
+	},
+	KeyHomeWarmIdle: func(c *Config, v string, _ map[string]string) error {
+		d, err := time.ParseDuration(strings.TrimSpace(v))
+		if err != nil || d < 0 {
+			return fmt.Errorf("%s %q: want 0 (off) or a positive duration, e.g. 5m", KeyHomeWarmIdle, v)
+		}
+		c.HomeWarmIdle = d
+		return nil
+	},
 	KeyGrantTTL: func(c *Config, v string, _ map[string]string) error {
 		ttl, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil || ttl < 30*time.Second {
@@ -564,11 +606,29 @@ func (c *Config) check(keys []string) error {
 	if has(KeyHomeStorageLimit) && c.HomeStorageLimit.Cmp(resource.MustParse("256Mi")) < 0 {
 		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s: want at least 256Mi (the unpacked snapshot gets half)", contract.ConfigMapName, KeyHomeStorageLimit, c.HomeStorageLimit.String()))
 	}
+	if has(KeyHomeIdleMemory) && c.HomeIdleMemory.Cmp(MaxHomeIdleMemory) > 0 {
+		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s: want at most %s (fiberd's own memory, the smallest Home's limit: a request may not exceed its limit)", contract.ConfigMapName, KeyHomeIdleMemory, c.HomeIdleMemory.String(), MaxHomeIdleMemory.String()))
+	}
+	if has(KeyHomeIdleCPU) && c.HomeIdleCPU.Cmp(MaxHomeIdleCPU) > 0 {
+		errs = append(errs, fmt.Errorf("ConfigMap %s: %s %s: want at most %s (a Home's full CPU request)", contract.ConfigMapName, KeyHomeIdleCPU, c.HomeIdleCPU.String(), MaxHomeIdleCPU.String()))
+	}
 	if len(errs) > 0 {
 		return errs[0]
 	}
 	return nil
 }
+
+// MinHomeIdleAfter is the shortest home-idle-after but 0.
+const MinHomeIdleAfter = 15 * time.Second
+
+// MaxHomeIdleMemory and MaxHomeIdleCPU bound an idle Home's requests: a
+// Home's memory overhead and CPU request (resources.HomeOverhead,
+// resources.HomeCPURequest; a test there keeps them equal), so that an idle
+// request is never above the full one nor above any Home's limit.
+var (
+	MaxHomeIdleMemory = resource.MustParse("256Mi")
+	MaxHomeIdleCPU    = resource.MustParse("25m")
+)
 
 // ParseImageSnapshots parses image-snapshots: a YAML map from a
 // digest-pinned image reference to the digest-pinned snapshot artifact built

@@ -3,6 +3,7 @@ package lampyrconfig
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"lampyr.dev/serving/impl/contract"
 )
@@ -105,6 +106,57 @@ func TestFiberBackend(t *testing.T) {
 	for k, v := range map[string]string{KeyFiberBackend: "firecracker", KeyFiberGVisorPreinit: "sometimes"} {
 		if _, err := Parse(map[string]string{k: v}, GrantKeys); err == nil || !strings.Contains(err.Error(), k) {
 			t.Errorf("%s=%s: %v, want an error naming the key", k, v, err)
+		}
+	}
+}
+
+// The idle give-back keys (home-idle-after, home-idle-memory,
+// home-idle-cpu) and home-warm-idle: their defaults, what parses, and
+// errors that name the key and what is accepted.
+func TestHomeIdleKeys(t *testing.T) {
+	d := Defaults()
+	if d.HomeIdleAfter != 60*time.Second || d.HomeIdleMemory.String() != "64Mi" || d.HomeIdleCPU.String() != "1m" || d.HomeWarmIdle != 0 {
+		t.Errorf("defaults: idle after %s, memory %s, cpu %s, warm idle %s; want 60s, 64Mi, 1m, 0",
+			d.HomeIdleAfter, d.HomeIdleMemory.String(), d.HomeIdleCPU.String(), d.HomeWarmIdle)
+	}
+	for _, tc := range []struct {
+		data  map[string]string
+		check func(*Config) bool
+	}{
+		{map[string]string{KeyHomeIdleAfter: "0"}, func(c *Config) bool { return c.HomeIdleAfter == 0 }},
+		{map[string]string{KeyHomeIdleAfter: " 2m "}, func(c *Config) bool { return c.HomeIdleAfter == 2*time.Minute }},
+		{map[string]string{KeyHomeIdleAfter: "15s"}, func(c *Config) bool { return c.HomeIdleAfter == 15*time.Second }},
+		{map[string]string{KeyHomeIdleMemory: "32Mi"}, func(c *Config) bool { return c.HomeIdleMemory.String() == "32Mi" }},
+		{map[string]string{KeyHomeIdleMemory: "256Mi"}, func(c *Config) bool { return c.HomeIdleMemory.String() == "256Mi" }},
+		{map[string]string{KeyHomeIdleCPU: "5m"}, func(c *Config) bool { return c.HomeIdleCPU.String() == "5m" }},
+		{map[string]string{KeyHomeWarmIdle: "5m"}, func(c *Config) bool { return c.HomeWarmIdle == 5*time.Minute }},
+		{map[string]string{KeyHomeWarmIdle: "0s"}, func(c *Config) bool { return c.HomeWarmIdle == 0 }},
+	} {
+		c, err := Parse(tc.data, GrantKeys)
+		if err != nil || !tc.check(c) {
+			t.Errorf("%v: %+v %v", tc.data, c, err)
+		}
+	}
+	for _, tc := range []struct {
+		key, value, want string
+	}{
+		{KeyHomeIdleAfter, "soon", "want 0 (off) or a duration of at least 15s"},
+		{KeyHomeIdleAfter, "-1s", "want 0 (off) or a duration of at least 15s"},
+		{KeyHomeIdleAfter, "5s", "want 0 (off) or a duration of at least 15s"},
+		{KeyHomeIdleMemory, "0", "positive quantity"},
+		{KeyHomeIdleMemory, "lots", "positive quantity"},
+		{KeyHomeIdleMemory, "512Mi", "want at most 256Mi"},
+		{KeyHomeIdleCPU, "-1", "positive quantity"},
+		{KeyHomeIdleCPU, "100m", "want at most 25m"},
+		{KeyHomeWarmIdle, "-5m", "want 0 (off) or a positive duration"},
+		{KeyHomeWarmIdle, "often", "want 0 (off) or a positive duration"},
+	} {
+		_, err := Parse(map[string]string{tc.key: tc.value}, GrantKeys)
+		if err == nil || !strings.Contains(err.Error(), tc.key) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s=%q: error %v, want one naming the key with %q", tc.key, tc.value, err, tc.want)
+		}
+		if _, err := Parse(map[string]string{tc.key: tc.value}, RevisionKeys); err != nil {
+			t.Errorf("%s=%q: the Revision controller does not read it, got %v", tc.key, tc.value, err)
 		}
 	}
 }

@@ -373,6 +373,13 @@ func makeHomePod(h homePod, cfg *lampyrconfig.Config, homesNamespace string) *co
 		// headroom (a new snapshot is unpacked before the old one goes).
 		"--max-unpacked-bytes=" + strconv.FormatInt(cfg.HomeStorageLimit.Value()/2, 10),
 	}
+	if cfg.HomeWarmIdle > 0 {
+		// Only when set: a fiberd that predates the flag still starts
+		// under the default configuration. Spares get it too (the same
+		// function), so a spare still fits a grant's Home (SpareFits
+		// compares arguments).
+		args = append(args, "--warm-idle="+cfg.HomeWarmIdle.String())
+	}
 	for _, m := range cfg.HomeRegistryMirrors {
 		args = append(args, "--registry-mirror="+m)
 	}
