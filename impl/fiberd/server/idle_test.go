@@ -47,13 +47,14 @@ func TestReadyzSaysHowLongTheHomeIsIdle(t *testing.T) {
 	if d := readyzIdle(t, inst); d != 0 {
 		t.Fatalf("idle %s with a fiber leased for 1.1 s, want 0", d)
 	}
+	// Idle from inside the release: measured from before it.
+	releasing := time.Now()
 	if err := inst.Client.Release(ctx, f.ID); err != nil {
 		t.Fatal(err)
 	}
-	released := time.Now()
 	waitFor(t, "idle to reach 1 s", 3*time.Second, func() bool { return readyzIdle(t, inst) >= time.Second })
-	if d := readyzIdle(t, inst); d > time.Since(released)+time.Second {
-		t.Fatalf("idle %s, %s after the release", d, time.Since(released))
+	if d := readyzIdle(t, inst); d > time.Since(releasing) {
+		t.Fatalf("idle %s, %s after the release began", d, time.Since(releasing))
 	}
 
 	// --warm-idle 2 s: the warm fiber ends, readiness stays.
@@ -70,10 +71,10 @@ func TestReadyzSaysHowLongTheHomeIsIdle(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, "the warm pool emptied", 5*time.Second, func() bool { return warm() == 0 })
-	if n := inst.Metric(t, "fiberd_warm_pool_emptied_total"); n < 1 {
-		t.Errorf("fiberd_warm_pool_emptied_total = %v, want >= 1", n)
-	}
+	// The pool counts it just after it takes the fibers off its list.
+	waitFor(t, "the warm pool emptied and counted", 5*time.Second, func() bool {
+		return warm() == 0 && inst.Metric(t, "fiberd_warm_pool_emptied_total") >= 1
+	})
 	if d := readyzIdle(t, inst); d < 2*time.Second {
 		t.Errorf("idle %s once the warm pool was emptied after 2 s idle", d)
 	}
