@@ -55,6 +55,7 @@ func main() {
 		helper       = flag.String("helper", "/lampyr-helper", "lampyr-helper binary")
 		stateDir     = flag.String("state-dir", "/var/lib/fiberd", "unpacked snapshots and per-fiber state")
 		warm         = flag.Int("warm-fibers", 2, "warm pool size (capped by the grant's maxFibers)")
+		warmIdle     = flag.Duration("warm-idle", 0, "end the warm fibers after this long without a request (no fiber leased, no acquisition) and keep none until the next acquisition, which starts its own fiber and then refills the warm pool; 0: never")
 		kernelSplice = flag.Bool("kernel-splice", true, "join each reuse-mode tunnel's sockets in the kernel (BPF sockmap; needs CAP_BPF and CAP_NET_ADMIN) so tunneled bytes never pass through fiberd; falls back to copying, with a log line, where refused")
 		cgroupParent = flag.String("cgroup-parent", "", "cgroup v1 memory directory for fibers (default: a child of fiberd's own memory cgroup, so the Home's limit covers its fibers)")
 		sb           sandboxFlags
@@ -85,7 +86,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	sb.grantFile = *grantFile
-	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *tlsKeyFile, *helper, *stateDir, *cgroupParent, *warm, *kernelSplice, mirrors, sb); err != nil {
+	if err := run(ctx, *listen, *grantFile, *grantKeyFile, *routerKeys, *tlsKeyFile, *helper, *stateDir, *cgroupParent, *warm, *warmIdle, *kernelSplice, mirrors, sb); err != nil {
 		log.Fatalf("fiberd: %v", err)
 	}
 }
@@ -184,7 +185,10 @@ func (u *uint32Flag) Set(v string) error {
 	return err
 }
 
-func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, tlsKeyFile, helper, stateDir, cgroupParent string, warm int, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
+func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, tlsKeyFile, helper, stateDir, cgroupParent string, warm int, warmIdle time.Duration, kernelSplice bool, mirrors []string, sb sandboxFlags) error {
+	if warmIdle < 0 {
+		return fmt.Errorf("--warm-idle %s: want 0 (never) or a positive duration", warmIdle)
+	}
 	pubPEM, err := os.ReadFile(grantKeyFile)
 	if err != nil {
 		return fmt.Errorf("--grant-key-file: %w", err)
@@ -267,6 +271,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 		StateDir:        filepath.Join(stateDir, "s"),
 		Backend:         be,
 		WarmFibers:      warm,
+		WarmIdle:        warmIdle,
 		RegistryOptions: m.RemoteOptions(),
 		KernelSplice:    kernelSplice,
 		ArtifactLimits:  sb.limits,

@@ -58,7 +58,7 @@ func TestFiberdFromFiles(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, addr, write("grant", signed), write("grant-key.pub", pub), write("router-keys.pub", routerPub), write("home-key.pem", homeKeyPEM),
-			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, true, nil, sandboxFlags{})
+			fiberdtest.Build(t, fiberdtest.HelperPackage), filepath.Join(dir, "state"), cg, 1, 0, true, nil, sandboxFlags{})
 	}()
 	c, err := client.NewTLS(addr, inst.Token, fp)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -40,6 +41,37 @@ const AnswerHeader = "Lampyr-Fiberd-Answer"
 // requests instead of Authorization, so the client's own Authorization header
 // reaches the handler untouched. fiberd removes it.
 const ProxyAuthHeader = "Lampyr-Fiberd-Authorization"
+
+// IdleSecondsHeader is on fiberd's /readyz answers (200 or not ready)
+// once a Revision is loaded: whole seconds since the Home last had a fiber
+// leased or an acquisition under way, "0" while it has. The grant
+// controller reads it to resize idle Homes (issue 32); ParseIdleSeconds
+// reads it.
+const IdleSecondsHeader = "Fiberd-Idle-Seconds"
+
+// FormatIdleSeconds is IdleSecondsHeader's value for an idle time: whole
+// seconds, rounded down.
+func FormatIdleSeconds(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	return strconv.FormatInt(int64(d/time.Second), 10)
+}
+
+// ParseIdleSeconds reads IdleSecondsHeader from a /readyz answer's
+// headers: ok is false when it is absent (an older fiberd, or no Revision
+// loaded); err when it is there but not a whole number of seconds >= 0.
+func ParseIdleSeconds(h http.Header) (idle time.Duration, ok bool, err error) {
+	v := h.Get(IdleSecondsHeader)
+	if v == "" {
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n < 0 || n > int64(math.MaxInt64/time.Second) {
+		return 0, false, fmt.Errorf("%s: %q is not a whole number of seconds", IdleSecondsHeader, v)
+	}
+	return time.Duration(n) * time.Second, true, nil
+}
 
 // Paths of the API.
 const (

@@ -64,7 +64,10 @@ type Options struct {
 	IdleTimeout time.Duration
 	MaxFibers   int32
 	// WarmFibers is the warm pool size (default 2; -1 for none).
-	WarmFibers        int
+	WarmFibers int
+	// WarmIdle empties the warm pool after that long without a request
+	// (server.Config.WarmIdle); 0: never.
+	WarmIdle          time.Duration
 	MemoryPerFiber    int64
 	MaxRequestSeconds int64
 	// Protocol is "http1" (default) or "h2c".
@@ -393,6 +396,7 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 		StateDir:          filepath.Join(state, "s"),
 		Backend:           be,
 		WarmFibers:        warm,
+		WarmIdle:          opts.WarmIdle,
 		GrantPollInterval: 200 * time.Millisecond,
 		Logf:              opts.Logf,
 		KernelSplice:      !opts.UserSpaceTunnels,

@@ -64,6 +64,13 @@ type Config struct {
 	// sandboxes together, which on a small node made every start miss its
 	// start-up timeout (HandlerNotListening, "helper did not report ready").
 	StartConcurrency int
+	// WarmIdle empties the warm pool once the pool has been idle that long
+	// (IdleFor: no fiber leased, no Acquire under way): its warm fibers
+	// end and it starts none until the next Acquire, which starts its own
+	// fiber as on an empty pool and then re-arms the refill to WarmTarget.
+	// An idle Home then holds no fiber at all (issue 32, density). 0:
+	// never, the warm pool is kept however long nothing is asked.
+	WarmIdle time.Duration
 	// Observer, if set, is told about events (for metrics).
 	Observer Observer
 	Logf     func(format string, args ...any)
@@ -75,6 +82,16 @@ type Observer interface {
 	FiberAcquired(d time.Duration, warm bool)
 	FiberEnded(reason string)
 }
+
+// WarmIdleObserver is an Observer that is also told when the warm pool is
+// emptied after WarmIdle, with how many warm fibers ended then.
+type WarmIdleObserver interface {
+	WarmPoolEmptied(fibers int)
+}
+
+// reasonWarmIdle is the FiberEnded reason of the warm fibers ended when
+// the pool goes quiet (WarmIdle).
+const reasonWarmIdle = "warm idle"
 
 // Fiber is a fiber the pool holds.
 type Fiber struct {
@@ -118,6 +135,14 @@ type Pool struct {
 	closed   bool
 	changed  chan struct{} // closed and replaced on every state change
 	warmOnce bool          // the warm target has been reached once
+
+	// acquiring counts Acquire calls under way; idleSince is when the
+	// pool last had neither a leased fiber nor an Acquire under way (zero
+	// while it has one); quiet: the warm pool was emptied after WarmIdle
+	// and is not refilled until the next Acquire.
+	acquiring int
+	idleSince time.Time
+	quiet     bool
 
 	// Consecutive failed starts: the handler's own failure of the last
 	// one (nil if the sandbox failed), how many, and when the next start
@@ -172,13 +197,14 @@ func New(cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		// Without a warm pool there is nothing to wait for before serving.
-		warmOnce: cfg.WarmTarget == 0,
-		cfg:      cfg,
-		fibers:   map[string]*Fiber{},
-		changed:  make(chan struct{}),
-		starts:   make(chan struct{}, cfg.StartConcurrency),
-		wake:     make(chan struct{}, 1),
-		stop:     make(chan struct{}),
+		warmOnce:  cfg.WarmTarget == 0,
+		idleSince: time.Now(),
+		cfg:       cfg,
+		fibers:    map[string]*Fiber{},
+		changed:   make(chan struct{}),
+		starts:    make(chan struct{}, cfg.StartConcurrency),
+		wake:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
 	}
 	p.wg.Add(2)
 	go p.refillLoop()
@@ -244,6 +270,7 @@ func (p *Pool) kick() {
 // notifyLocked tells the waiters on p.changed (Acquire, Begin, the reaper)
 // and the refill loop that the pool's state changed.
 func (p *Pool) notifyLocked() {
+	p.idleLocked()
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.kick()
@@ -251,7 +278,55 @@ func (p *Pool) notifyLocked() {
 
 func (p *Pool) leasedLocked() int { return len(p.fibers) - len(p.warm) }
 
+// idleLocked keeps idleSince: zero while a fiber is leased or an Acquire is
+// under way, else when that last stopped. Every change of the leased count
+// goes through notifyLocked, which calls it; Acquire calls it for its own
+// start and end.
+func (p *Pool) idleLocked() {
+	switch {
+	case p.leasedLocked() > 0 || p.acquiring > 0:
+		p.idleSince = time.Time{}
+	case p.idleSince.IsZero():
+		p.idleSince = time.Now()
+	}
+}
+
+// IdleFor is how long the pool has had no fiber leased (acquired, busy,
+// tunneled or spent and not yet released) and no Acquire under way; 0 while
+// it has. A pool never used counts from its creation.
+func (p *Pool) IdleFor() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idleSince.IsZero() {
+		return 0
+	}
+	return time.Since(p.idleSince)
+}
+
+// Quiet reports whether the warm pool was emptied after WarmIdle without a
+// request and is not refilled until the next Acquire.
+func (p *Pool) Quiet() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.quiet
+}
+
+// quietDeadlineLocked is when the pool goes quiet (WarmIdle after it
+// became idle), or zero if it does not in its present state: WarmIdle off,
+// no warm pool to empty, already quiet, busy, or never warm yet (a pool
+// whose starts keep failing is left to its back-off and its readiness
+// answer, not silenced).
+func (p *Pool) quietDeadlineLocked() time.Time {
+	if p.cfg.WarmIdle <= 0 || p.cfg.WarmTarget == 0 || p.quiet || !p.warmOnce || p.closed || p.idleSince.IsZero() {
+		return time.Time{}
+	}
+	return p.idleSince.Add(p.cfg.WarmIdle)
+}
+
 func (p *Pool) warmTargetLocked() int {
+	if p.quiet {
+		return 0
+	}
 	t := p.cfg.WarmTarget
 	if room := p.cfg.MaxFibers - p.leasedLocked(); t > room {
 		t = room
@@ -261,8 +336,35 @@ func (p *Pool) warmTargetLocked() int {
 
 // Acquire leases a never-used fiber: from the warm pool if one is ready,
 // otherwise by starting one (or waiting for one being started). It fails
-// with ErrMaxFibers when MaxFibers fibers are leased.
+// with ErrMaxFibers when MaxFibers fibers are leased. On a quiet pool
+// (WarmIdle) it starts the fiber for its request first and then re-arms
+// the refill, so the warm starts do not compete with the one the request
+// waits for.
 func (p *Pool) Acquire(ctx context.Context) (*Fiber, error) {
+	p.mu.Lock()
+	p.acquiring++
+	p.idleLocked()
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.acquiring--
+		rearm := p.quiet && !p.closed
+		p.quiet = false
+		p.idleLocked()
+		if rearm {
+			// Wakes the refill loop (and the reaper: no quiet deadline
+			// until the pool is idle again).
+			p.notifyLocked()
+		}
+		p.mu.Unlock()
+		if rearm {
+			p.cfg.Logf("a request after the warm pool was emptied: refilling it to %d fibers", p.cfg.WarmTarget)
+		}
+	}()
+	return p.acquire(ctx)
+}
+
+func (p *Pool) acquire(ctx context.Context) (*Fiber, error) {
 	t0 := time.Now()
 	for {
 		p.mu.Lock()
@@ -352,6 +454,17 @@ func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
 		bf.Destroy()
 		return nil, ErrClosed
 	}
+	if state == "warm" && p.quiet {
+		// Started for the warm pool before it was emptied (a warm fiber
+		// that died and was being replaced): not kept.
+		p.notifyLocked()
+		p.mu.Unlock()
+		bf.Destroy()
+		if p.cfg.Observer != nil {
+			p.cfg.Observer.FiberEnded(reasonWarmIdle)
+		}
+		return nil, errQuiet
+	}
 	now := time.Now()
 	f := &Fiber{Fiber: bf, StartedAt: now, state: state, lastUsed: now}
 	p.fibers[id] = f
@@ -366,6 +479,10 @@ func (p *Pool) startOne(ctx context.Context, state string) (*Fiber, error) {
 	go p.watch(f)
 	return f, nil
 }
+
+// errQuiet: a warm fiber finished starting after the warm pool was emptied
+// (WarmIdle) and was ended at once.
+var errQuiet = errors.New("the warm pool was emptied meanwhile (warm idle)")
 
 // unreserveStart gives back a start slot reserved in p.starting that never
 // began.
@@ -649,7 +766,7 @@ func (p *Pool) refillLoop() {
 			}
 			go func() {
 				// startOne waits for a start slot and bounds the start.
-				if _, err := p.startOne(context.Background(), "warm"); err != nil && !errors.Is(err, ErrClosed) {
+				if _, err := p.startOne(context.Background(), "warm"); err != nil && !errors.Is(err, ErrClosed) && !errors.Is(err, errQuiet) {
 					p.cfg.Logf("warming a fiber: %v", err)
 				}
 				p.kick()
@@ -678,11 +795,13 @@ func (p *Pool) reapDeadlineLocked(f *Fiber) (time.Time, string) {
 }
 
 // reapLoop releases idle reuse fibers, spent fresh fibers the router never
-// released, and leases nobody used. It sleeps until the earliest of their
+// released, and leases nobody used, and empties the warm pool after
+// WarmIdle without a request. It sleeps until the earliest of their
 // deadlines or the next change of the pool's state, not on a fixed tick:
-// an idle Home (warm fibers only) has no deadline and does not wake at all
-// (issue 32: it woke every 100 ms, on the same two cores as everything
-// else), and a deadline is met when it falls, not up to a tick later.
+// an idle Home (warm fibers only) has at most the WarmIdle deadline and
+// wakes once for it, then not at all (issue 32: it woke every 100 ms, on
+// the same two cores as everything else), and a deadline is met when it
+// falls, not up to a tick later.
 func (p *Pool) reapLoop() {
 	defer p.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -707,8 +826,37 @@ func (p *Pool) reapLoop() {
 				next = at
 			}
 		}
+		var emptied []*Fiber
+		var quietAfter time.Duration
+		if at := p.quietDeadlineLocked(); !at.IsZero() {
+			if now.Before(at) {
+				if next.IsZero() || at.Before(next) {
+					next = at
+				}
+			} else {
+				p.quiet = true
+				quietAfter = now.Sub(p.idleSince)
+				emptied = append(emptied, p.warm...)
+				for _, f := range emptied {
+					f.ending = true
+					delete(p.fibers, f.ID())
+				}
+				p.warm = nil
+				p.notifyLocked()
+			}
+		}
 		changed := p.changed
 		p.mu.Unlock()
+		if quietAfter > 0 {
+			p.cfg.Logf("warm pool emptied after %s without a request: %d fibers ended", quietAfter.Round(time.Millisecond), len(emptied))
+			if o, ok := p.cfg.Observer.(WarmIdleObserver); ok {
+				o.WarmPoolEmptied(len(emptied))
+			}
+			for _, f := range emptied {
+				p.end(f, reasonWarmIdle)
+			}
+			continue
+		}
 		for i, f := range victims {
 			// Said in the Home's log: a lease nobody used or released is
 			// a router that died holding it (the operations suite kills

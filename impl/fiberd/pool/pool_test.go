@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -464,5 +465,191 @@ func TestReaperMeetsEachFibersOwnDeadline(t *testing.T) {
 	eventually(t, "the second fiber's idle timeout", func() bool { return !has(b.ID()) })
 	if d := time.Since(used); d < 200*time.Millisecond {
 		t.Fatalf("reaped %v after its last use, before its IdleTimeout (200 ms)", d)
+	}
+}
+
+// newWarmIdlePool is newPool with WarmIdle and the pool's log lines kept.
+func newWarmIdlePool(t *testing.T, be *fakeBackend, warmIdle time.Duration, max, warm int) (*Pool, func(substr string) bool) {
+	var mu sync.Mutex
+	var lines []string
+	p, err := New(Config{Spec: &backend.Spec{StartupTimeout: time.Second}, Backend: be, Mode: ModeFresh,
+		MaxFibers: max, WarmTarget: warm, WarmIdle: warmIdle, Logf: func(format string, args ...any) {
+			mu.Lock()
+			lines = append(lines, fmt.Sprintf(format, args...))
+			mu.Unlock()
+			t.Logf(format, args...)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	logged := func(substr string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range lines {
+			if strings.Contains(l, substr) {
+				return true
+			}
+		}
+		return false
+	}
+	return p, logged
+}
+
+// An idle pool with WarmIdle ends its warm fibers after WarmIdle without a
+// request, says so once, and then neither refills nor wakes; the next
+// Acquire gets a fiber started for it (never one of the ended ones) and the
+// warm pool is refilled to WarmTarget after it, then empties again after
+// another quiet WarmIdle.
+func TestWarmPoolEmptiesAfterWarmIdleAndRefillsOnAcquire(t *testing.T) {
+	be := &fakeBackend{}
+	created := time.Now()
+	p, logged := newWarmIdlePool(t, be, 200*time.Millisecond, 4, 2)
+	eventually(t, "the warm target", p.Warm)
+	eventually(t, "the warm pool emptied", func() bool { w, _, s := p.Counts(); return w == 0 && s == 0 && be.alive() == 0 })
+	if d := time.Since(created); d < 200*time.Millisecond {
+		t.Fatalf("warm pool emptied %s after the pool was made, before WarmIdle (200 ms)", d)
+	}
+	if !p.Quiet() {
+		t.Error("Quiet() = false after the warm pool was emptied")
+	}
+	if !logged("warm pool emptied after ") || !logged("without a request: 2 fibers ended") {
+		t.Error("the emptying is not in the Home's log")
+	}
+	if !p.Warm() {
+		t.Error("an emptied pool must stay ready (Warm)")
+	}
+	// Quiet: no refill, no wake-up.
+	time.Sleep(100 * time.Millisecond) // the ended fibers' last kicks settle
+	before, started := p.rounds.Load(), be.started.Load()
+	time.Sleep(500 * time.Millisecond)
+	if n := p.rounds.Load() - before; n > 0 {
+		t.Fatalf("a quiet pool's loops ran %d times in 500 ms, want 0", n)
+	}
+	if n := be.started.Load() - started; n != 0 {
+		t.Fatalf("a quiet pool started %d fibers, want 0", n)
+	}
+
+	f, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ff := f.Fiber.(*fakeFiber); isDone(ff) {
+		t.Fatal("Acquire on a quiet pool handed out an ended fiber")
+	}
+	if p.Quiet() {
+		t.Error("Quiet() = true after an Acquire")
+	}
+	eventually(t, "the warm pool refilled after the Acquire", func() bool { w, l, _ := p.Counts(); return w == 2 && l == 1 })
+	if !logged("refilling it to 2 fibers") {
+		t.Error("the refill after a quiet period is not in the Home's log")
+	}
+	// Leased: never emptied, however long.
+	time.Sleep(400 * time.Millisecond)
+	if w, _, _ := p.Counts(); w != 2 || p.Quiet() {
+		t.Fatalf("warm %d, quiet %v with a fiber leased; want 2 warm fibers kept", w, p.Quiet())
+	}
+	// Idle from inside Release: measured from before it.
+	releasing := time.Now()
+	if err := p.Release(f.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the warm pool emptied again", func() bool { w, _, _ := p.Counts(); return w == 0 && be.alive() == 0 })
+	if d := time.Since(releasing); d < 200*time.Millisecond {
+		t.Fatalf("emptied %s after the last release, before WarmIdle (200 ms)", d)
+	}
+}
+
+func isDone(f *fakeFiber) bool {
+	select {
+	case <-f.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// A fiber leased (acquired, busy or spent and not released) keeps the warm
+// pool: WarmIdle counts from when the last lease ended.
+func TestWarmIdleNeverEmptiesWhileAFiberIsLeased(t *testing.T) {
+	be := &fakeBackend{}
+	p, logged := newWarmIdlePool(t, be, 200*time.Millisecond, 4, 2)
+	f, err := p.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the warm target", func() bool { w, _, _ := p.Counts(); return w == 2 })
+	time.Sleep(400 * time.Millisecond)
+	_, end, err := p.Begin(context.Background(), f.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond) // busy
+	end()
+	time.Sleep(400 * time.Millisecond) // spent, not released
+	if w, _, _ := p.Counts(); w != 2 || p.Quiet() || logged("warm pool emptied") {
+		t.Fatalf("warm %d, quiet %v while a fiber was leased for 1.2 s; want the warm pool kept", w, p.Quiet())
+	}
+	if err := p.Release(f.ID()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the warm pool emptied after the release", func() bool { w, _, _ := p.Counts(); return w == 0 && p.Quiet() })
+}
+
+// WarmIdle 0 (the default) keeps the warm pool forever.
+func TestWarmIdleZeroNeverEmpties(t *testing.T) {
+	be := &fakeBackend{}
+	p, logged := newWarmIdlePool(t, be, 0, 4, 2)
+	eventually(t, "the warm target", func() bool { w, _, _ := p.Counts(); return w == 2 })
+	time.Sleep(600 * time.Millisecond)
+	if w, _, _ := p.Counts(); w != 2 || be.alive() != 2 || p.Quiet() || logged("warm pool emptied") {
+		t.Fatalf("warm %d, alive %d, quiet %v with WarmIdle 0; want the warm pool kept", w, be.alive(), p.Quiet())
+	}
+}
+
+// IdleFor is 0 while an Acquire is under way or a fiber is leased, and
+// counts from the end of the last one.
+func TestIdleFor(t *testing.T) {
+	be := &fakeBackend{delay: 150 * time.Millisecond}
+	p := newPool(t, be, ModeFresh, 3, 0)
+	time.Sleep(50 * time.Millisecond)
+	if d := p.IdleFor(); d < 50*time.Millisecond {
+		t.Fatalf("IdleFor() = %s for a pool never used for 50 ms", d)
+	}
+	got := make(chan *Fiber, 1)
+	go func() {
+		f, err := p.Acquire(context.Background())
+		if err != nil {
+			t.Error(err)
+		}
+		got <- f
+	}()
+	eventually(t, "the start for the Acquire", func() bool { return be.running.Load() == 1 })
+	if d := p.IdleFor(); d != 0 {
+		t.Fatalf("IdleFor() = %s during an Acquire, want 0", d)
+	}
+	f := <-got
+	if f == nil {
+		t.FailNow()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if d := p.IdleFor(); d != 0 {
+		t.Fatalf("IdleFor() = %s with a fiber leased, want 0", d)
+	}
+	_, end, err := p.Begin(context.Background(), f.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end()
+	if d := p.IdleFor(); d != 0 {
+		t.Fatalf("IdleFor() = %s with a spent fiber not released, want 0", d)
+	}
+	releasing := time.Now()
+	if err := p.Release(f.ID()); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if d := p.IdleFor(); d < 100*time.Millisecond || d > time.Since(releasing) {
+		t.Fatalf("IdleFor() = %s 100 ms after the last release", d)
 	}
 }

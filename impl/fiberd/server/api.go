@@ -113,6 +113,11 @@ func (s *Server) current() (*loaded, *signedgrant.Claims, int, contract.Reason, 
 }
 
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if p := s.Pool(); p != nil {
+		// Whatever the answer, once a Revision is loaded: the grant
+		// controller resizes idle Homes by it.
+		w.Header().Set(client.IdleSecondsHeader, client.FormatIdleSeconds(p.IdleFor()))
+	}
 	if s.draining.Load() {
 		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, drainingMsg)
 		return

@@ -202,6 +202,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		IdleTimeout:  time.Duration(c.Execution.IdleTimeoutSeconds) * time.Second,
 		MaxFibers:    int(c.MaxFibers),
 		WarmTarget:   s.cfg.WarmFibers,
+		WarmIdle:     s.cfg.WarmIdle,
 		LeaseTimeout: FreshLeaseTimeout,
 		Observer:     s.metrics,
 		Logf:         s.cfg.Logf,

@@ -4,7 +4,12 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"lampyr.dev/serving/impl/fiberd/pool"
 )
+
+// The pool tells fiberd's metrics when it empties the warm pool.
+var _ pool.WarmIdleObserver = (*metrics)(nil)
 
 type metrics struct {
 	reg         *prometheus.Registry
@@ -21,6 +26,9 @@ type metrics struct {
 	// refusedCredentials counts calls refused for a bad, expired or
 	// other Home's credential: a rising count is someone trying.
 	refusedCredentials prometheus.Counter
+	// warmEmptied counts the warm pool emptied after --warm-idle without
+	// a request (its fibers: fiberd_fibers_ended_total{reason="warm idle"}).
+	warmEmptied prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -37,8 +45,9 @@ func newMetrics() *metrics {
 		grantValid:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_valid", Help: "1 while fiberd holds a valid grant."}),
 		grantExpiry:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "fiberd_grant_expiry_timestamp_seconds", Help: "Expiry of the current grant."}),
 		refusedCredentials: prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_refused_credentials_total", Help: "API and proxied calls refused for a credential that is malformed, expired, signed by another key or minted for another Home."}),
+		warmEmptied:        prometheus.NewCounter(prometheus.CounterOpts{Name: "fiberd_warm_pool_emptied_total", Help: "Times the warm pool was emptied after --warm-idle without a request (refilled at the next acquisition)."}),
 	}
-	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.tunnels, m.tunnelsOpen, m.grantValid, m.grantExpiry, m.refusedCredentials)
+	m.reg.MustRegister(m.started, m.startDur, m.acquireDur, m.ended, m.refused, m.requests, m.tunnels, m.tunnelsOpen, m.grantValid, m.grantExpiry, m.refusedCredentials, m.warmEmptied)
 	return m
 }
 
@@ -60,3 +69,5 @@ func (m *metrics) FiberAcquired(d time.Duration, warm bool) {
 }
 
 func (m *metrics) FiberEnded(reason string) { m.ended.WithLabelValues(reason).Inc() }
+
+func (m *metrics) WarmPoolEmptied(int) { m.warmEmptied.Inc() }

@@ -64,6 +64,9 @@ type Config struct {
 	Backend backend.Backend
 	// WarmFibers is the warm pool's target size (capped by maxFibers).
 	WarmFibers int
+	// WarmIdle empties the warm pool after that long without a request
+	// (pool.Config.WarmIdle); 0: never.
+	WarmIdle time.Duration
 	// RegistryOptions are passed to every registry call (auth, transport).
 	RegistryOptions []remote.Option
 	// GrantPollInterval is how often the grant file is re-read; default 1s.
