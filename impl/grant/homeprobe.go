@@ -45,9 +45,7 @@ type HomeDiagnoser interface {
 
 // idleSecondsHeader is fiberd's /readyz header saying how long its pool
 // has been idle, in whole seconds.
-//
-// TODO: use impl/fiberd/client's constant once fiberd defines it there.
-const idleSecondsHeader = "Fiberd-Idle-Seconds"
+const idleSecondsHeader = client.IdleSecondsHeader
 
 // HTTPHomeDiagnoser GETs /readyz on the Home Pod's IP, over TLS, from a
 // peer holding the Home's key only: what it answers lands in the
@@ -95,16 +93,12 @@ func (h HTTPHomeDiagnoser) Idle(ctx context.Context, pod *corev1.Pod, homeKeySHA
 	if !ok || status != http.StatusOK {
 		return 0, false, false
 	}
-	v := header.Get(idleSecondsHeader)
-	if v == "" {
+	d, present, err := client.ParseIdleSeconds(header)
+	if !present || err != nil {
+		// Absent, or not what fiberd says: as if it said nothing.
 		return 0, false, true
 	}
-	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-	if err != nil || n < 0 {
-		// Not what fiberd says: as if it said nothing.
-		return 0, false, true
-	}
-	return n, true, true
+	return int64(d / time.Second), true, true
 }
 
 // readyz GETs /readyz (asking for JSON) from the Home at pod's IP, over
