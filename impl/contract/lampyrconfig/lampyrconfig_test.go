@@ -115,8 +115,8 @@ func TestFiberBackend(t *testing.T) {
 // errors that name the key and what is accepted.
 func TestHomeIdleKeys(t *testing.T) {
 	d := Defaults()
-	if d.HomeIdleAfter != 60*time.Second || d.HomeIdleMemory.String() != "64Mi" || d.HomeIdleCPU.String() != "1m" || d.HomeWarmIdle != 0 {
-		t.Errorf("defaults: idle after %s, memory %s, cpu %s, warm idle %s; want 60s, 64Mi, 1m, 0",
+	if d.HomeIdleAfter != 60*time.Second || d.HomeIdleMemory.String() != "64Mi" || d.HomeIdleCPU.String() != "1m" || d.HomeWarmIdle != 90*time.Second {
+		t.Errorf("defaults: idle after %s, memory %s, cpu %s, warm idle %s; want 60s, 64Mi, 1m, 90s",
 			d.HomeIdleAfter, d.HomeIdleMemory.String(), d.HomeIdleCPU.String(), d.HomeWarmIdle)
 	}
 	for _, tc := range []struct {

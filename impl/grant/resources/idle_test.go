@@ -13,11 +13,11 @@ import (
 	"lampyr.dev/serving/impl/grant/config"
 )
 
-// home-warm-idle reaches fiberd as --warm-idle only when set, in a grant's
+// home-warm-idle (default 90s) reaches fiberd as --warm-idle unless 0, in a grant's
 // Home Pod and a spare alike, so that a spare still fits.
 func TestWarmIdleArg(t *testing.T) {
 	g := grant(v1alpha1.ExecutionFresh, 4)
-	for value, want := range map[string]string{"": "", "0": "", "5m": "--warm-idle=5m0s"} {
+	for value, want := range map[string]string{"": "--warm-idle=1m30s", "0": "", "5m": "--warm-idle=5m0s"} {
 		data := map[string]string{}
 		if value != "" {
 			data[lampyrconfig.KeyHomeWarmIdle] = value
