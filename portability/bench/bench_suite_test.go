@@ -778,11 +778,17 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		time.Sleep(10 * time.Second)
 		settle(ctx, the().sides)
 		full := measureIdle(ctx, fmt.Sprintf("scale, %d Services", n), window)
-		// Every Service still answers (a Home that died while idle would
-		// not).
-		answering := map[string]int{}
+		// Every Lampyr Service still answers after the idle window (a Home
+		// that died or lost its fibers while idle would not); on stock every
+		// tenth (each a scale from zero, about 3 s here: all 200 would take
+		// ten minutes and say nothing new).
+		answering, tried := map[string]int{}, map[string]int{}
 		for _, s := range the().sides {
 			for i := 0; i < n; i++ {
+				if s == the().stock && i%10 != 0 {
+					continue
+				}
+				tried[s.Name]++
 				if code, err := GetFunc(the().client, s.Gateway, host(fmt.Sprintf("scale-%03d", i)), "/")(ctx); err == nil && code == 200 {
 					answering[s.Name]++
 				}
@@ -793,7 +799,8 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		addRows(
 			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "Ready and answering their first request", Unit: "Services", Stock: float64(held["stock"]), Lampyr: float64(held["lampyr"]), Goal: ">= 1.0",
 				Note: fmt.Sprintf("goal: all %d on each side; batches of %d, sides alternating; took stock %.0fs, Lampyr %.0fs", n, batch, took["stock"].Seconds(), took["lampyr"].Seconds()), Load: load},
-			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "answering again after the idle window", Unit: "Services", Stock: float64(answering["stock"]), Lampyr: float64(answering["lampyr"]), Goal: ">= 1.0", Load: load},
+			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "answering again after the idle window", Unit: "share", Stock: float64(answering["stock"]) / float64(tried["stock"]), Lampyr: float64(answering["lampyr"]) / float64(tried["lampyr"]), Goal: ">= 1.0",
+				Note: fmt.Sprintf("stock %d of %d tried (every tenth), Lampyr %d of %d", answering["stock"], tried["stock"], answering["lampyr"], tried["lampyr"]), Load: load},
 			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "first request, median", Unit: "ms", Stock: ms(first["stock"].Percentile(50)), Lampyr: ms(first["lampyr"].Percentile(50)),
 				Note: "right after Ready: stock's initial Pod is still up", Load: load},
 			Row{Group: fmt.Sprintf("scale: %d idle Services on one node", n), Metric: "node working set", Unit: "MiB", Stock: full.mem[0], Lampyr: full.mem[1], Note: fmt.Sprintf("mean over %s; with 0 Services: stock %.0f, Lampyr %.0f", window, zero.mem[0], zero.mem[1]), Load: load},
@@ -807,7 +814,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			Expect(s.Clients.Dynamic.Resource(e2eutil.KServices).Namespace(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})).To(Succeed())
 		}
 		Expect(held).To(HaveKeyWithValue("lampyr", n), "Lampyr held %d of %d idle Services", held["lampyr"], n)
-		Expect(answering).To(HaveKeyWithValue("lampyr", n), "Lampyr: %d of %d idle Services answered after the idle window", answering["lampyr"], n)
+		Expect(answering["lampyr"]).To(Equal(n), "Lampyr: %d of %d idle Services answered after the idle window", answering["lampyr"], n)
 	})
 })
 
