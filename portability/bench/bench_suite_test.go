@@ -673,6 +673,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			pods, err := the().stock.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
 			return len(pods.Items), err
 		}).WithTimeout(5*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock idle Services never reached zero Pods")
+		homesIdle(ctx, n)
 		time.Sleep(10 * time.Second)
 		settle(ctx, the().sides)
 		twenty := measure(fmt.Sprintf("%d Services", n))
@@ -763,18 +764,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			pods, err := the().stock.Clients.Kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "serving.knative.dev/service"})
 			return len(pods.Items), err
 		}).WithTimeout(6*time.Minute).WithPolling(2*time.Second).Should(BeZero(), "stock's idle Services never reached zero Pods")
-		homes, err := e2eutil.HomePods(ctx, the().lampyr.Clients, ns, "")
-		Expect(err).NotTo(HaveOccurred())
-		running, idleReq := 0, 0
-		for _, p := range homes.Items {
-			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-				running++
-			}
-			if p.Annotations["lampyr.dev/home-reservation"] == "idle" {
-				idleReq++
-			}
-		}
-		fmt.Fprintf(GinkgoWriter, "scale: Lampyr runs %d Homes for %d Services, %d of them with their reservation given back\n", running, n, idleReq)
+		homesIdle(ctx, n)
 		time.Sleep(10 * time.Second)
 		settle(ctx, the().sides)
 		full := measureIdle(ctx, fmt.Sprintf("scale, %d Services", n), window)
@@ -848,6 +838,35 @@ func emptyBoth(ctx context.Context) {
 	}
 	time.Sleep(10 * time.Second)
 	settle(ctx, the().sides)
+}
+
+// homesIdle waits until Lampyr's n Homes of the bench namespace are idle
+// as the installation defines it, as the specs wait for stock's Pods to be
+// gone: each Running, its reservation given back (config-lampyr
+// home-idle-after; annotation lampyr.dev/home-reservation) unless that is
+// turned off.
+func homesIdle(ctx context.Context, n int) {
+	off := configLampyr(ctx)[lampyrconfig.KeyHomeIdleAfter] == "0"
+	Eventually(func() (string, error) {
+		homes, err := e2eutil.HomePods(ctx, the().lampyr.Clients, ns, "")
+		if err != nil {
+			return "", err
+		}
+		running, given := 0, 0
+		for _, p := range homes.Items {
+			if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+				running++
+			}
+			if p.Annotations["lampyr.dev/home-reservation"] == "idle" {
+				given++
+			}
+		}
+		if off {
+			given = running
+		}
+		return fmt.Sprintf("%d Homes Running, %d with their reservation given back", running, given), nil
+	}).WithTimeout(5*time.Minute).WithPolling(5*time.Second).Should(Equal(fmt.Sprintf("%d Homes Running, %d with their reservation given back", n, n)), "Lampyr's Homes never became idle")
+	fmt.Fprintf(GinkgoWriter, "Lampyr's %d Homes are idle (reservation given back: %v), load %s\n", n, !off, loadNow())
 }
 
 // idleMeasure is both nodes over one window: the mean working set and the
