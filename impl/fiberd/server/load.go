@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"sort"
 	"strconv"
 	"strings"
@@ -204,7 +205,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		WarmTarget:   s.cfg.WarmFibers,
 		WarmIdle:     s.cfg.WarmIdle,
 		LeaseTimeout: FreshLeaseTimeout,
-		Observer:     s.metrics,
+		Observer:     idleObserver{s.metrics},
 		Logf:         s.cfg.Logf,
 	})
 	if err != nil {
@@ -218,6 +219,10 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 		proto = "http1"
 	}
 	s.cfg.Logf("loaded %s/%s: snapshot %s verified, mode %s, max %d fibers", c.Namespace, c.Revision, snap.Digest(), c.Execution.Mode, c.MaxFibers)
+	// What the load used (the layer, its decompression, the unpack) is
+	// garbage once it returns, but the Go runtime hands freed pages back
+	// to the kernel only slowly: an idle Home kept them (issue 32).
+	time.AfterFunc(releaseAfterLoad, debug.FreeOSMemory)
 	return &loaded{snapshot: snap.Digest(), pool: p, spec: spec, protocol: proto}, nil
 }
 
@@ -230,6 +235,20 @@ func snapshotErr(err error) error {
 		return &LoadError{contract.ReasonSnapshotTooLarge, err}
 	}
 	return &LoadError{contract.ReasonSnapshotUnavailable, err}
+}
+
+// releaseAfterLoad is when, after a load, fiberd returns its freed memory
+// to the kernel: the warm fibers have started by then.
+const releaseAfterLoad = 10 * time.Second
+
+// idleObserver is the pool's observer: fiberd's metrics, and when the
+// warm pool empties (the Home is idle) fiberd returns its freed memory to
+// the kernel.
+type idleObserver struct{ *metrics }
+
+func (o idleObserver) WarmPoolEmptied(n int) {
+	o.metrics.WarmPoolEmptied(n)
+	go debug.FreeOSMemory()
 }
 
 // unpack extracts a verified snapshot once per digest and adds the mount

@@ -9,7 +9,10 @@ import (
 )
 
 // The pool tells fiberd's metrics when it empties the warm pool.
-var _ pool.WarmIdleObserver = (*metrics)(nil)
+var (
+	_ pool.WarmIdleObserver = (*metrics)(nil)
+	_ pool.WarmIdleObserver = idleObserver{}
+)
 
 type metrics struct {
 	reg         *prometheus.Registry
