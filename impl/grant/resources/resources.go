@@ -408,15 +408,19 @@ func makeHomePod(h homePod, cfg *lampyrconfig.Config, homesNamespace string) *co
 	// Both probes allow fiberd 5 s to answer: on a busy node (hundreds of
 	// fiber starts a second, two cores) the kubelet's 1 s default failed
 	// the liveness probe of healthy Homes, and a restarted fiberd loses
-	// every fiber it ran. Readiness is checked every 2 s (it gates
-	// routing); liveness only every 10 s, and after 30 s of failures.
+	// every fiber it ran. Both every 10 s: a new Home's readiness comes
+	// from the grant controller asking fiberd itself every 200 ms in its
+	// first 30 s (impl/grant/homeprobe.go), not from the kubelet, and each
+	// kubelet probe is a TLS handshake with an idle Home: at 2 s, 200 idle
+	// Homes cost the node 100 handshakes a second (issue 32). Readiness
+	// fails after 20 s, liveness after 30 s.
 	// HTTPS: fiberd's port speaks only TLS (kubelet does not check the
 	// certificate, and needs nothing of it).
 	readiness := &corev1.Probe{
 		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromInt32(APIPort), Scheme: corev1.URISchemeHTTPS}},
-		PeriodSeconds:    2,
+		PeriodSeconds:    10,
 		TimeoutSeconds:   5,
-		FailureThreshold: 3,
+		FailureThreshold: 2,
 	}
 	liveness := &corev1.Probe{
 		ProbeHandler:     corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(APIPort), Scheme: corev1.URISchemeHTTPS}},
