@@ -67,28 +67,31 @@ test-unit:
 # Cluster suites on real Kind clusters.
 test-clusters *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/ -ginkgo.timeout=55m -ginkgo.v -ginkgo.junit-report={{artifacts}}/clusters-junit.xml -ginkgo.json-report={{artifacts}}/clusters.json {{GINKGO_ARGS}}
 
 # Stock Knative Serving on the offline "stock" cluster: helloworld, scale to zero, split, tags.
 test-stock *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./clusters/e2e/stock/ -ginkgo.timeout=55m -ginkgo.v -ginkgo.junit-report={{artifacts}}/stock-junit.xml -ginkgo.json-report={{artifacts}}/stock.json {{GINKGO_ARGS}}
 
 # The Revision backend feasibility gate: provider x strategy x proof matrix on the "lampyr" cluster
 # (each provider that runs here installed in turn; the default one last, so the cluster is left on it).
 test-feasibility *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./feasibility/ -ginkgo.timeout=55m -ginkgo.v -ginkgo.junit-report={{artifacts}}/feasibility-junit.xml -ginkgo.json-report={{artifacts}}/feasibility.json {{GINKGO_ARGS}}
 
 # Side-by-side performance of stock Knative and Lampyr on the paired clusters
 # (report in _artifacts/bench/report.{json,md,html,png}; the PNG is rendered
-# with Debian's chromium, installed here if missing). About 40 minutes.
-# Knobs (docs/environment.md): LAMPYR_BENCH_SECONDS, LAMPYR_BENCH_COLD_CYCLES,
-# LAMPYR_BENCH_READY_SAMPLES, LAMPYR_BENCH_IDLE_CPU_SECONDS.
+# with Debian's chromium, installed here if missing). About 40 minutes, plus
+# about 90 for the scale row (200 idle Services a side on 2 CPUs); Ginkgo's own
+# suite timeout (1 h by default, which ended a scale run at 160 Services) is
+# set just under go test's. Knobs (docs/environment.md): LAMPYR_BENCH_SECONDS,
+# LAMPYR_BENCH_COLD_CYCLES, LAMPYR_BENCH_READY_SAMPLES,
+# LAMPYR_BENCH_IDLE_CPU_SECONDS, LAMPYR_BENCH_SCALE_SERVICES.
 bench-portability *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
     @command -v chromium >/dev/null || { echo "bench: installing Debian's chromium (renders the report to PNG)"; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null || echo "bench: chromium not installed; the report stays HTML only"; }
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 90m ./portability/bench/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 180m ./portability/bench/ -ginkgo.timeout=175m -ginkgo.v -ginkgo.junit-report={{artifacts}}/bench-junit.xml -ginkgo.json-report={{artifacts}}/bench.json {{GINKGO_ARGS}}
 
 # Day-2 operations (issue 33): with requests, a stream and a WebSocket running
 # to Services on both clusters, roll the shared proxy (fiber-router / activator),
@@ -101,14 +104,14 @@ bench-portability *GINKGO_ARGS: _inputs-background tools
 # _artifacts/operations/. About 35 minutes; outside `just test`, like the bench.
 test-operations *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 120m ./operations/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/operations-junit.xml -ginkgo.json-report={{artifacts}}/operations.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 120m ./operations/ -ginkgo.timeout=115m -ginkgo.v -ginkgo.junit-report={{artifacts}}/operations-junit.xml -ginkgo.json-report={{artifacts}}/operations.json {{GINKGO_ARGS}}
 
 # The short version of test-operations, in `just test`: fiber-router rolled and
 # a Home deleted, with 10 s of traffic before and after each (about 3 minutes
 # on clusters already up).
 test-operations-short *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} LAMPYR_OPS_STEADY=10s go test -v -count=1 -timeout 30m ./operations/ -ginkgo.v -ginkgo.label-filter=short -ginkgo.junit-report={{artifacts}}/operations-short-junit.xml -ginkgo.json-report={{artifacts}}/operations-short.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} LAMPYR_OPS_STEADY=10s go test -v -count=1 -timeout 30m ./operations/ -ginkgo.timeout=25m -ginkgo.v -ginkgo.label-filter=short -ginkgo.junit-report={{artifacts}}/operations-short-junit.xml -ginkgo.json-report={{artifacts}}/operations-short.json {{GINKGO_ARGS}}
 
 # Only Knative networking's KIngress suite against a cluster's networking
 # layer (default: the stock cluster with the default provider, or
@@ -153,7 +156,7 @@ test-conformance: tools
 # execution restart keys tenancy finalization.
 test-lampyr-conformance *ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json {{ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 60m ./conformance/lampyr/ -ginkgo.timeout=55m -ginkgo.v -ginkgo.junit-report={{artifacts}}/lampyr-conformance-junit.xml -ginkgo.json-report={{artifacts}}/lampyr-conformance.json {{ARGS}}
 
 # Two tenants holding only namespace `edit`, under Pod Security restricted, try
 # every attack of docs/security.md against Lampyr, stock Knative as a reference.
@@ -162,7 +165,7 @@ test-lampyr-conformance *ARGS: _inputs-background tools
 # skip it with `just test-tenancy -ginkgo.label-filter='!tarpit'`.
 test-tenancy *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 180m ./conformance/tenancy/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 180m ./conformance/tenancy/ -ginkgo.timeout=175m -ginkgo.v -ginkgo.junit-report={{artifacts}}/tenancy-junit.xml -ginkgo.json-report={{artifacts}}/tenancy.json {{GINKGO_ARGS}}
 
 # Everything CI runs: unit tests, then the cluster suites (each creates and
 # deletes its clusters, or reuses and leaves ones that already existed).
@@ -173,7 +176,7 @@ test: _inputs-background test-unit test-clusters test-stock test-lampyr-conforma
 # Extra arguments go to Ginkgo, e.g. `just test-knative-portability -ginkgo.label-filter=bindings`.
 test-knative-portability *GINKGO_ARGS: _inputs-background
     @mkdir -p {{artifacts}}/portability
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/ -ginkgo.timeout=70m -ginkgo.v -ginkgo.junit-report={{artifacts}}/portability-junit.xml -ginkgo.json-report={{artifacts}}/portability.json {{GINKGO_ARGS}}
 
 # The portability proof over a list of targets (a YAML file; examples in
 # portability/targets/): existing clusters by kubeconfig (nothing is
@@ -184,7 +187,7 @@ test-knative-portability *GINKGO_ARGS: _inputs-background
 #   just test-portability-targets portability/targets/three-providers.yaml
 test-portability-targets FILE *GINKGO_ARGS:
     @mkdir -p {{artifacts}}/targets/portability
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}}/targets LAMPYR_PORTABILITY_TARGETS={{ if FILE =~ '^/' { FILE } else { invocation_directory() / FILE } }} go test -v -count=1 -timeout 150m ./portability/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/targets/portability-junit.xml -ginkgo.json-report={{artifacts}}/targets/portability.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}}/targets LAMPYR_PORTABILITY_TARGETS={{ if FILE =~ '^/' { FILE } else { invocation_directory() / FILE } }} go test -v -count=1 -timeout 150m ./portability/ -ginkgo.timeout=145m -ginkgo.v -ginkgo.junit-report={{artifacts}}/targets/portability-junit.xml -ginkgo.json-report={{artifacts}}/targets/portability.json {{GINKGO_ARGS}}
 
 # Provider portability (issue 34): one Service on stock behind gateway-api
 # (the reference), stock behind traefik-knative and Lampyr behind
@@ -203,4 +206,4 @@ test-provider-portability *GINKGO_ARGS: _inputs-background tools
 # crash cases (report: _artifacts/eventing/report.md).
 test-eventing-portability *GINKGO_ARGS: _inputs-background tools
     @mkdir -p {{artifacts}}/eventing
-    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/eventing/ -ginkgo.v -ginkgo.junit-report={{artifacts}}/eventing-junit.xml -ginkgo.json-report={{artifacts}}/eventing.json {{GINKGO_ARGS}}
+    LAMPYR_E2E=1 LAMPYR_ARTIFACTS={{artifacts}} go test -v -count=1 -timeout 75m ./portability/eventing/ -ginkgo.timeout=70m -ginkgo.v -ginkgo.junit-report={{artifacts}}/eventing-junit.xml -ginkgo.json-report={{artifacts}}/eventing.json {{GINKGO_ARGS}}
