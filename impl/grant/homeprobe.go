@@ -144,7 +144,7 @@ const homeDiagnosisInterval = 3 * time.Second
 // homeStartingInterval is how often a Home Pod whose fiberd started in
 // the last homeStartingFor is asked whether it is ready: fiberd's own
 // answer makes the Home ready, not the kubelet's next readiness probe
-// (every 2 s).
+// (every 10 s: resources.makeHomePod).
 const (
 	homeStartingInterval = 200 * time.Millisecond
 	homeStartingFor      = 30 * time.Second
