@@ -150,9 +150,12 @@ type Row struct {
 	Load string `json:"load,omitempty"`
 }
 
-// Ratio is lampyr/stock (NaN when stock is 0).
+// Ratio is lampyr/stock (NaN when stock is 0 or less: an idle-cost row
+// whose stock difference came out below zero, its noise, has no ratio; a
+// negative one judged "<= 1.0" met while Lampyr's cost was 3.1 millicores
+// a Service against stock's -0.7, 2026-12-07).
 func (r Row) Ratio() float64 {
-	if r.Stock == 0 {
+	if r.Stock <= 0 {
 		return math.NaN()
 	}
 	return r.Lampyr / r.Stock

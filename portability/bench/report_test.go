@@ -30,6 +30,13 @@ func TestPercentilesAndRatios(t *testing.T) {
 	if _, ok := (Row{Stock: 0, Lampyr: 2, Goal: "<= 1.0"}).Met(); ok {
 		t.Error("a ratio over zero must not be judged")
 	}
+	if m, ok := (Row{Stock: -0.716, Lampyr: 3.11, Goal: "<= 1.0"}).Met(); ok || m {
+		t.Errorf("a ratio over a negative stock figure judged: met=%v ok=%v", m, ok)
+	}
+	res := Results{Rows: []Row{{Metric: "idle CPU", Stock: -0.716, Lampyr: 3.11, Goal: "<= 1.0"}}}
+	if met, missed := res.Verdict(); len(met) != 0 || len(missed) != 1 {
+		t.Errorf("verdict over a negative stock figure: met %d, missed %d", len(met), len(missed))
+	}
 	if !math.IsNaN((Row{}).Ratio()) {
 		t.Error("0/0 ratio must be NaN")
 	}
