@@ -83,7 +83,7 @@ test-feasibility *GINKGO_ARGS: _inputs-background tools
 # Side-by-side performance of stock Knative and Lampyr on the paired clusters
 # (report in _artifacts/bench/report.{json,md,html,png}; the PNG is rendered
 # with Debian's chromium, installed here if missing). About 40 minutes, plus
-# about 90 for the scale row (200 idle Services a side on 2 CPUs); Ginkgo's own
+# about 80 for the scale row (200 idle Services a side on 2 CPUs: 77 min); Ginkgo's own
 # suite timeout (1 h by default, which ended a scale run at 160 Services) is
 # set just under go test's. Knobs (docs/environment.md): LAMPYR_BENCH_SECONDS,
 # LAMPYR_BENCH_COLD_CYCLES, LAMPYR_BENCH_READY_SAMPLES,
