@@ -258,18 +258,8 @@ func TestHTTPHomeDiagnoser(t *testing.T) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		json.NewEncoder(w).Encode(fiberdclient.Error{Reason: "NotReady", Message: "TemplateMismatch: no"})
 	}))
-	key, _ := homekey.ParsePrivateKey(testHomeKey.PEM)
-	cert, err := homekey.Certificate(key, "h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Served as fiberd serves (httptest's StartTLS would add its own
-	// certificate, which a client without SNI is given first).
-	srv.Listener = tls.NewListener(srv.Listener, homekey.ServerConfig(func() (*tls.Certificate, error) { return &cert, nil }))
-	srv.Start()
-	defer srv.Close()
 	// The diagnoser dials the Pod IP on fiberd's port; lead it here.
-	target := strings.TrimPrefix(srv.URL, "http://")
+	target := startFiberdTLS(t, srv)
 	d := HTTPHomeDiagnoser{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if addr != "10.244.0.7:9090" {
 			return nil, fmt.Errorf("dialled %s, want the Pod IP on fiberd's port", addr)
@@ -418,4 +408,20 @@ func TestRevisionPortAndProtocolWin(t *testing.T) {
 			t.Fatalf("grant port %d protocol %q: %+v %+v, want %+v", c.port, c.proto, helper, refusal, c.want)
 		}
 	}
+}
+
+// startFiberdTLS starts srv as fiberd serves its API (TLS with the test
+// home key; httptest's StartTLS would add its own certificate, which a
+// client without SNI is given first), and returns its host:port.
+func startFiberdTLS(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	key, _ := homekey.ParsePrivateKey(testHomeKey.PEM)
+	cert, err := homekey.Certificate(key, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Listener = tls.NewListener(srv.Listener, homekey.ServerConfig(func() (*tls.Certificate, error) { return &cert, nil }))
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return strings.TrimPrefix(srv.URL, "http://")
 }

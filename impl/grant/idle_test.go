@@ -2,7 +2,6 @@ package grant
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,7 +22,6 @@ import (
 	"lampyr.dev/serving/impl/apis/fiberd/v1alpha1"
 	"lampyr.dev/serving/impl/contract/lampyrconfig"
 	"lampyr.dev/serving/impl/grant/resources"
-	"lampyr.dev/serving/impl/trust/homekey"
 )
 
 // servingHome is g's Home Pod, Ready for an hour, its fiberd started an
@@ -147,6 +145,24 @@ func (h *harness) events() []string {
 	}
 }
 
+// expectMarked checks that the Home was marked mark, changed in no other
+// way, and (reason != "") that the grant got an Event of reason.
+func (h *harness) expectMarked(t *testing.T, mark, reason string) {
+	t.Helper()
+	if a := h.annotated(); a != mark {
+		t.Errorf("reservation annotation %q, want %q", a, mark)
+	}
+	if ch := h.podChanges(t); len(ch) > 0 {
+		t.Errorf("the Home Pod was changed otherwise: %v", ch)
+	}
+	if reason == "" {
+		return
+	}
+	if ev := h.events(); !hasEvent(ev, reason) {
+		t.Errorf("events %v, want %s", ev, reason)
+	}
+}
+
 func hasEvent(events []string, reason string) bool {
 	for _, e := range events {
 		if strings.Contains(e, " "+reason+" ") {
@@ -181,15 +197,7 @@ func TestIdleHomeGivesBackItsReservation(t *testing.T) {
 	if !resources.SameRequests(rs[0].Limits, full.Limits) {
 		t.Errorf("limits %v, want them untouched: %v", rs[0].Limits, full.Limits)
 	}
-	if a := h.annotated(); a != resources.ReservationIdle {
-		t.Errorf("reservation annotation %q, want %q", a, resources.ReservationIdle)
-	}
-	if ch := h.podChanges(t); len(ch) > 0 {
-		t.Errorf("the Home Pod was changed otherwise: %v", ch)
-	}
-	if ev := h.events(); !hasEvent(ev, reasonReservationReleased) {
-		t.Errorf("events %v, want %s", ev, reasonReservationReleased)
-	}
+	h.expectMarked(t, resources.ReservationIdle, reasonReservationReleased)
 	// Looked at again 5 s later (a Pod event): fiberd is not asked.
 	if got := h.reconcileAt(t, now.Add(5*time.Second)); got != 10*time.Second {
 		t.Errorf("requeue after %s, want the 10 s left of the probe period", got)
@@ -237,15 +245,7 @@ func TestBusyHomeTakesBackItsReservation(t *testing.T) {
 			if len(rs) != 1 || !resources.SameRequests(rs[0].Requests, full.Requests) || !resources.SameRequests(rs[0].Limits, full.Limits) {
 				t.Fatalf("resizes %v, want one to %v", rs, full)
 			}
-			if a := h.annotated(); a != resources.ReservationFull {
-				t.Errorf("reservation annotation %q, want %q", a, resources.ReservationFull)
-			}
-			if ch := h.podChanges(t); len(ch) > 0 {
-				t.Errorf("the Home Pod was changed otherwise: %v", ch)
-			}
-			if ev := h.events(); !hasEvent(ev, reasonReservationRestored) {
-				t.Errorf("events %v, want %s", ev, reasonReservationRestored)
-			}
+			h.expectMarked(t, resources.ReservationFull, reasonReservationRestored)
 		})
 	}
 }
@@ -389,15 +389,7 @@ func TestHTTPHomeDiagnoserIdle(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Write([]byte(`{"ready":true}`))
 	}))
-	key, _ := homekey.ParsePrivateKey(testHomeKey.PEM)
-	cert, err := homekey.Certificate(key, "h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.Listener = tls.NewListener(srv.Listener, homekey.ServerConfig(func() (*tls.Certificate, error) { return &cert, nil }))
-	srv.Start()
-	defer srv.Close()
-	target := strings.TrimPrefix(srv.URL, "http://")
+	target := startFiberdTLS(t, srv)
 	d := HTTPHomeDiagnoser{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, target)
 	}}
@@ -440,10 +432,5 @@ func TestUnmarkedIdleHomeIsMarked(t *testing.T) {
 	if rs := h.resizes(); len(rs) > 0 {
 		t.Errorf("resized %v, want only the mark", rs)
 	}
-	if a := h.annotated(); a != resources.ReservationIdle {
-		t.Errorf("reservation annotation %q, want %q", a, resources.ReservationIdle)
-	}
-	if ch := h.podChanges(t); len(ch) > 0 {
-		t.Errorf("the Home Pod was changed otherwise: %v", ch)
-	}
+	h.expectMarked(t, resources.ReservationIdle, "")
 }
