@@ -226,6 +226,10 @@ func finishBench(ctx context.Context, _ *envconf.Config) (context.Context, error
 // renderPNG renders the HTML report to a PNG with headless Chromium
 // (Debian's chromium, which `just bench-portability` installs) and says
 // what it did; without Chromium it says so and renders nothing.
+// The window Chromium renders into is this high (the whole bench's report
+// fits); TrimPNG cuts what the page leaves blank.
+const screenshotHeight = 16000
+
 func renderPNG(ctx context.Context, page, png string) string {
 	bin, err := exec.LookPath("chromium")
 	if err != nil {
@@ -234,11 +238,18 @@ func renderPNG(ctx context.Context, page, png string) string {
 	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(cctx, bin, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-		"--window-size=1200,4000", "--screenshot="+png, "file://"+page).CombinedOutput()
+		"--window-size=1200,"+strconv.Itoa(screenshotHeight), "--screenshot="+png, "file://"+page).CombinedOutput()
 	if err != nil {
 		return fmt.Sprintf("report.png not rendered: chromium: %v: %s", err, out)
 	}
-	return "report rendered: " + png
+	h, clipped, err := TrimPNG(png, 40)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("report rendered: %s (its blank tail not cut: %v)", png, err)
+	case clipped:
+		return fmt.Sprintf("report rendered: %s (the first %d pixels of the page; report.html has all of it)", png, h)
+	}
+	return fmt.Sprintf("report rendered: %s (%d pixels high)", png, h)
 }
 
 // freshNamespace makes the bench's namespace anew. On Lampyr its

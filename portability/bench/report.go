@@ -366,7 +366,11 @@ func (r *Results) HTML() string {
 		ms = append(ms, n)
 	}
 	sort.Strings(ms)
-	b.WriteString("<h2>Latency distributions</h2><p><small>Cumulative share of requests answered within x ms (log scale): <span style=\"color:#d62728\">stock</span>, <span style=\"color:#1f77b4\">lampyr</span>.</small></p>")
+	if len(ms) > 0 {
+		// Not for a run without latency samples (the scale or footprint
+		// spec alone): a heading over nothing.
+		b.WriteString("<h2>Latency distributions</h2><p><small>Cumulative share of requests answered within x ms (log scale): <span style=\"color:#d62728\">stock</span>, <span style=\"color:#1f77b4\">lampyr</span>.</small></p>")
+	}
 	for _, m := range ms {
 		// A measurement of one side only (Lampyr's egress modes) has no
 		// CDF pair to draw.
