@@ -420,15 +420,23 @@ func ratioText(row Row) string {
 
 // logTicks are the 1-2-5 values of each decade between lo and hi.
 func logTicks(lo, hi float64) []float64 {
-	var out []float64
-	for d := math.Pow(10, math.Floor(math.Log10(lo))); d <= hi; d *= 10 {
-		for _, m := range []float64{1, 2, 5} {
-			if v := d * m; v >= lo && v <= hi {
-				out = append(out, v)
+	ticks := func(ms []float64) []float64 {
+		var out []float64
+		for d := math.Pow(10, math.Floor(math.Log10(lo))); d <= hi; d *= 10 {
+			for _, m := range ms {
+				if v := d * m; v >= lo && v <= hi {
+					out = append(out, v)
+				}
 			}
 		}
+		return out
 	}
-	return out
+	if out := ticks([]float64{1, 2, 5}); len(out) >= 3 {
+		return out
+	}
+	// A narrow range (apply -> Ready: 1.3-3.5 s had the one tick "2s"):
+	// every whole multiple of the decade.
+	return ticks([]float64{1, 2, 3, 4, 5, 6, 7, 8, 9})
 }
 
 func tickLabel(v float64) string {

@@ -159,6 +159,9 @@ func TestLogTicks(t *testing.T) {
 			t.Fatalf("ticks %v, want %v", got, want)
 		}
 	}
+	if got := logTicks(1300, 3500); len(got) != 2 || got[0] != 2000 || got[1] != 3000 {
+		t.Errorf("ticks of 1.3-3.5 s %v, want [2000 3000]", got)
+	}
 	if tickLabel(2000) != "2s" || tickLabel(5) != "5ms" || tickLabel(0.5) != "500µs" {
 		t.Error("tick labels")
 	}
