@@ -223,13 +223,14 @@ func finishBench(ctx context.Context, _ *envconf.Config) (context.Context, error
 	return ctx, resetAutoscaler(ctx, r.stock)
 }
 
+// screenshotHeight is how high the window Chromium renders the report
+// into is (the whole bench's report fits); TrimPNG cuts what the page
+// leaves blank.
+const screenshotHeight = 16000
+
 // renderPNG renders the HTML report to a PNG with headless Chromium
 // (Debian's chromium, which `just bench-portability` installs) and says
 // what it did; without Chromium it says so and renders nothing.
-// The window Chromium renders into is this high (the whole bench's report
-// fits); TrimPNG cuts what the page leaves blank.
-const screenshotHeight = 16000
-
 func renderPNG(ctx context.Context, page, png string) string {
 	bin, err := exec.LookPath("chromium")
 	if err != nil {

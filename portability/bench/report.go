@@ -418,7 +418,8 @@ func ratioText(row Row) string {
 	return fmt.Sprintf("%.3g", row.Ratio())
 }
 
-// logTicks are the 1-2-5 values of each decade between lo and hi.
+// logTicks are the 1-2-5 values of each decade between lo and hi, or
+// every whole multiple of the decade when fewer than three fall there.
 func logTicks(lo, hi float64) []float64 {
 	ticks := func(ms []float64) []float64 {
 		var out []float64
