@@ -25,6 +25,7 @@ type Metrics struct {
 	InFlight        prometheus.Gauge
 	Revisions       prometheus.Gauge
 	MetadataRefused *prometheus.CounterVec
+	Probes          *prometheus.CounterVec
 }
 
 // Label names. Revision-level labels only: per-request values such as paths
@@ -83,9 +84,13 @@ func New() *Metrics {
 			Name: "lampyr_router_metadata_refused_total",
 			Help: "Router metadata not used, once per Revision and cause, by reason: malformed (or name, labels and data disagree, or too big), endpoint (a Home endpoint the router does not dial), full (--max-revisions reached), namespace-full (--max-revisions-per-namespace reached for the Revision's namespace).",
 		}, []string{"reason"}),
+		Probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lampyr_router_probes_total",
+			Help: "Knative network probes (K-Network-Probe, a KIngress's readiness through the gateway) answered, by status: 503 for a Revision this router cannot serve yet, which the prober retries after a back-off (issue 32: the probe phase is where a new Route waits longer on Lampyr than on stock).",
+		}, []string{"code"}),
 	}
 	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.FibersReleased, m.FibersLeaked,
-		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions, m.MetadataRefused,
+		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions, m.MetadataRefused, m.Probes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -266,14 +266,18 @@ func quoteKey(k revision.Key) string {
 // names a Revision this router cannot serve yet, answer 503, which the prober
 // retries: the Route is not reported Ready before its backend is.
 func (r *Router) serveProbe(w http.ResponseWriter, req *http.Request, value string, nsVals, revVals []string) {
+	code := http.StatusOK
+	defer func() { r.metrics.Probes.WithLabelValues(strconv.Itoa(code)).Inc() }()
 	reqID := req.Header.Get(RequestIDHeader)
 	if value != header.ProbeValue {
-		r.fail(w, reqID, http.StatusBadRequest, fmt.Sprintf("unexpected %s value %q", header.ProbeKey, truncateString(value, 64)))
+		code = http.StatusBadRequest
+		r.fail(w, reqID, code, fmt.Sprintf("unexpected %s value %q", header.ProbeKey, truncateString(value, 64)))
 		return
 	}
 	hash := req.Header.Get(header.HashKey)
 	if hash == "" {
-		r.fail(w, reqID, http.StatusBadRequest, fmt.Sprintf("a probe request must contain a non-empty %q header", header.HashKey))
+		code = http.StatusBadRequest
+		r.fail(w, reqID, code, fmt.Sprintf("a probe request must contain a non-empty %q header", header.HashKey))
 		return
 	}
 	if len(nsVals) > 0 || len(revVals) > 0 {
@@ -282,12 +286,13 @@ func (r *Router) serveProbe(w http.ResponseWriter, req *http.Request, value stri
 				// The prober only retries 404 and 503; both mean "not yet".
 				status = http.StatusServiceUnavailable
 			}
-			r.fail(w, reqID, status, msg)
+			code = status
+			r.fail(w, reqID, code, msg)
 			return
 		}
 	}
 	w.Header().Set(header.HashKey, hash)
-	w.WriteHeader(http.StatusOK)
+	w.WriteHeader(code)
 }
 
 func truncateString(s string, n int) string {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"knative.dev/networking/pkg/http/header"
 
 	"lampyr.dev/serving/impl/contract"
@@ -31,6 +32,7 @@ type fixture struct {
 	table  *revision.Table
 	front  *httptest.Server
 	meta   routermeta.Metadata
+	m      *metrics.Metrics
 }
 
 // routerKey makes an installation's router key: the Minter the router signs
@@ -64,7 +66,8 @@ func newFixtureConfig(t *testing.T, h http.Handler, mutate func(*routermeta.Meta
 	if config != nil {
 		config(&cfg)
 	}
-	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), metrics.New(), nil)
+	mx := metrics.New()
+	rt := proxy.New(cfg, fibers.NewFiberdClient(minter), mx, nil)
 	tbl := revision.NewTable(rt)
 	m := routermeta.Metadata{
 		Revision: "hello-00001", Namespace: "demo", Ready: true, HomeEndpoint: fd.Endpoint(), HomeKeySHA256: fd.KeySHA256, Home: fd.Home,
@@ -81,7 +84,7 @@ func newFixtureConfig(t *testing.T, h http.Handler, mutate func(*routermeta.Meta
 		defer cancel()
 		_ = rt.Drain(ctx)
 	})
-	return &fixture{fd: fd, minter: minter, router: rt, table: tbl, front: front, meta: m}
+	return &fixture{fd: fd, minter: minter, router: rt, table: tbl, front: front, meta: m, m: mx}
 }
 
 func (f *fixture) home() fibers.Home {
@@ -232,6 +235,14 @@ func TestProbes(t *testing.T) {
 	}
 	if a, _ := f.fd.Counts(); a != 0 {
 		t.Fatalf("probes acquired %d fibers", a)
+	}
+	// lampyr_router_probes_total says how a KIngress's probes were
+	// answered: one 200, one 503 (retried by the prober), two 400.
+	for code, want := range map[string]float64{"200": 1, "503": 1, "400": 2} {
+		var got dto.Metric
+		if err := f.m.Probes.WithLabelValues(code).Write(&got); err != nil || got.GetCounter().GetValue() != want {
+			t.Errorf("lampyr_router_probes_total{code=%q} = %v (%v), want %v", code, got.GetCounter().GetValue(), err, want)
+		}
 	}
 }
 
