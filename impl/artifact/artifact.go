@@ -19,11 +19,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,14 +36,29 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/klauspost/compress/zstd"
 )
 
-// Media and artifact types of a snapshot artifact.
+// Media and artifact types of a snapshot artifact. The layer is a tar,
+// compressed with zstd (what Build makes) or gzip (what Build made before:
+// such snapshots keep working). zstd because a fiberd unpacks the layer
+// between a spare Home's claim and the Revision's readiness: gunzip of the
+// 14.6 MB bench handler took 130 ms on a 2-vCPU machine, zstd 25-30 ms
+// (issue 32; docs/performance.md).
 const (
 	SnapshotArtifactType = "application/vnd.lampyr.snapshot.v1"
 	ConfigMediaType      = "application/vnd.lampyr.snapshot.config.v1+json"
-	LayerMediaType       = "application/vnd.lampyr.snapshot.layer.v1.tar+gzip"
+	LayerMediaType       = "application/vnd.lampyr.snapshot.layer.v1.tar+zstd"
+	LayerMediaTypeGzip   = "application/vnd.lampyr.snapshot.layer.v1.tar+gzip"
 )
+
+// snapshotLayerTypes are the layer media types a snapshot may carry.
+var snapshotLayerTypes = []string{LayerMediaType, LayerMediaTypeGzip}
+
+// zstdWindow is the window Build compresses with and the largest an
+// unpack accepts: a zstd frame may declare a window of up to 3.75 TiB,
+// which the decoder would allocate before writing a byte.
+const zstdWindow = 8 << 20
 
 // ConfigAPIVersion versions the Config JSON.
 const ConfigAPIVersion = "lampyr.dev/snapshot/v1"
@@ -229,7 +246,7 @@ func Build(dir string, cfg Config) (v1.Image, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	layer, err := tarGz(dir)
+	layer, err := tarZstd(dir)
 	if err != nil {
 		return nil, fmt.Errorf("packing %s: %w", dir, err)
 	}
@@ -251,6 +268,12 @@ func Build(dir string, cfg Config) (v1.Image, error) {
 // need artifacts `ly build` would never make (a gzip bomb, a symlinked
 // mount point).
 func FromLayer(cfg Config, layer []byte) (v1.Image, error) {
+	return FromLayerOfType(cfg, layer, LayerMediaTypeGzip)
+}
+
+// FromLayerOfType is FromLayer with the layer's media type
+// (LayerMediaType: a zstd tar, LayerMediaTypeGzip: a gzipped tar).
+func FromLayerOfType(cfg Config, layer []byte, layerMT string) (v1.Image, error) {
 	if cfg.APIVersion == "" {
 		cfg.APIVersion = ConfigAPIVersion
 	}
@@ -258,7 +281,7 @@ func FromLayer(cfg Config, layer []byte) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newImage(SnapshotArtifactType, ConfigMediaType, rawCfg, LayerMediaType, layer, nil)
+	return newImage(SnapshotArtifactType, ConfigMediaType, rawCfg, layerMT, layer, nil)
 }
 
 // GzipBomb is a layer holding the files of dir (as Build packs them) plus
@@ -311,9 +334,43 @@ func GzipBomb(dir, name string, size int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// tarGz packs dir deterministically. Only regular files, directories and
-// symlinks are kept: device nodes or sockets have no place in a snapshot.
+// tarGz packs dir deterministically into a gzipped tar (the format before
+// zstd; tests and GzipBomb).
 func tarGz(dir string) ([]byte, error) {
+	var buf bytes.Buffer
+	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	if err := tarInto(gz, dir); err != nil {
+		return nil, err
+	}
+	if err := gz.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// tarZstd packs dir deterministically into a zstd-compressed tar: one
+// encoder goroutine, a fixed level and window, so the same tree always
+// gives the same bytes (and the snapshot the same digest).
+func tarZstd(dir string) ([]byte, error) {
+	var buf bytes.Buffer
+	zw, err := zstd.NewWriter(&buf, zstd.WithEncoderConcurrency(1), zstd.WithEncoderLevel(zstd.SpeedDefault), zstd.WithWindowSize(zstdWindow))
+	if err != nil {
+		return nil, err
+	}
+	if err := tarInto(zw, dir); err != nil {
+		zw.Close()
+		return nil, err
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// tarInto writes dir as a tar to w, deterministically. Only regular files,
+// directories and symlinks are kept: device nodes or sockets have no place
+// in a snapshot.
+func tarInto(w io.Writer, dir string) error {
 	var paths []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -325,16 +382,14 @@ func tarGz(dir string) ([]byte, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sort.Strings(paths)
-	var buf bytes.Buffer
-	gz, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-	tw := tar.NewWriter(gz)
+	tw := tar.NewWriter(w)
 	for _, p := range paths {
 		fi, err := os.Lstat(p)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		rel, _ := filepath.Rel(dir, p)
 		hdr := &tar.Header{Name: filepath.ToSlash(rel), Mode: int64(fi.Mode().Perm()), Format: tar.FormatPAX}
@@ -346,34 +401,28 @@ func tarGz(dir string) ([]byte, error) {
 		case fi.Mode()&fs.ModeSymlink != 0:
 			target, err := os.Readlink(p)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			hdr.Typeflag, hdr.Linkname = tar.TypeSymlink, target
 		default:
-			return nil, fmt.Errorf("%s: only regular files, directories and symlinks can go into a snapshot", rel)
+			return fmt.Errorf("%s: only regular files, directories and symlinks can go into a snapshot", rel)
 		}
 		if err := tw.WriteHeader(hdr); err != nil {
-			return nil, err
+			return err
 		}
 		if hdr.Typeflag == tar.TypeReg {
 			f, err := os.Open(p)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			_, err = io.Copy(tw, f)
 			f.Close()
 			if err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return nil, err
-	}
-	if err := gz.Close(); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
+	return tw.Close()
 }
 
 // manifest is an OCI image manifest with artifactType, which this
@@ -446,12 +495,15 @@ func Push(ctx context.Context, img v1.Image, ref string, opts ...remote.Option) 
 	return r.Context().Digest(d.String()), nil
 }
 
-// Snapshot is a fetched, verified snapshot artifact.
+// Snapshot is a fetched snapshot artifact: its manifest and config
+// verified; its layer is read, verified and unpacked by Unpack.
 type Snapshot struct {
 	Ref    name.Digest
 	Config Config
-	// layer is the verified, still-compressed layer.
-	layer []byte
+	// layer describes the layer (LayerMediaType or LayerMediaTypeGzip),
+	// read from the registry with opts when unpacked.
+	layer v1.Descriptor
+	opts  []remote.Option
 	// limits it was fetched with; Unpack applies them too.
 	limits Limits
 }
@@ -468,9 +520,11 @@ func ParseDigestRef(ref string) (name.Digest, error) {
 	return d, nil
 }
 
-// Fetch pulls the snapshot artifact ref (which must be digest-pinned) and
-// verifies the manifest digest, media types, config digest and layer digest,
-// within DefaultLimits.
+// Fetch pulls the snapshot artifact ref's manifest and config (ref must
+// be digest-pinned) and verifies the manifest digest, the media types, the
+// config digest and the layer's declared size, within DefaultLimits. The
+// layer itself is read by Unpack, which verifies its digest as it streams
+// it (a new Revision's Home unpacks while the layer arrives).
 func Fetch(ctx context.Context, ref string, opts ...remote.Option) (*Snapshot, error) {
 	return FetchWithLimits(ctx, ref, DefaultLimits, opts...)
 }
@@ -483,12 +537,16 @@ func FetchWithLimits(ctx context.Context, ref string, l Limits, opts ...remote.O
 	if err != nil {
 		return nil, err
 	}
-	manifest, cfg, blobs, err := fetchVerified(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, l, opts)
+	opts = sharedPuller(ctx, opts)
+	manifest, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, snapshotLayerTypes, l, opts)
 	if err != nil {
 		return nil, err
 	}
-	_ = manifest
-	s := &Snapshot{Ref: d, layer: blobs, limits: l}
+	desc := manifest.Layers[0]
+	if desc.Size < 0 || desc.Size > l.LayerBytes {
+		return nil, &LimitError{Limit: "LayerBytes", What: "blob " + desc.Digest.String() + " (size declared by the manifest)", Max: l.LayerBytes, Got: desc.Size}
+	}
+	s := &Snapshot{Ref: d, layer: desc, opts: opts, limits: l}
 	dec := json.NewDecoder(bytes.NewReader(cfg))
 	if err := dec.Decode(&s.Config); err != nil {
 		return nil, fmt.Errorf("snapshot %s: config is not valid JSON: %w", ref, err)
@@ -510,7 +568,7 @@ func FetchConfig(ctx context.Context, ref string, opts ...remote.Option) (Config
 	if err != nil {
 		return c, err
 	}
-	m, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, LayerMediaType, DefaultLimits, opts)
+	m, cfg, err := fetchManifestConfig(ctx, d, SnapshotArtifactType, ConfigMediaType, snapshotLayerTypes, DefaultLimits, sharedPuller(ctx, opts))
 	if err != nil {
 		return c, err
 	}
@@ -521,8 +579,20 @@ func FetchConfig(ctx context.Context, ref string, opts ...remote.Option) (Config
 	return c, c.Validate()
 }
 
-func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, l Limits, opts []remote.Option) (*manifest, []byte, []byte, error) {
-	m, cfg, err := fetchManifestConfig(ctx, d, artifactType, configMT, layerMT, l, opts)
+// sharedPuller adds one puller to opts, for the manifest and blob reads of
+// one artifact: each remote call would otherwise ping the registry and set
+// up its transport again (a round trip each, on a new Revision's start).
+func sharedPuller(ctx context.Context, opts []remote.Option) []remote.Option {
+	p, err := remote.NewPuller(append(slices.Clone(opts), remote.WithContext(ctx))...)
+	if err != nil {
+		return opts // each call reports the options' error itself
+	}
+	return append(slices.Clone(opts), remote.Reuse(p))
+}
+
+func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT string, layerMTs []string, l Limits, opts []remote.Option) (*manifest, []byte, []byte, error) {
+	opts = sharedPuller(ctx, opts)
+	m, cfg, err := fetchManifestConfig(ctx, d, artifactType, configMT, layerMTs, l, opts)
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -533,7 +603,7 @@ func fetchVerified(ctx context.Context, d name.Digest, artifactType, configMT, l
 	return m, cfg, layer, nil
 }
 
-func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, configMT, layerMT string, l Limits, opts []remote.Option) (*manifest, []byte, error) {
+func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, configMT string, layerMTs []string, l Limits, opts []remote.Option) (*manifest, []byte, error) {
 	desc, err := remote.Get(d, append(opts, remote.WithContext(ctx))...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetching %s: %w", d, err)
@@ -548,8 +618,8 @@ func fetchManifestConfig(ctx context.Context, d name.Digest, artifactType, confi
 	if m.ArtifactType != artifactType || string(m.Config.MediaType) != configMT {
 		return nil, nil, fmt.Errorf("%s is not a %s (artifactType %q, config media type %q); was it built by `ly build`?", d, artifactType, m.ArtifactType, m.Config.MediaType)
 	}
-	if len(m.Layers) != 1 || string(m.Layers[0].MediaType) != layerMT {
-		return nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, layerMT)
+	if len(m.Layers) != 1 || !slices.Contains(layerMTs, string(m.Layers[0].MediaType)) {
+		return nil, nil, fmt.Errorf("%s: want exactly one layer of media type %s", d, strings.Join(layerMTs, " or "))
 	}
 	repo := d.Context()
 	cfg, err := fetchBlob(ctx, repo, m.Config, "ConfigBytes", l.ConfigBytes, opts)
@@ -582,6 +652,56 @@ func fetchBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, li
 		return nil, fmt.Errorf("blob %s: content does not match its digest/size; refusing it", desc.Digest)
 	}
 	return b, nil
+}
+
+// openBlob streams a blob of the size its descriptor declares; the reader
+// fails at the end (or as soon as it runs past the size) when the bytes
+// are not the descriptor's: the transport is not trusted for that either.
+func openBlob(ctx context.Context, repo name.Repository, desc v1.Descriptor, opts []remote.Option) (*verifyingReader, error) {
+	l, err := remote.Layer(repo.Digest(desc.Digest.String()), append(slices.Clone(opts), remote.WithContext(ctx))...)
+	if err != nil {
+		return nil, fmt.Errorf("fetching blob %s: %w", desc.Digest, err)
+	}
+	rc, err := l.Compressed()
+	if err != nil {
+		return nil, fmt.Errorf("fetching blob %s: %w", desc.Digest, err)
+	}
+	return &verifyingReader{rc: rc, h: sha256.New(), desc: desc}, nil
+}
+
+// verifyingReader hashes what it reads; finish reads the rest of the blob
+// (a decompressor may stop short of the end) and compares size and digest.
+type verifyingReader struct {
+	rc   io.ReadCloser
+	h    hash.Hash
+	n    int64
+	desc v1.Descriptor
+}
+
+func (v *verifyingReader) Read(p []byte) (int, error) {
+	n, err := v.rc.Read(p)
+	v.h.Write(p[:n])
+	v.n += int64(n)
+	if v.n > v.desc.Size {
+		return n, v.mismatch()
+	}
+	return n, err
+}
+
+func (v *verifyingReader) mismatch() error {
+	return fmt.Errorf("blob %s: content does not match its digest/size; refusing it", v.desc.Digest)
+}
+
+// finish verifies the whole blob and closes the connection.
+func (v *verifyingReader) finish() error {
+	defer v.rc.Close()
+	if _, err := io.Copy(io.Discard, io.LimitReader(v, v.desc.Size+1-v.n)); err != nil {
+		return fmt.Errorf("reading blob %s: %w", v.desc.Digest, err)
+	}
+	if v.n != v.desc.Size || "sha256:"+hex.EncodeToString(v.h.Sum(nil)) != v.desc.Digest.String() {
+		return v.mismatch()
+	}
+	return nil
 }
 
 func sha256Hex(b []byte) string { s := sha256.Sum256(b); return hex.EncodeToString(s[:]) }

@@ -57,7 +57,7 @@ func FetchTemplate(ctx context.Context, ref string, opts ...remote.Option) ([]by
 		return nil, tc, err
 	}
 	// A sealed template is a few KiB: 1 MiB is plenty.
-	_, cfg, sealed, err := fetchVerified(ctx, d, TemplateArtifactType, TemplateConfigMediaType, TemplateLayerMediaType, Limits{LayerBytes: 1 << 20}.withDefaults(), opts)
+	_, cfg, sealed, err := fetchVerified(ctx, d, TemplateArtifactType, TemplateConfigMediaType, []string{TemplateLayerMediaType}, Limits{LayerBytes: 1 << 20}.withDefaults(), opts)
 	if err != nil {
 		return nil, tc, err
 	}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,8 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+
+	"github.com/klauspost/compress/zstd"
 )
 
 // This file is the one tar unpacker of the tree: fiberd unpacks snapshot
@@ -85,19 +88,81 @@ const (
 // that declares too much). Duplicate paths, entries escaping dir or below or
 // at a symlink, hard links and special files are refused.
 func (s *Snapshot) Unpack(dir string) error {
-	return untarGz(s.layer, dir, s.limits.withDefaults())
+	return s.UnpackContext(context.Background(), dir)
 }
 
-func untarGz(layer []byte, dir string, l Limits) error {
+// UnpackContext is Unpack, reading the layer from the registry within ctx.
+// The layer is unpacked as it arrives and its digest checked at its end:
+// on a mismatch the error says so, and dir (which then holds bytes that
+// are not the snapshot's) is the caller's to remove, as after any error.
+func (s *Snapshot) UnpackContext(ctx context.Context, dir string) error {
+	var blob *verifyingReader
 	_, err := UnpackLayers(dir, []LayerOpener{func() (io.ReadCloser, error) {
-		gz, err := gzip.NewReader(bytes.NewReader(layer))
+		var err error
+		if blob, err = openBlob(ctx, s.Ref.Context(), s.layer, s.opts); err != nil {
+			return nil, err
+		}
+		dec, err := decompress(string(s.layer.MediaType), blob)
+		if err != nil {
+			blob.rc.Close()
+			return nil, err
+		}
+		return verifiedLayer{dec, blob}, nil
+	}}, UnpackOptions{Limits: s.limits.withDefaults()})
+	return err
+}
+
+// verifiedLayer closes the decompressor, then verifies the whole blob.
+type verifiedLayer struct {
+	io.ReadCloser
+	blob *verifyingReader
+}
+
+func (v verifiedLayer) Close() error {
+	v.ReadCloser.Close()
+	return v.blob.finish()
+}
+
+// decompress opens a layer of media type mt. A zstd decoder runs on the
+// calling goroutine only and refuses a frame whose window exceeds
+// zstdWindow (the window is allocated up front); the unpacked size is
+// bounded by the unpacker's limits, for zstd as for gzip.
+func decompress(mt string, r io.Reader) (io.ReadCloser, error) {
+	if mt == LayerMediaTypeGzip {
+		gz, err := gzip.NewReader(r)
 		if err != nil {
 			return nil, fmt.Errorf("snapshot layer: %w", err)
 		}
 		return gz, nil
+	}
+	zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(zstdWindow))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot layer: %w", err)
+	}
+	return zstdCloser{zr}, nil
+}
+
+func untarGz(layer []byte, dir string, l Limits) error {
+	return untar(LayerMediaTypeGzip, layer, dir, l)
+}
+
+func untarZstd(layer []byte, dir string, l Limits) error {
+	return untar(LayerMediaType, layer, dir, l)
+}
+
+// untar unpacks an in-memory layer of media type mt (tests).
+func untar(mt string, layer []byte, dir string, l Limits) error {
+	_, err := UnpackLayers(dir, []LayerOpener{func() (io.ReadCloser, error) {
+		return decompress(mt, bytes.NewReader(layer))
 	}}, UnpackOptions{Limits: l})
 	return err
 }
+
+// zstdCloser is a zstd.Decoder as an io.ReadCloser (its Close returns
+// nothing).
+type zstdCloser struct{ *zstd.Decoder }
+
+func (z zstdCloser) Close() error { z.Decoder.Close(); return nil }
 
 // UnpackLayers extracts the uncompressed tar layers, in order, under dir
 // (created if missing), by the rules of o and of this file's comment. On an

@@ -165,7 +165,7 @@ func (s *Server) load(c signedgrant.Claims) (*loaded, error) {
 	// the grant; the snapshot's are what its build declared, used where a
 	// grant names no protocol.
 	port := c.Helper.Port
-	root, err := s.unpack(snap)
+	root, err := s.unpack(ctx, snap)
 	if err != nil {
 		return nil, snapshotErr(err)
 	}
@@ -251,19 +251,21 @@ func (o idleObserver) WarmPoolEmptied(n int) {
 	go debug.FreeOSMemory()
 }
 
-// unpack extracts a verified snapshot once per digest and adds the mount
+// unpack extracts a snapshot once per digest and adds the mount
 // points the helper needs. The tree is the tenant's: fiberd (root) never
 // follows a symlink in it. A mount point or /etc that is anything but a
 // directory is refused (the helper would mount over the symlink's target
 // on the host's side of pivot_root), and /etc/hosts is only ever created.
-func (s *Server) unpack(snap *artifact.Snapshot) (string, error) {
+func (s *Server) unpack(ctx context.Context, snap *artifact.Snapshot) (string, error) {
 	dir := filepath.Join(s.cfg.StateDir, "snapshots", strings.ReplaceAll(snap.Digest(), ":", "-"))
 	root := filepath.Join(dir, "rootfs")
 	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
 		return root, nil
 	}
 	os.RemoveAll(dir)
-	if err := snap.Unpack(root); err != nil {
+	// The layer streams from the registry into the tree and is verified
+	// at its end; a tree whose layer did not verify is removed here.
+	if err := snap.UnpackContext(ctx, root); err != nil {
 		os.RemoveAll(dir)
 		return "", err
 	}
