@@ -45,6 +45,35 @@ type claims struct {
 	// starts a second spare for the same gap nor counts a claimed spare
 	// as unclaimed.
 	made map[string]time.Time
+	// lastClaim is when a spare was last claimed here.
+	lastClaim time.Time
+}
+
+// spareRefillDelay is how long after a claim the claimed spare's
+// replacement waits. Starting a Pod is the heaviest thing a small node
+// does in that second (sandbox, network, fiberd's start), and it fell
+// exactly on the claiming Revision's own start: fiberd loading the
+// snapshot, then the Route's gateway programming and probes (issue 32:
+// on a 2-vCPU node the replacement's fiberd started 1.2-1.3 s after the
+// claim, inside the new Revision's Route wait). A Revision that comes in
+// the meantime, with no spare left, gets a Home Pod of its own, as it
+// would with no spares configured.
+const spareRefillDelay = 3 * time.Second
+
+func (c *claims) claimedAt(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lastClaim = at
+}
+
+// refillAt is when a missing spare may be started.
+func (c *claims) refillAt() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.lastClaim.IsZero() {
+		return time.Time{}
+	}
+	return c.lastClaim.Add(spareRefillDelay)
 }
 
 // spareCacheGrace is how long a spare started here is counted before the
@@ -169,7 +198,13 @@ func (r *Reconciler) reconcileSpares(ctx context.Context) error {
 	if checkImagesOK(cfg) != nil {
 		return errors.Join(errs...)
 	}
-	for n := len(keep) + r.claims.unseen(seen, r.now()); n < cfg.HomeSpares; n++ {
+	missing := cfg.HomeSpares - len(keep) - r.claims.unseen(seen, r.now())
+	if wait := r.claims.refillAt().Sub(r.now()); missing > 0 && wait > 0 {
+		// Started once the claiming Revision's own start is through.
+		r.enqueueSpares(wait)
+		missing = 0
+	}
+	for ; missing > 0; missing-- {
 		errs = append(errs, r.startSpare(ctx, cfg))
 	}
 	// A spare's Secret whose Pod never came (its create failed) goes too.
@@ -290,6 +325,7 @@ func (r *Reconciler) claim(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *
 		return nil, err
 	}
 	r.claims.set(g.UID, claimed.Name)
+	r.claims.claimedAt(r.now())
 	secret, err := r.kube.CoreV1().Secrets(r.homesNamespace).Get(ctx, claimed.Name, metav1.GetOptions{})
 	if err == nil {
 		secret.Labels = resources.Labels(g)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -186,9 +187,26 @@ func TestAGrantClaimsASpare(t *testing.T) {
 	if st == nil || !st.Status.GetCondition(v1alpha1.GrantConditionHomeReady).IsTrue() || st.Status.HomeEndpoint != "10.244.0.9:9090" || st.Status.HomeKeySHA256 != key.SHA256 {
 		t.Fatalf("status after the claim: %+v", st)
 	}
-	// A reconcile of the spares on a cache that still shows the spare
-	// unclaimed leaves it alone and starts its replacement.
+	// A reconcile of the spares right after the claim starts no
+	// replacement yet (its Pod's start would fall on the claiming
+	// Revision's own): it looks again when spareRefillDelay has passed.
 	h.r.config = func(context.Context) (*lampyrconfig.Config, error) { return testConfig(), nil }
+	var asked []time.Duration
+	h.r.enqueueSparesAfter = func(d time.Duration) { asked = append(asked, d) }
+	if err := h.reconcile(sparesKey()); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range h.actions() {
+		if strings.HasPrefix(a, "create pods "+resources.SparePrefix) {
+			t.Errorf("%s: a replacement started at the claim", a)
+		}
+	}
+	if !slices.Contains(asked, spareRefillDelay) {
+		t.Errorf("the spares asked to be looked at again after %v, want %v among them", asked, spareRefillDelay)
+	}
+	// Then, on a cache that still shows the spare unclaimed, it is left
+	// alone and its replacement starts.
+	h.r.now = func() time.Time { return now.Add(spareRefillDelay) }
 	if err := h.reconcile(sparesKey()); err != nil {
 		t.Fatal(err)
 	}
