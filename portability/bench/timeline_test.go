@@ -2,8 +2,12 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -147,4 +151,39 @@ func timelineRows(ts []Timeline) []Row {
 			Note: fmt.Sprintf("seen in %d/%d stock, %d/%d lampyr samples", sn, sAll, ln, lAll)})
 	}
 	return rows
+}
+
+// attempts counts what a poll got before its first 200, by answer.
+type attempts struct {
+	order []string
+	n     map[string]int
+}
+
+func (a *attempts) add(code int, err error) {
+	k := strconv.Itoa(code)
+	if err != nil {
+		k = "error"
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			k = "timeout"
+		}
+	}
+	if a.n == nil {
+		a.n = map[string]int{}
+	}
+	if a.n[k] == 0 {
+		a.order = append(a.order, k)
+	}
+	a.n[k]++
+}
+
+func (a attempts) String() string {
+	if len(a.order) == 0 {
+		return "nothing"
+	}
+	parts := make([]string, 0, len(a.order))
+	for _, k := range a.order {
+		parts = append(parts, fmt.Sprintf("%s x%d", k, a.n[k]))
+	}
+	return strings.Join(parts, ", ")
 }
