@@ -326,30 +326,19 @@ func (r *Reconciler) claim(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *
 	}
 	r.claims.set(g.UID, claimed.Name)
 	r.claims.claimedAt(r.now())
-	// The Secret's relabelling and the Pod's resize are independent: both
-	// are sent at once (each is a round trip on the new Revision's start).
-	// A spare's Secret is not changed after it is made, so the cache's
-	// copy is current; a conflict (or a cache without it) reads it again.
-	var wg sync.WaitGroup
-	var serr error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		serr = r.relabelSpareSecret(ctx, g, claimed.Name)
-	}()
-	resized := claimed.DeepCopy()
-	for i := range resized.Spec.Containers {
-		if resized.Spec.Containers[i].Name == resources.FiberdContainer {
-			resized.Spec.Containers[i].Resources = resources.HomeResources(g, cfg)
+	secret, err := r.kube.CoreV1().Secrets(r.homesNamespace).Get(ctx, claimed.Name, metav1.GetOptions{})
+	if err == nil {
+		secret.Labels = resources.Labels(g)
+		_, err = r.kube.CoreV1().Secrets(r.homesNamespace).Update(ctx, secret, metav1.UpdateOptions{})
+	}
+	if err == nil {
+		resized := claimed.DeepCopy()
+		for i := range resized.Spec.Containers {
+			if resized.Spec.Containers[i].Name == resources.FiberdContainer {
+				resized.Spec.Containers[i].Resources = resources.HomeResources(g, cfg)
+			}
 		}
-	}
-	afterResize, err := pods.UpdateResize(ctx, claimed.Name, resized, metav1.UpdateOptions{})
-	wg.Wait()
-	if err == nil {
-		claimed = afterResize
-	}
-	if err == nil {
-		err = serr
+		claimed, err = pods.UpdateResize(ctx, claimed.Name, resized, metav1.UpdateOptions{})
 	}
 	if err != nil {
 		// The spare is g's now but cannot serve it (its Secret or its
@@ -361,28 +350,6 @@ func (r *Reconciler) claim(ctx context.Context, g *v1alpha1.CapacityGrant, cfg *
 	g.Status.MarkHomeNotReady(contract.ReasonHomePending, "Spare Home %s/%s claimed; fiberd is loading the Revision.", r.homesNamespace, claimed.Name)
 	logging.FromContext(ctx).Infow("Claimed a spare Home", "pod", claimed.Name, "took", time.Since(start).String())
 	return claimed, nil
-}
-
-// relabelSpareSecret gives a claimed spare's Secret g's labels.
-func (r *Reconciler) relabelSpareSecret(ctx context.Context, g *v1alpha1.CapacityGrant, name string) error {
-	secrets := r.kube.CoreV1().Secrets(r.homesNamespace)
-	secret, err := r.secrets.Secrets(r.homesNamespace).Get(name)
-	if err == nil {
-		secret = secret.DeepCopy()
-		secret.Labels = resources.Labels(g)
-		if _, err = secrets.Update(ctx, secret, metav1.UpdateOptions{}); err == nil || !apierrs.IsConflict(err) {
-			return err
-		}
-	} else if !apierrs.IsNotFound(err) {
-		return err
-	}
-	secret, err = secrets.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	secret.Labels = resources.Labels(g)
-	_, err = secrets.Update(ctx, secret, metav1.UpdateOptions{})
-	return err
 }
 
 // homeSecret is g's Home Secret: the one of its Home's name, else a

@@ -3,14 +3,12 @@ package grant
 import (
 	"context"
 	"crypto/ed25519"
-	"errors"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrs "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgotesting "k8s.io/client-go/testing"
 	"knative.dev/pkg/controller"
@@ -320,53 +318,6 @@ func TestAClaimedSpareIsReplacedWithItsSecret(t *testing.T) {
 	for _, v := range made.Spec.Volumes {
 		if v.Name == "home" && v.Secret.SecretName != s.Name {
 			t.Errorf("the replacement mounts Secret %s, want the claimed spare's %s", v.Secret.SecretName, s.Name)
-		}
-	}
-}
-
-// TestAClaimReadsTheSpareSecretAgainOnConflict: the claim relabels the
-// spare's Secret from the informer cache (no read on the start path);
-// when that copy is stale the update conflicts, and the Secret is read
-// from the API server and relabelled.
-func TestAClaimReadsTheSpareSecretAgainOnConflict(t *testing.T) {
-	cfg := testConfig()
-	g := grant("hello-00001", admitted)
-	spare := runningSpare("home-spare-aaaa", cfg)
-	secret, _ := spareSecret(t, spare.Name)
-	conflicted := false
-	h := newHarness(t, []runtime.Object{g, spare, secret}, func(a clientgotesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() == "update" && a.GetResource().Resource == "secrets" && !conflicted {
-			conflicted = true
-			return true, nil, apierrs.NewConflict(corev1.Resource("secrets"), spare.Name, errors.New("the object has been modified"))
-		}
-		return false, nil, nil
-	})
-	h.r.pusher = &fakePusher{ready: true}
-	err := h.reconcile("default/hello-00001")
-	if ok, _ := controller.IsRequeueKey(err); err != nil && !ok {
-		t.Fatal(err)
-	}
-	var gets int
-	var relabelled bool
-	for _, a := range h.kube.Actions() {
-		if a.GetResource().Resource != "secrets" {
-			continue
-		}
-		switch a.GetVerb() {
-		case "get":
-			gets++
-		case "update":
-			if o := a.(clientgotesting.UpdateAction).GetObject().(*corev1.Secret); resources.IsHomeOf(o, g) {
-				relabelled = true
-			}
-		}
-	}
-	if !conflicted || gets == 0 || !relabelled {
-		t.Fatalf("conflict %v, Secret read %d times, relabelled %v: want the Secret read again and relabelled", conflicted, gets, relabelled)
-	}
-	for _, a := range h.actions() {
-		if strings.HasPrefix(a, "delete") {
-			t.Errorf("%s: the claim was given up after a conflict", a)
 		}
 	}
 }
