@@ -96,10 +96,9 @@ func (s *Snapshot) Unpack(dir string) error {
 // on a mismatch the error says so, and dir (which then holds bytes that
 // are not the snapshot's) is the caller's to remove, as after any error.
 func (s *Snapshot) UnpackContext(ctx context.Context, dir string) error {
-	var blob *verifyingReader
 	_, err := UnpackLayers(dir, []LayerOpener{func() (io.ReadCloser, error) {
-		var err error
-		if blob, err = openBlob(ctx, s.Ref.Context(), s.layer, s.opts); err != nil {
+		blob, err := openBlob(ctx, s.Ref.Context(), s.layer, s.opts)
+		if err != nil {
 			return nil, err
 		}
 		dec, err := decompress(string(s.layer.MediaType), blob)
@@ -112,7 +111,9 @@ func (s *Snapshot) UnpackContext(ctx context.Context, dir string) error {
 	return err
 }
 
-// verifiedLayer closes the decompressor, then verifies the whole blob.
+// verifiedLayer closes the decompressor, then verifies the whole blob
+// (also after an unpack error: the rest read is bounded by the size the
+// manifest declared, itself within LayerBytes).
 type verifiedLayer struct {
 	io.ReadCloser
 	blob *verifyingReader
