@@ -57,7 +57,11 @@ test-unit:
     go vet ./...
     # includes hack/runtimecheck: modules that reach into the Go runtime must
     # match this toolchain (docs/environment.md, "Go toolchain")
-    go test -count=1 ./...
+    @mkdir -p {{artifacts}}
+    # gotestsum (a go.mod tool) prints what `go test` prints and writes a
+    # JUnit report, so that hack/ci-summary can show a failed test's own
+    # lines at the end of a CI run (the log above is cut).
+    go tool gotestsum --format standard-quiet --hide-summary=output,skipped --junitfile {{artifacts}}/unit-junit.xml -- -count=1 ./...
     # Template validation must never panic: fuzz it for a bounded number of
     # inputs (~20 s here). A count, not a duration: with -fuzztime 30s Go's
     # coordinator can fail the run with a bare "context deadline exceeded" when

@@ -1,6 +1,8 @@
 // Command ci-summary prints, after a failed CI run, every failed spec of the
 // Ginkgo JUnit reports under a directory (default _artifacts): its name,
-// its failure message and the end of what it wrote (GinkgoWriter). CI
+// its failure message and the end of what it wrote (GinkgoWriter); and
+// every failed go test of the unit run's report (gotestsum's unit-junit.xml)
+// with the lines the test wrote itself. CI
 // shows the last lines of a run; without this they name the failed spec
 // but not why it failed (the reason sits hundreds of lines above).
 //
@@ -17,6 +19,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -43,6 +46,13 @@ type junit struct {
 
 // tailLines is how much of a failed spec's own output is printed.
 const tailLines = 25
+
+// goTestLines bounds what testLines keeps of a failed go test.
+const goTestLines = 60
+
+// testFileLine is how go test starts a line a test wrote (t.Log, t.Error,
+// t.Fatal): "    name_test.go:123: ".
+var testFileLine = regexp.MustCompile(`^\s+[\w.-]+\.go:\d+: `)
 
 func main() {
 	since := flag.Int64("since", 0, "skip reports last written before this Unix time")
@@ -92,6 +102,13 @@ func main() {
 				if loc := where(c.SystemErr + "\n" + text); loc != "" {
 					fmt.Println(indent(loc))
 				}
+				if c.SystemErr == "" && text != "" {
+					// A go test case (gotestsum's report of `just test-unit`):
+					// the failure is in the test's own t.Log/t.Error lines,
+					// among the logs of the processes it ran.
+					fmt.Printf("  --- what the test said (its *_test.go lines):\n%s\n", indent(testLines(text, goTestLines)))
+					continue
+				}
 				// What the spec wrote before it failed (the failure itself,
 				// repeated after it, is printed above).
 				before := c.SystemErr
@@ -117,6 +134,33 @@ func where(s string) string {
 		}
 	}
 	return ""
+}
+
+// testLines keeps the lines a go test wrote itself (those that start with
+// its file and line, and the indented lines that continue them) and the
+// "--- FAIL" lines, at most n of them; the end of the output when there are
+// none.
+func testLines(s string, n int) string {
+	var out []string
+	cont := false
+	for _, l := range strings.Split(s, "\n") {
+		switch {
+		case testFileLine.MatchString(l), strings.Contains(l, "--- FAIL: "):
+			cont = true
+		case cont && strings.HasPrefix(l, "        "):
+		default:
+			cont = false
+			continue
+		}
+		out = append(out, strings.TrimRight(l, " "))
+	}
+	if len(out) == 0 {
+		return tail(s, tailLines)
+	}
+	if len(out) > n {
+		out = append(out[:n], fmt.Sprintf("(%d more lines)", len(out)-n))
+	}
+	return strings.Join(out, "\n")
 }
 
 func tail(s string, n int) string {
