@@ -514,8 +514,18 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		Expect(homeWarmFibers(ctx, "cold-nowarm-00001")).To(Equal("0"), "the no-warm-fiber Home was made with warm fibers")
 		setWarmFibers(ctx, "")
 
-		got := map[string]*Sample{"stock": {}, "lampyr": {}, "nowarm": {}}
+		// The floor beside them: the same handler fork+exec'd on this host.
+		floor, err := newPlainFloor(ctx, the().snap.String(), GinkgoT().TempDir())
+		Expect(err).NotTo(HaveOccurred())
+
+		got := map[string]*Sample{"stock": {}, "lampyr": {}, "nowarm": {}, "floor": {}}
 		do := func(what string) {
+			if what == "floor" {
+				d, err := floor.once(ctx)
+				Expect(err).NotTo(HaveOccurred())
+				got[what].Add(d, http.StatusOK)
+				return
+			}
 			s, svc := the().stock, "cold"
 			switch what {
 			case "lampyr":
@@ -545,9 +555,9 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 			// A B A B: stock first in even cycles, Lampyr first in odd
 			// ones, so neither always runs beside the other's aftermath
 			// (stock's new Pod starting).
-			order := []string{"stock", "lampyr", "nowarm"}
+			order := []string{"stock", "lampyr", "nowarm", "floor"}
 			if i%2 == 1 {
-				order = []string{"lampyr", "nowarm", "stock"}
+				order = []string{"floor", "lampyr", "nowarm", "stock"}
 			}
 			for j, what := range order {
 				if j > 0 {
@@ -555,7 +565,7 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 				}
 				do(what)
 			}
-			fmt.Fprintf(GinkgoWriter, "cold cycle %d (%s first): stock %.0fms, lampyr %.1fms, lampyr with no warm fiber %.1fms, load %s\n", i+1, order[0], got["stock"].Millis[i], got["lampyr"].Millis[i], got["nowarm"].Millis[i], loadNow())
+			fmt.Fprintf(GinkgoWriter, "cold cycle %d (%s first): stock %.0fms, lampyr %.1fms, lampyr with no warm fiber %.1fms, the handler fork+exec'd on the host %.1fms, load %s\n", i+1, order[0], got["stock"].Millis[i], got["lampyr"].Millis[i], got["nowarm"].Millis[i], got["floor"].Millis[i], loadNow())
 		}
 		load += " -> " + loadNow()
 		after, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold")
@@ -569,7 +579,14 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		}
 		for _, p := range []float64{50, 90, 99} {
 			addRows(Row{Group: "cold request, no warm fiber", Metric: fmt.Sprintf("p%.0f", p), Unit: "ms",
-				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["nowarm"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles; Lampyr's Home keeps no warm fiber", cycles), Load: load})
+				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["nowarm"].Percentile(p)), Goal: "<= 0.01", Note: fmt.Sprintf("%d cycles; Lampyr's Home keeps no warm fiber; host rcu_expedited %s", cycles, hostRCUExpedited()), Load: load})
+		}
+		// No goal: the floor under any process-per-fiber backend, in the
+		// Lampyr column so that its ratio to stock's cold request shows.
+		the().report.Samples["cold, no warm fiber/floor"] = got["floor"]
+		for _, p := range []float64{50, 90, 99} {
+			addRows(Row{Group: "cold request, no warm fiber", Metric: fmt.Sprintf("p%.0f floor: the same handler fork+exec'd on this host, to its first answer (no sandbox, no gateway)", p), Unit: "ms",
+				Stock: ms(got["stock"].Percentile(p)), Lampyr: ms(got["floor"].Percentile(p)), Note: fmt.Sprintf("%d cycles, in turn with the rows above", cycles), Load: load})
 		}
 		Expect(homeWarmFibers(ctx, "cold-nowarm-00001")).To(Equal("0"), "the no-warm-fiber Home was replaced by one with warm fibers during the cycles")
 		Expect(got["stock"].Errors+got["lampyr"].Errors+got["nowarm"].Errors).To(BeZero(), "cold requests failed: stock %v lampyr %v lampyr with no warm fiber %v", got["stock"].Codes, got["lampyr"].Codes, got["nowarm"].Codes)

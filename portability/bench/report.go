@@ -377,7 +377,7 @@ func (r *Results) HTML() string {
 		if r.Samples[m+"/stock"] == nil && r.Samples[m+"/lampyr"] == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "<h3>%s</h3>%s", html.EscapeString(m), cdfSVG(r.Samples[m+"/stock"], r.Samples[m+"/lampyr"]))
+		fmt.Fprintf(&b, "<h3>%s</h3>%s", html.EscapeString(m), cdfSVG(r.Samples[m+"/stock"], r.Samples[m+"/lampyr"], r.Samples[m+"/floor"]))
 	}
 	b.WriteString("<h2>Every figure</h2><table><tr><th class=l>group</th><th class=l>metric</th><th>stock</th><th>lampyr</th><th>lampyr/stock</th><th>goal</th><th class=l>load</th></tr>")
 	for _, row := range r.Rows {
@@ -463,12 +463,13 @@ func durLabel(v float64) string {
 	}
 }
 
-// cdfSVG draws both sides' cumulative latency distributions, with x ticks
+// cdfSVG draws both sides' cumulative latency distributions (and a floor
+// when the measurement has one), with x ticks
 // (ms, log scale) and y ticks (share of requests).
-func cdfSVG(stock, lampyr *Sample) string {
+func cdfSVG(stock, lampyr, floor *Sample) string {
 	const w, h, pad = 720.0, 260.0, 48.0
 	lo, hi := math.Inf(1), math.Inf(-1)
-	for _, s := range []*Sample{stock, lampyr} {
+	for _, s := range []*Sample{stock, lampyr, floor} {
 		if s == nil {
 			continue
 		}
@@ -497,7 +498,7 @@ func cdfSVG(stock, lampyr *Sample) string {
 		fmt.Fprintf(&b, `<line x1="%.0f" y1="%.1f" x2="%.0f" y2="%.1f" stroke="#eee"/><text x="%.0f" y="%.1f" font-size="10" text-anchor="end">%g%%</text>`, pad, y(f), w-pad, y(f), pad-4, y(f)+3, f*100)
 	}
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="11" text-anchor="middle">latency (log scale)</text>`, w/2, h-8)
-	for i, s := range []*Sample{stock, lampyr} {
+	for i, s := range []*Sample{stock, lampyr, floor} {
 		if s == nil || len(s.Millis) == 0 {
 			continue
 		}
@@ -508,8 +509,12 @@ func cdfSVG(stock, lampyr *Sample) string {
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(v), y(float64(j+1)/float64(len(vs)))))
 		}
 		color, name := "#d62728", "stock"
-		if i == 1 {
+		switch i {
+		case 1:
 			color, name = "#1f77b4", "lampyr"
+		case 2:
+			// The cold rows' floor: the handler fork+exec'd on the host.
+			color, name = "#7f7f7f", "floor: plain fork+exec"
 		}
 		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.Join(pts, " "))
 		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" font-size="12" fill="%s">%s (n=%d, p50 %s)</text>`, pad+10, 16+float64(i)*16, color, name, len(vs), durLabel(vs[(len(vs)-1)/2]))

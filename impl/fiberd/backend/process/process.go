@@ -93,6 +93,38 @@ type Config struct {
 	Egress *Egress
 	// Log receives the helpers' and handlers' stdout/stderr; default stderr.
 	Log io.Writer
+	// OnStart, if set, is called after each fiber that started, with the
+	// steps of its start as fiberd's side saw them (BenchmarkStartSteps).
+	OnStart func(id string, steps []StartStep)
+}
+
+// StartStep is one step of a fiber's start and how long it took.
+type StartStep struct {
+	Name string
+	D    time.Duration
+}
+
+// Names of the start steps, in order (StartStep.Name).
+const (
+	StepPrepare   = "prepare: state dir, host id range, pipes"
+	StepSpawn     = "spawn: clone into new namespaces, exec the helper"
+	StepHandles   = "handles: pidfd, network namespace"
+	StepEgress    = "egress link (none without egress)"
+	StepCgroups   = "cgroups: memory, pids, cpu"
+	StepSpec      = "spec sent to the helper"
+	StepHelperRun = "helper: root, mounts, loopback, exec the handler, until it listens"
+)
+
+// stepClock records consecutive steps.
+type stepClock struct {
+	last  time.Time
+	steps []StartStep
+}
+
+func (c *stepClock) mark(name string) {
+	now := time.Now()
+	c.steps = append(c.steps, StartStep{name, now.Sub(c.last)})
+	c.last = now
 }
 
 // Backend is the process backend.
@@ -455,14 +487,18 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 		done:    make(chan struct{}),
 	}
 	f.ns = netns.None()
-	if err := f.start(ctx, &b.cfg, spec); err != nil {
+	clock := &stepClock{last: time.Now()}
+	if err := f.start(ctx, &b.cfg, spec, clock); err != nil {
 		f.cleanup()
 		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
+	}
+	if b.cfg.OnStart != nil {
+		b.cfg.OnStart(id, clock.steps)
 	}
 	return f, nil
 }
 
-func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) error {
+func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, clock *stepClock) error {
 	// One bound for every wait of the start, however far it gets.
 	timeout := spec.StartupTimeout + 5*time.Second
 	ctx, cancel := context.WithTimeout(ctx, timeout)
@@ -512,6 +548,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	if err != nil {
 		return err
 	}
+	clock.mark(StepPrepare)
 	pid, exit, err := sp.spawn(helper.SpawnRequest{
 		Path:   cfg.HelperPath,
 		HostID: hostID,
@@ -527,6 +564,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	// the fiber's last process is gone.
 	logW.Close()
 	f.pid = pid
+	clock.mark(StepSpawn)
 	// A handle on exactly this process: signalling it by pid after it was
 	// reaped could hit another.
 	if f.pidfd, err = unix.PidfdOpen(pid, 0); err != nil {
@@ -552,12 +590,14 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	f.ns = ns
 	f.nsMu.Unlock()
 	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
+	clock.mark(StepHandles)
 	if e := f.b.cfg.Egress; e != nil {
 		// Before the handler starts, so its first call finds the way out.
 		if f.egress, err = netstack.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
 			return fmt.Errorf("fiber egress: %w", err)
 		}
 	}
+	clock.mark(StepEgress)
 	// The helper waits for its spec before starting the handler, so joining
 	// the cgroups here, before sending the spec, puts every process of the
 	// fiber under the limits.
@@ -570,6 +610,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	if err := f.joinPooled(f.b.cpuGroups, &f.cpu, pid, "cpu"); err != nil {
 		return err
 	}
+	clock.mark(StepCgroups)
 	env := make([]string, 0, len(spec.Env))
 	for k, v := range spec.Env {
 		env = append(env, k+"="+v)
@@ -596,6 +637,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	}
 	specW.Close()
 	statusW.Close()
+	clock.mark(StepSpec)
 
 	type result struct {
 		line string
@@ -618,6 +660,7 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec) erro
 	case r := <-ch:
 		switch {
 		case r.line == helper.ReadyLine:
+			clock.mark(StepHelperRun)
 			return nil
 		case strings.HasPrefix(r.line, "error: ") && strings.HasSuffix(r.line, "\n"):
 			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))

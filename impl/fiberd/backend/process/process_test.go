@@ -26,7 +26,9 @@ import (
 	"lampyr.dev/serving/impl/fiberd/helper"
 )
 
-func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
+// newBackend makes a backend with the test handler's root; opts adjust its
+// Config.
+func newBackend(t testing.TB, opts ...func(*process.Config)) (*process.Backend, *backend.Spec) {
 	if err := process.Supported(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
@@ -46,7 +48,11 @@ func newBackend(t testing.TB) (*process.Backend, *backend.Spec) {
 	pids := filepath.Join(process.DefaultPidsRoot, "lampyr-fiberd", filepath.Base(state))
 	cpu := filepath.Join(process.DefaultCPURoot, "lampyr-fiberd", filepath.Base(state))
 	t.Cleanup(func() { os.Remove(cg); os.Remove(pids); os.Remove(cpu) })
-	be, err := process.New(process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu})
+	cfg := process.Config{HelperPath: helperBin, StateDir: filepath.Join(state, "f"), CgroupParent: cg, PidsParent: pids, CPUParent: cpu}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	be, err := process.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
