@@ -62,6 +62,7 @@ func main() {
 		mirrors      multi
 	)
 	flag.IntVar(&sb.homePidsMax, "home-pids-max", 0, fmt.Sprintf("most tasks (processes and threads) all fibers of this Home hold together: pids.max of the pids cgroup every fiber's own is under (each fiber: at most 1024). 0: the grant's maxFibers x 1024, at most %d; -1: no Home-wide bound", process.DefaultHomePidsCap))
+	flag.IntVar(&sb.shells, "sandbox-shells", 1, "process backend: sandbox shells kept ready (a helper in its namespaces and cgroups waiting for a fiber's spec, no handler), so a fiber's start skips the clone and the cgroup moves; 0: none")
 	flag.IntVar(&sb.fiberCPUMillis, "fiber-cpu", 1000, "each fiber's CPU bound in millicores (CFS quota; fibers of a Home share its CPU with equal weights, and the Home's own limit bounds them all)")
 	flag.Var(&sb.idBase, "id-base", "first host uid/gid of the node's pool of per-fiber id ranges (65536 ids each); every Home on a node must agree")
 	flag.IntVar(&sb.idRanges, "id-ranges", process.DefaultIDRanges, "number of per-fiber id ranges in the node's pool")
@@ -95,6 +96,7 @@ func main() {
 type sandboxFlags struct {
 	fiberCPUMillis int
 	homePidsMax    int
+	shells         int
 	idBase         uint32Flag
 	idRanges       int
 	idLockDir      string
@@ -243,6 +245,7 @@ func run(ctx context.Context, listen, grantFile, grantKeyFile, routerKeysFile, t
 			IDBase:       uint32(sb.idBase),
 			IDRanges:     sb.idRanges,
 			IDLockDir:    sb.idLockDir,
+			Shells:       sb.shells,
 		})
 	case lampyrconfig.BackendGVisor:
 		be, err = gvisor.New(gvisor.Config{

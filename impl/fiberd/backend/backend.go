@@ -73,6 +73,14 @@ type Preinitializer interface {
 	Preinit(spec *Spec) error
 }
 
+// Preparer is implemented by a backend that can make ahead of time what
+// fibers of spec need before their handler runs (the process backend's
+// sandbox shells): the pool calls it when it gets its spec, so the first
+// start does not pay for it either.
+type Preparer interface {
+	Prepare(spec *Spec)
+}
+
 // ErrPreinitPending: the checkpoint is made by a Revision's first fiber
 // start, which has not finished yet.
 var ErrPreinitPending = errors.New("the checkpoint is made by the Revision's first fiber start, which has not finished")

@@ -378,7 +378,9 @@ func StartInstance(t testing.TB, opts Options) *Instance {
 			UID:          opts.UID,
 			GID:          opts.UID,
 			Egress:       opts.Egress,
-			Log:          logWriter{opts.Logf},
+			// As fiberd's --sandbox-shells default: starts take ready shells.
+			Shells: 1,
+			Log:    logWriter{opts.Logf},
 		})
 	}
 	if err != nil {

@@ -210,6 +210,9 @@ func New(cfg Config) (*Pool, error) {
 	go p.refillLoop()
 	go p.reapLoop()
 	p.kick()
+	if pr, ok := cfg.Backend.(backend.Preparer); ok {
+		pr.Prepare(cfg.Spec)
+	}
 	return p, nil
 }
 

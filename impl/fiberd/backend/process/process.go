@@ -96,6 +96,17 @@ type Config struct {
 	// OnStart, if set, is called after each fiber that started, with the
 	// steps of its start as fiberd's side saw them (BenchmarkStartSteps).
 	OnStart func(id string, steps []StartStep)
+	// Shells is how many sandbox shells the backend keeps ready once it
+	// knows the fibers' memory limit (Prepare, or the first Start): a
+	// helper cloned into its namespaces on its own host id range, moved
+	// into its cgroups, waiting for its spec (the egress link is made
+	// when a start takes it, so a waiting shell holds no network stack). No
+	// handler runs in a shell and none has run in it; a start takes one
+	// and only sends the spec, so the clone and the cgroup moves are off
+	// its path (with cgroup v1 the first move after a quiet spell waits
+	// for an RCU grace period: about 10 ms of a 17 ms start on the
+	// development machine, BenchmarkStartSteps). 0: none.
+	Shells int
 }
 
 // StartStep is one step of a fiber's start and how long it took.
@@ -106,11 +117,12 @@ type StartStep struct {
 
 // Names of the start steps, in order (StartStep.Name).
 const (
+	StepShell     = "a ready sandbox shell taken (the steps up to the spec were done before)"
 	StepPrepare   = "prepare: state dir, host id range, pipes"
 	StepSpawn     = "spawn: clone into new namespaces, exec the helper"
 	StepHandles   = "handles: pidfd, network namespace"
-	StepEgress    = "egress link (none without egress)"
 	StepCgroups   = "cgroups: memory, pids, cpu"
+	StepEgress    = "egress link (none without egress)"
 	StepSpec      = "spec sent to the helper"
 	StepHelperRun = "helper: root, mounts, loopback, exec the handler, until it listens"
 )
@@ -151,6 +163,15 @@ type Backend struct {
 	// homePids is the Home-wide task bound last written (homePidsMu).
 	homePidsMu sync.Mutex
 	homePids   int
+	// shells are ready sandbox shells for fibers of memory limit
+	// shellMem; shellsMaking counts those being made (shellMu).
+	shellMu      sync.Mutex
+	shells       []*fiber
+	shellMem     int64
+	shellsMaking int
+	shellSeq     int
+	closed       bool
+	shellWG      sync.WaitGroup
 }
 
 // Egress configures fibers' service bindings.
@@ -398,6 +419,15 @@ func Supported() error {
 // Close waits for destroyed fibers' cleanup and removes the backend's own
 // cgroup directories if they are empty. Destroy every fiber first.
 func (b *Backend) Close() error {
+	b.shellMu.Lock()
+	b.closed = true
+	shells := b.shells
+	b.shells = nil
+	b.shellMu.Unlock()
+	b.shellWG.Wait()
+	for _, f := range shells {
+		f.Destroy()
+	}
 	b.cleanups.Wait()
 	b.spawnMu.Lock()
 	b.spawner.close()
@@ -473,22 +503,40 @@ type fiber struct {
 	mu      sync.Mutex
 	err     error
 	destroy sync.Once
+
+	// Between the shell and its run: the ends fiberd keeps of the
+	// helper's spec and status pipes, the fiber's output (prefixed with
+	// its id once it has one) and the end of that output.
+	specW, statusR *os.File
+	out            *prefixWriter
+	tail           *tailBuffer
+	logDone        chan struct{}
 }
 
 // Start implements backend.Backend.
 func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (backend.Fiber, error) {
-	f := &fiber{
-		b:       b,
-		id:      id,
-		dir:     filepath.Join(b.cfg.StateDir, id),
-		cgroup:  filepath.Join(b.cfg.CgroupParent, id),
-		idRange: -1,
-		pidfd:   -1,
-		done:    make(chan struct{}),
-	}
-	f.ns = netns.None()
+	// One bound for every wait of the start, however far it gets.
+	timeout := spec.StartupTimeout + 5*time.Second
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	clock := &stepClock{last: time.Now()}
-	if err := f.start(ctx, &b.cfg, spec, clock); err != nil {
+	f := b.takeShell(spec.MemoryBytes)
+	if f != nil {
+		clock.mark(StepShell)
+	} else {
+		f = b.newFiber(id)
+		if err := f.shell(ctx, spec.MemoryBytes, clock); err != nil {
+			f.cleanup()
+			return nil, fmt.Errorf("starting fiber %s: %w", id, err)
+		}
+	}
+	f.id = id
+	f.out.setPrefix("fiber " + id + ": ")
+	err := f.run(ctx, spec, timeout, clock)
+	// The next start's shell is made now, beside this fiber's first
+	// request rather than its start.
+	b.refillShells(spec.MemoryBytes)
+	if err != nil {
 		f.cleanup()
 		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
 	}
@@ -498,17 +546,111 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 	return f, nil
 }
 
-func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, clock *stepClock) error {
-	// One bound for every wait of the start, however far it gets.
-	timeout := spec.StartupTimeout + 5*time.Second
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
+// newFiber is a fiber with nothing made yet; name names its directory
+// and memory cgroup (the fiber's id, or a shell's own name).
+func (b *Backend) newFiber(name string) *fiber {
+	f := &fiber{
+		b:       b,
+		id:      name,
+		dir:     filepath.Join(b.cfg.StateDir, name),
+		cgroup:  filepath.Join(b.cfg.CgroupParent, name),
+		idRange: -1,
+		pidfd:   -1,
+		done:    make(chan struct{}),
+	}
+	f.ns = netns.None()
+	return f
+}
+
+// Prepare implements backend.Preparer: it makes the sandbox shells
+// (Config.Shells) for fibers of spec before the first start needs one.
+func (b *Backend) Prepare(spec *backend.Spec) {
+	b.refillShells(spec.MemoryBytes)
+}
+
+// ReadyShells is how many sandbox shells are ready now.
+func (b *Backend) ReadyShells() int {
+	b.shellMu.Lock()
+	defer b.shellMu.Unlock()
+	return len(b.shells)
+}
+
+// takeShell returns a ready shell for fibers of memory limit mem, or nil.
+// A shell whose helper died while it waited is destroyed, not returned.
+func (b *Backend) takeShell(mem int64) *fiber {
+	b.shellMu.Lock()
+	defer b.shellMu.Unlock()
+	for len(b.shells) > 0 {
+		f := b.shells[0]
+		b.shells = b.shells[1:]
+		select {
+		case <-f.done:
+			go f.Destroy()
+			continue
+		default:
+		}
+		if b.shellMem != mem {
+			go f.Destroy()
+			continue
+		}
+		return f
+	}
+	return nil
+}
+
+// shellTimeout bounds the making of one shell.
+const shellTimeout = 30 * time.Second
+
+// refillShells makes shells until Config.Shells are ready or being made,
+// for fibers of memory limit mem; shells made for another limit are
+// dropped. A shell that fails is not retried until the next start.
+func (b *Backend) refillShells(mem int64) {
+	b.shellMu.Lock()
+	defer b.shellMu.Unlock()
+	if b.closed || b.cfg.Shells <= 0 {
+		return
+	}
+	if b.shellMem != mem {
+		for _, f := range b.shells {
+			go f.Destroy()
+		}
+		b.shells, b.shellMem = nil, mem
+	}
+	for len(b.shells)+b.shellsMaking < b.cfg.Shells {
+		b.shellsMaking++
+		b.shellSeq++
+		f := b.newFiber("shell-" + strconv.Itoa(b.shellSeq))
+		b.shellWG.Add(1)
+		go func() {
+			defer b.shellWG.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), shellTimeout)
+			err := f.shell(ctx, mem, &stepClock{last: time.Now()})
+			cancel()
+			b.shellMu.Lock()
+			b.shellsMaking--
+			keep := err == nil && !b.closed && b.shellMem == mem
+			if keep {
+				b.shells = append(b.shells, f)
+			}
+			b.shellMu.Unlock()
+			if err != nil {
+				fmt.Fprintf(b.cfg.Log, "process backend: making a sandbox shell: %v\n", err)
+				f.cleanup()
+			} else if !keep {
+				f.Destroy()
+			}
+		}()
+	}
+}
+
+// shell makes everything of the fiber that does not depend on its spec
+// beyond its memory limit: its directory, host id range and pipes, the
+// helper cloned into new namespaces, and the cgroups. The helper then
+// waits for its spec (run).
+func (f *fiber) shell(ctx context.Context, memoryBytes int64, clock *stepClock) error {
+	cfg := &f.b.cfg
 	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o711); err != nil {
 		return err
-	}
-	uid, gid := cfg.UID, cfg.GID
-	if spec.UID != 0 {
-		uid, gid = spec.UID, spec.GID
 	}
 	n, hostID, err := f.b.ids.acquire()
 	if err != nil {
@@ -520,12 +662,12 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 		return err
 	}
 	defer specR.Close()
-	defer specW.Close()
+	f.specW = specW // closed by run, or by cleanup
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		return err
 	}
-	defer statusR.Close()
+	f.statusR = statusR
 	defer statusW.Close()
 
 	logR, logW, err := os.Pipe()
@@ -533,17 +675,17 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 		return err
 	}
 	defer logW.Close()
-	out := &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
+	f.out = &prefixWriter{w: cfg.Log, prefix: "fiber " + f.id + ": "}
 	// The end of the fiber's output is kept for a failed start's report.
 	// It costs a bounded copy per write and never slows the reader, so the
 	// handler cannot block on it or make fiberd hold more than tailSize.
-	tail := &tailBuffer{}
-	logDone := make(chan struct{})
-	go func() {
+	f.tail = &tailBuffer{}
+	f.logDone = make(chan struct{})
+	go func(out *prefixWriter, tail *tailBuffer, logDone chan struct{}) {
 		defer close(logDone)
 		io.Copy(io.MultiWriter(out, tail), logR)
 		logR.Close()
-	}()
+	}(f.out, f.tail, f.logDone)
 	sp, err := f.b.currentSpawner()
 	if err != nil {
 		return err
@@ -589,19 +731,11 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 	f.nsMu.Lock()
 	f.ns = ns
 	f.nsMu.Unlock()
-	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	clock.mark(StepHandles)
-	if e := f.b.cfg.Egress; e != nil {
-		// Before the handler starts, so its first call finds the way out.
-		if f.egress, err = netstack.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
-			return fmt.Errorf("fiber egress: %w", err)
-		}
-	}
-	clock.mark(StepEgress)
 	// The helper waits for its spec before starting the handler, so joining
 	// the cgroups here, before sending the spec, puts every process of the
 	// fiber under the limits.
-	if err := f.joinCgroup(pid, spec.MemoryBytes); err != nil {
+	if err := f.joinCgroup(pid, memoryBytes); err != nil {
 		return err
 	}
 	if err := f.joinPooled(f.b.pidsGroups, &f.pids, pid, "pids"); err != nil {
@@ -611,6 +745,33 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 		return err
 	}
 	clock.mark(StepCgroups)
+	return ctx.Err()
+}
+
+// run sends the helper of a shell its spec and waits until the handler
+// listens (and answers ReadinessPath).
+func (f *fiber) run(ctx context.Context, spec *backend.Spec, timeout time.Duration, clock *stepClock) error {
+	cfg := &f.b.cfg
+	specW, statusR := f.specW, f.statusR
+	defer specW.Close()
+	defer statusR.Close()
+	f.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
+	if e := cfg.Egress; e != nil {
+		// Before the handler starts, so its first call finds the way out;
+		// not in the shell, so a shell that waits holds no network stack.
+		f.nsMu.RLock()
+		ns := f.ns
+		f.nsMu.RUnlock()
+		var err error
+		if f.egress, err = netstack.Attach(ns, f.b.hostNS, egress.NewGuard(e.Policy, e.Lookup), e.Dial); err != nil {
+			return fmt.Errorf("fiber egress: %w", err)
+		}
+	}
+	clock.mark(StepEgress)
+	uid, gid := cfg.UID, cfg.GID
+	if spec.UID != 0 {
+		uid, gid = spec.UID, spec.GID
+	}
 	env := make([]string, 0, len(spec.Env))
 	for k, v := range spec.Env {
 		env = append(env, k+"="+v)
@@ -633,10 +794,14 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 		ResolvConf:           f.b.resolvConf,
 	}
 	if err := json.NewEncoder(specW).Encode(hs); err != nil {
+		select {
+		case <-f.done:
+			return fmt.Errorf("sending spec to helper: %w (%v)", err, f.Err())
+		default:
+		}
 		return fmt.Errorf("sending spec to helper: %w", err)
 	}
 	specW.Close()
-	statusW.Close()
 	clock.mark(StepSpec)
 
 	type result struct {
@@ -671,10 +836,10 @@ func (f *fiber) start(ctx context.Context, cfg *Config, spec *backend.Spec, cloc
 				// fiber's processes with it: wait briefly for their last
 				// output, then report what arrived.
 				select {
-				case <-logDone:
+				case <-f.logDone:
 				case <-time.After(failureOutputWait):
 				}
-				sf.Output = tail.String()
+				sf.Output = f.tail.String()
 				return &sf
 			}
 		}
@@ -841,6 +1006,11 @@ func (f *fiber) Destroy() error {
 
 func (f *fiber) cleanup() error {
 	var errs []error
+	for _, p := range []*os.File{f.specW, f.statusR} {
+		if p != nil {
+			p.Close()
+		}
+	}
 	if f.pidfd >= 0 {
 		select {
 		case <-f.done:
@@ -948,6 +1118,14 @@ type prefixWriter struct {
 	w      io.Writer
 	prefix string
 	buf    []byte
+}
+
+// setPrefix names the fiber in the lines that follow (a shell gets its
+// fiber's id when a start takes it).
+func (p *prefixWriter) setPrefix(prefix string) {
+	p.mu.Lock()
+	p.prefix = prefix
+	p.mu.Unlock()
 }
 
 func (p *prefixWriter) Write(b []byte) (int, error) {

@@ -29,6 +29,12 @@ import (
 // newBackend makes a backend with the test handler's root; opts adjust its
 // Config.
 func newBackend(t testing.TB, opts ...func(*process.Config)) (*process.Backend, *backend.Spec) {
+	be, spec, _ := newBackendConfig(t, opts...)
+	return be, spec
+}
+
+// newBackendConfig is newBackend, and the Config it made the backend with.
+func newBackendConfig(t testing.TB, opts ...func(*process.Config)) (*process.Backend, *backend.Spec, process.Config) {
 	if err := process.Supported(); err != nil {
 		t.Skipf("skipping: %v", err)
 	}
@@ -58,7 +64,7 @@ func newBackend(t testing.TB, opts ...func(*process.Config)) (*process.Backend, 
 	}
 	t.Cleanup(func() { be.Close() })
 	return be, &backend.Spec{RootFS: root, Entrypoint: []string{"/app/handler"}, Port: 8080,
-		Env: map[string]string{"PORT": "8080"}, MemoryBytes: 128 << 20, StartupTimeout: 5 * time.Second}
+		Env: map[string]string{"PORT": "8080"}, MemoryBytes: 128 << 20, StartupTimeout: 5 * time.Second}, cfg
 }
 
 // BenchmarkStartDestroy is the cost of one fiber without the pool or API.

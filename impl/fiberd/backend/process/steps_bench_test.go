@@ -25,15 +25,24 @@ import (
 // helper or mounts), waited for until it listens, sent one request, and
 // killed. It answers what a cold request with no warm fiber pays over the
 // floor of any process-per-fiber backend on this machine (issue 32). Each
-// start follows 100 ms of quiet (benchtime 40x takes about 10 s).
+// start follows 100 ms of quiet (benchtime 40x takes about 10 s); without
+// and with a ready sandbox shell (Config.Shells).
 //
 //	go test ./impl/fiberd/backend/process -run '^$' -bench StartSteps -benchtime 100x
 func BenchmarkStartSteps(b *testing.B) {
+	for _, shells := range []int{0, 1} {
+		b.Run(fmt.Sprintf("shells=%d", shells), func(b *testing.B) { benchmarkStartSteps(b, shells) })
+	}
+}
+
+func benchmarkStartSteps(b *testing.B, shells int) {
 	const quiet = 100 * time.Millisecond
 	var last []process.StartStep
 	be, spec := newBackend(b, func(c *process.Config) {
+		c.Shells = shells
 		c.OnStart = func(_ string, steps []process.StartStep) { last = steps }
 	})
+	be.Prepare(spec)
 	handler := fiberdtest.Build(b, fiberdtest.TestHandlerPackage)
 	steps := map[string][]time.Duration{}
 	var order []string
