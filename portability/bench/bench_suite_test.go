@@ -542,6 +542,8 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		}
 		before, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold")
 		Expect(err).NotTo(HaveOccurred())
+		beforeNoWarm, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold-nowarm")
+		Expect(err).NotTo(HaveOccurred())
 		load := loadNow()
 		for i := 0; i < cycles; i++ {
 			// Stock: wait until the Revision has no Pod at all.
@@ -570,7 +572,10 @@ var _ = Describe("stock Knative vs Lampyr, side by side", Label("cluster", "benc
 		load += " -> " + loadNow()
 		after, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold")
 		Expect(err).NotTo(HaveOccurred())
+		afterNoWarm, err := scrapeRouters(ctx, the().lampyr.Clients.Kube, "cold-nowarm")
+		Expect(err).NotTo(HaveOccurred())
 		the().report.Breakdown = append(the().report.Breakdown, breakdownRows("Lampyr cold request", ms(got["lampyr"].Mean()), after.minus(before))...)
+		the().report.Breakdown = append(the().report.Breakdown, breakdownRows("Lampyr cold request, no warm fiber", ms(got["nowarm"].Mean()), afterNoWarm.minus(beforeNoWarm))...)
 		the().report.Samples["cold/stock"], the().report.Samples["cold/lampyr"] = got["stock"], got["lampyr"]
 		the().report.Samples["cold, no warm fiber/stock"], the().report.Samples["cold, no warm fiber/lampyr"] = got["stock"], got["nowarm"]
 		for _, p := range []float64{50, 90, 99} {

@@ -5,6 +5,9 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -81,7 +84,10 @@ func ours(m *dto.Metric, service string) bool {
 		case "namespace":
 			nsOK = l.GetValue() == ns
 		case "revision":
-			revOK = strings.HasPrefix(l.GetValue(), service+"-")
+			// service-00001, not another Service whose name starts with
+			// service's ("cold" and "cold-nowarm").
+			n, ok := strings.CutPrefix(l.GetValue(), service+"-")
+			revOK = ok && n != "" && strings.Trim(n, "0123456789") == ""
 		}
 	}
 	return nsOK && revOK
@@ -103,5 +109,31 @@ func breakdownRows(group string, clientMeanMs float64, d routerTotals) []Row {
 		{Group: group, Metric: "before the router (gateway, Service hop)", Unit: "ms", Lampyr: clientMeanMs - router},
 		{Group: group, Metric: "fiber lease per request", Unit: "ms", Lampyr: acq},
 		{Group: group, Metric: "router -> Home -> handler and back", Unit: "ms", Lampyr: router - acq},
+	}
+}
+
+// A Service's series are its Revisions' only: "cold" must not take
+// "cold-nowarm"'s (the first cold breakdowns mixed both, 2026-12-07).
+func TestOursMatchesOneServicesRevisions(t *testing.T) {
+	series := func(namespace, rev string) *dto.Metric {
+		return &dto.Metric{Label: []*dto.LabelPair{
+			{Name: proto.String("namespace"), Value: proto.String(namespace)},
+			{Name: proto.String("revision"), Value: proto.String(rev)},
+		}}
+	}
+	for _, tc := range []struct {
+		ns, rev, service string
+		want             bool
+	}{
+		{ns, "cold-00001", "cold", true},
+		{ns, "cold-00012", "cold", true},
+		{ns, "cold-nowarm-00001", "cold", false},
+		{ns, "cold-nowarm-00001", "cold-nowarm", true},
+		{ns, "cold-", "cold", false},
+		{"other", "cold-00001", "cold", false},
+	} {
+		if got := ours(series(tc.ns, tc.rev), tc.service); got != tc.want {
+			t.Errorf("ours(%s/%s, %q) = %v, want %v", tc.ns, tc.rev, tc.service, got, tc.want)
+		}
 	}
 }
