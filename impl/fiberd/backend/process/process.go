@@ -533,9 +533,11 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 	f.id = id
 	f.out.setPrefix("fiber " + id + ": ")
 	err := f.run(ctx, spec, timeout, clock)
-	// The next start's shell is made now, beside this fiber's first
-	// request rather than its start.
-	b.refillShells(spec.MemoryBytes)
+	// The next start's shell is made after this fiber's first request
+	// rather than beside its start or that request (on two cores the
+	// clone took a millisecond from the first response).
+	mem := spec.MemoryBytes
+	time.AfterFunc(shellRefillDelay, func() { b.refillShells(mem) })
 	if err != nil {
 		f.cleanup()
 		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
@@ -597,6 +599,10 @@ func (b *Backend) takeShell(mem int64) *fiber {
 	}
 	return nil
 }
+
+// shellRefillDelay is how long after a start its replacement shell is
+// begun: a fresh fiber's first request is usually answered by then.
+const shellRefillDelay = 20 * time.Millisecond
 
 // shellTimeout bounds the making of one shell.
 const shellTimeout = 30 * time.Second

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"lampyr.dev/serving/impl/fiberd/backend/process"
 	"lampyr.dev/serving/impl/fiberd/fiberdtest"
+	"lampyr.dev/serving/impl/trust/egresspolicy"
 )
 
 // BenchmarkStartSteps is a fiber's start step by step, beside this
@@ -31,15 +33,20 @@ import (
 //	go test ./impl/fiberd/backend/process -run '^$' -bench StartSteps -benchtime 100x
 func BenchmarkStartSteps(b *testing.B) {
 	for _, shells := range []int{0, 1} {
-		b.Run(fmt.Sprintf("shells=%d", shells), func(b *testing.B) { benchmarkStartSteps(b, shells) })
+		b.Run(fmt.Sprintf("shells=%d", shells), func(b *testing.B) { benchmarkStartSteps(b, shells, nil) })
 	}
+	// As a Home with service bindings runs (each fiber's TUN and netstack).
+	b.Run("shells=1,egress", func(b *testing.B) {
+		benchmarkStartSteps(b, 1, &process.Egress{Policy: &egresspolicy.Policy{Domains: []string{"svc.cluster.local"}, Allow: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}})
+	})
 }
 
-func benchmarkStartSteps(b *testing.B, shells int) {
+func benchmarkStartSteps(b *testing.B, shells int, eg *process.Egress) {
 	const quiet = 100 * time.Millisecond
 	var last []process.StartStep
 	be, spec := newBackend(b, func(c *process.Config) {
 		c.Shells = shells
+		c.Egress = eg
 		c.OnStart = func(_ string, steps []process.StartStep) { last = steps }
 	})
 	be.Prepare(spec)
