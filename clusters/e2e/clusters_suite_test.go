@@ -111,6 +111,14 @@ var _ = Describe("offline paired clusters", Label("cluster"), func() {
 		name := "e2e-interrupt"
 		cmd := exec.CommandContext(ctx, bin, "up", name)
 		cmd.Dir = e2eutil.RepoRoot()
+		// The default behaviour is under test: a run with LAMPYR_KEEP=1
+		// (which keeps an interrupted creation's containers) must not
+		// change the verdict.
+		for _, kv := range os.Environ() {
+			if !strings.HasPrefix(kv, "LAMPYR_KEEP=") {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
 		cmd.Stdout, cmd.Stderr = GinkgoWriter, GinkgoWriter
 		Expect(cmd.Start()).To(Succeed())
 		// Interrupt once the node container exists: mid-creation.
