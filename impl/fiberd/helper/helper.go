@@ -6,15 +6,17 @@
 // mount, PID, network, IPC and UTS namespaces, already inside the fiber's
 // memory, pids and cpu cgroups, with two inherited descriptors:
 //
-//	fd 3  the Spec as JSON, closed by fiberd once the cgroups are set up
+//	fd 3  the Setup, then the Spec, as JSON, both sent once the cgroups
+//	      are set up; fiberd closes it after the Spec
 //	fd 4  the status pipe: the helper writes "ready\n" or "error: ...\n"
 //
 // Both are made close-on-exec before anything else, so the handler never
-// holds them. The helper, root of its user namespace only, enters a new
-// cgroup namespace, joins a fresh session keyring, turns the unpacked
-// snapshot into the fiber's read-only root (pivot_root, private /tmp,
-// minimal /dev, its own /proc), brings up the loopback interface, then
-// starts the handler as an unprivileged user of its namespace with the
+// holds them. The helper, root of its user namespace only, turns the
+// unpacked snapshot into the fiber's read-only root (pivot_root, private
+// /tmp, minimal /dev, its own /proc), brings up the loopback interface and
+// assembles the seccomp program as soon as the Setup comes (a sandbox
+// shell waits so), then, given the Spec, enters a new cgroup namespace,
+// joins a fresh session keyring and starts the handler as an unprivileged user of its namespace with the
 // Knative runtime contract environment, rlimits, no_new_privs and the
 // seccomp filter of seccomp.go, all set on the thread that forks it. It
 // checks the handler's /proc status shows both, waits for it to listen on
@@ -48,13 +50,33 @@ import (
 	"lampyr.dev/serving/impl/fiberd/backend"
 )
 
-// Spec is what fiberd tells the helper on fd 3.
-type Spec struct {
+// Setup is the first of the two messages fiberd sends on fd 3, once the
+// helper is in the fiber's cgroups: the fiber's root. The helper builds it
+// (and its loopback, and the seccomp program) at once, before the Spec
+// names a handler, so a sandbox shell waits with its root ready and a
+// start only sends the Spec.
+type Setup struct {
 	// Root is the host path of an empty directory that becomes the fiber's
 	// mount point for the root (per fiber, so fibers never share mounts).
 	Root string `json:"root"`
 	// RootFS is the host path of the unpacked snapshot, bound read-only.
 	RootFS string `json:"rootfs"`
+	// TmpBytes caps the private /tmp (tmpfs, charged to the fiber's cgroup).
+	TmpBytes int64 `json:"tmpBytes"`
+	// Cgroups maps a cgroup v1 controller ("cpu", "memory", "pids") to the
+	// host path of the fiber's own cgroup of that controller, bound
+	// read-only at /sys/fs/cgroup/<controller> (the runtime contract's
+	// read-only cgroup view).
+	Cgroups map[string]string `json:"cgroups,omitempty"`
+	// ResolvConf is the host path of the file bound read-only over the
+	// snapshot's /etc/resolv.conf (which fiberd's unpack leaves a regular
+	// file).
+	ResolvConf string `json:"resolvConf,omitempty"`
+}
+
+// Spec is the second message on fd 3: the handler to start in the root of
+// Setup. fiberd closes fd 3 after it.
+type Spec struct {
 	// Entrypoint is the handler's command, resolved inside the new root.
 	Entrypoint []string `json:"entrypoint"`
 	// Env is the handler's complete environment (PORT, K_* ...).
@@ -68,21 +90,10 @@ type Spec struct {
 	GID uint32 `json:"gid"`
 	// Limits are the handler's rlimits.
 	Limits Limits `json:"limits"`
-	// TmpBytes caps the private /tmp (tmpfs, charged to the fiber's cgroup).
-	TmpBytes int64 `json:"tmpBytes"`
 	// StartupTimeoutMillis bounds how long the handler may take to listen.
 	StartupTimeoutMillis int64 `json:"startupTimeoutMillis"`
 	// ReadinessPath, if set, must answer GET with 2xx before "ready".
 	ReadinessPath string `json:"readinessPath,omitempty"`
-	// Cgroups maps a cgroup v1 controller ("cpu", "memory", "pids") to the
-	// host path of the fiber's own cgroup of that controller, bound
-	// read-only at /sys/fs/cgroup/<controller> (the runtime contract's
-	// read-only cgroup view).
-	Cgroups map[string]string `json:"cgroups,omitempty"`
-	// ResolvConf is the host path of the file bound read-only over the
-	// snapshot's /etc/resolv.conf (which fiberd's unpack leaves a regular
-	// file).
-	ResolvConf string `json:"resolvConf,omitempty"`
 }
 
 // Limits are rlimits set (soft = hard) on the handler. Zero leaves one as
@@ -106,8 +117,61 @@ const (
 	StatusFD = 4
 )
 
-// ReadyLine is the status line of a ready fiber.
+// ReadyLine is the status line of a ready fiber. The helper may put its
+// own steps between "ready" and the newline (ReadySteps): " name=µs" each,
+// how long each of its steps after the spec took, for fiberd's start steps
+// (process.Config.OnStart). Only the helper writes the line: fd 4 is
+// close-on-exec before the handler starts.
 const ReadyLine = "ready\n"
+
+// The helper's steps after its spec, in order (ReadySteps).
+// The first three are done on the Setup, before the Spec: in a sandbox
+// shell, before the start that takes it (StepWait is then the shell's wait).
+const (
+	StepRoot     = "root"     // user namespace checked, mounts, pivot_root, the host root detached
+	StepLoopback = "lo"       // loopback up
+	StepSeccomp  = "seccomp"  // the seccomp program assembled
+	StepWait     = "wait"     // until the Spec came
+	StepExec     = "exec"     // hostname, the confined thread, fork and exec of the handler
+	StepConfined = "confined" // the handler's /proc status checked
+	StepListen   = "listen"   // until the handler listens (and answers ReadinessPath)
+)
+
+// ReadySteps parses a status line of a ready fiber: ok reports whether it
+// is one, steps are the helper's own (name, duration), in order.
+func ReadySteps(line string) (steps []ReadyStep, ok bool) {
+	rest, found := strings.CutPrefix(line, "ready")
+	if !found || !strings.HasSuffix(rest, "\n") || (rest != "\n" && rest[0] != ' ') {
+		return nil, false
+	}
+	for _, f := range strings.Fields(rest) {
+		name, v, ok := strings.Cut(f, "=")
+		us, err := strconv.ParseInt(v, 10, 64)
+		if !ok || err != nil || us < 0 {
+			continue
+		}
+		steps = append(steps, ReadyStep{name, time.Duration(us) * time.Microsecond})
+	}
+	return steps, true
+}
+
+// ReadyStep is one of the helper's steps in its ready line.
+type ReadyStep struct {
+	Name string
+	D    time.Duration
+}
+
+// stepTimer builds the ready line's steps.
+type stepTimer struct {
+	last time.Time
+	b    strings.Builder
+}
+
+func (t *stepTimer) mark(name string) {
+	now := time.Now()
+	fmt.Fprintf(&t.b, " %s=%d", name, now.Sub(t.last).Microseconds())
+	t.last = now
+}
 
 // FailedPrefix starts the status line of a start that failed because of the
 // handler itself: the rest of the line is a backend.StartFailure as JSON.
@@ -168,26 +232,44 @@ func Main() int {
 	if os.Getpid() != 1 {
 		return fail(errors.New("must run as PID 1 of a new PID namespace (started by fiberd's process backend)"))
 	}
-	var spec Spec
 	specFile := os.NewFile(SpecFD, "spec")
-	if err := json.NewDecoder(specFile).Decode(&spec); err != nil {
+	dec := json.NewDecoder(specFile)
+	var setup Setup
+	if err := dec.Decode(&setup); err != nil {
+		return fail(fmt.Errorf("reading the setup on fd %d: %w", SpecFD, err))
+	}
+	// Everything up to the handler's own start that the Spec does not
+	// change is done here, while a sandbox shell waits (the time each took
+	// is reported with ready: the steps of a start without a shell).
+	steps := stepTimer{last: time.Now()}
+	if err := checkOwnUserNamespace(); err != nil {
+		return fail(err)
+	}
+	if err := setupRoot(&setup); err != nil {
+		return fail(err)
+	}
+	steps.mark(StepRoot)
+	if err := loopbackUp(); err != nil {
+		return fail(fmt.Errorf("bringing up lo: %w", err))
+	}
+	steps.mark(StepLoopback)
+	prog, err := seccompProgram()
+	if err != nil {
+		return fail(err)
+	}
+	steps.mark(StepSeccomp)
+
+	var spec Spec
+	if err := dec.Decode(&spec); err != nil {
 		return fail(fmt.Errorf("reading spec on fd %d: %w", SpecFD, err))
 	}
 	specFile.Close()
+	steps.mark(StepWait)
 	if len(spec.Entrypoint) == 0 {
 		return fail(errors.New("spec has no entrypoint"))
 	}
 	if spec.UID == 0 || spec.GID == 0 {
 		return fail(fmt.Errorf("refusing to run the handler as uid %d gid %d: root of the fiber's user namespace holds its namespaces", spec.UID, spec.GID))
-	}
-	if err := checkOwnUserNamespace(); err != nil {
-		return fail(err)
-	}
-	if err := setupRoot(&spec); err != nil {
-		return fail(err)
-	}
-	if err := loopbackUp(); err != nil {
-		return fail(fmt.Errorf("bringing up lo: %w", err))
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fail(fmt.Errorf("sethostname: %w", err))
@@ -204,10 +286,11 @@ func Main() int {
 		Credential: &syscall.Credential{Uid: spec.UID, Gid: spec.GID, Groups: []uint32{}},
 		Setsid:     true,
 	}
-	if err := startConfined(cmd, spec.Limits); err != nil {
+	if err := startConfined(cmd, spec.Limits, prog); err != nil {
 		return fail(fmt.Errorf("starting handler %q: %w", spec.Entrypoint[0], err))
 	}
 	handler := cmd.Process.Pid
+	steps.mark(StepExec)
 
 	exited := make(chan exitStatus, 1)
 	go reap(sigs, handler, exited)
@@ -216,6 +299,7 @@ func Main() int {
 		unix.Kill(handler, unix.SIGKILL)
 		return fail(fmt.Errorf("%w; refusing to run it", err))
 	}
+	steps.mark(StepConfined)
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(spec.Port)))
 	deadline := time.Now().Add(time.Duration(spec.StartupTimeoutMillis) * time.Millisecond)
@@ -242,7 +326,8 @@ func Main() int {
 		}
 	}
 
-	io.WriteString(status, ReadyLine)
+	steps.mark(StepListen)
+	io.WriteString(status, "ready"+steps.b.String()+"\n")
 	status.Close()
 	return int((<-exited).code)
 }
@@ -255,7 +340,7 @@ func Main() int {
 // how most handlers ran without it before). The thread keeps the filter,
 // so it is never given back to the Go scheduler: the goroutine ends locked
 // and the runtime ends the thread.
-func startConfined(cmd *exec.Cmd, l Limits) error {
+func startConfined(cmd *exec.Cmd, l Limits, prog *unix.SockFprog) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -292,7 +377,7 @@ func startConfined(cmd *exec.Cmd, l Limits) error {
 			done <- fmt.Errorf("no_new_privs: %w", err)
 			return
 		}
-		if err := loadSeccomp(); err != nil {
+		if err := loadSeccomp(prog); err != nil {
 			done <- err
 			return
 		}
@@ -398,7 +483,7 @@ func reap(sigs chan os.Signal, handler int, exited chan<- exitStatus) {
 	}
 }
 
-func setupRoot(spec *Spec) error {
+func setupRoot(spec *Setup) error {
 	// Nothing done here may propagate back to the host's mount table.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making mounts private: %w", err)

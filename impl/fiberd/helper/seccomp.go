@@ -23,10 +23,13 @@ package helper
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
+	"unsafe"
 
 	seccomp "github.com/elastic/go-seccomp-bpf"
 	"github.com/elastic/go-seccomp-bpf/arch"
+	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -206,16 +209,37 @@ func seccompFilter() (seccomp.Filter, error) {
 	return filter, filterErr
 }
 
-// loadSeccomp sets no_new_privs and installs the filter on the calling OS
-// thread only (no TSYNC: the helper's other threads stay unfiltered). The
-// caller must be locked to its thread and fork the handler from it.
-func loadSeccomp() error {
+// seccompProgram assembles the fiber's filter into the BPF program the
+// kernel takes (before the spec: about half a millisecond of a start).
+func seccompProgram() (*unix.SockFprog, error) {
 	f, err := seccompFilter()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := seccomp.LoadFilter(f); err != nil {
-		return fmt.Errorf("seccomp profile: %w", err)
+	insts, err := f.Policy.Assemble()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: assembling the policy: %w", err)
 	}
+	raw, err := bpf.Assemble(insts)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: assembling BPF: %w", err)
+	}
+	prog := make([]unix.SockFilter, len(raw))
+	for i, in := range raw {
+		prog[i] = unix.SockFilter{Code: in.Op, Jt: in.Jt, Jf: in.Jf, K: in.K}
+	}
+	return &unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}, nil
+}
+
+// loadSeccomp installs prog (seccompProgram) on the calling OS thread only
+// (no TSYNC: the helper's other threads stay unfiltered), as
+// go-seccomp-bpf's LoadFilter does with an assembled program. The caller
+// must have set no_new_privs, be locked to its thread and fork the handler
+// from it.
+func loadSeccomp(prog *unix.SockFprog) error {
+	if _, _, e := unix.RawSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(prog))); e != 0 {
+		return fmt.Errorf("seccomp profile: loading the filter: %w", e)
+	}
+	runtime.KeepAlive(prog)
 	return nil
 }

@@ -97,10 +97,11 @@ type Config struct {
 	// steps of its start as fiberd's side saw them (BenchmarkStartSteps).
 	OnStart func(id string, steps []StartStep)
 	// Shells is how many sandbox shells the backend keeps ready once it
-	// knows the fibers' memory limit (Prepare, or the first Start): a
-	// helper cloned into its namespaces on its own host id range, moved
-	// into its cgroups, waiting for its spec (the egress link is made
-	// when a start takes it, so a waiting shell holds no network stack). No
+	// knows the fibers' memory limit and snapshot (Prepare, or the first
+	// Start): a helper cloned into its namespaces on its own host id
+	// range, moved into its cgroups, its root built (helper.Setup),
+	// waiting for its spec (the egress link is made when a start takes
+	// it, so a waiting shell holds no network stack). No
 	// handler runs in a shell and none has run in it; a start takes one
 	// and only sends the spec, so the clone and the cgroup moves are off
 	// its path (with cgroup v1 the first move after a quiet spell waits
@@ -122,9 +123,14 @@ const (
 	StepSpawn     = "spawn: clone into new namespaces, exec the helper"
 	StepHandles   = "handles: pidfd, network namespace"
 	StepCgroups   = "cgroups: memory, pids, cpu"
+	StepSetup     = "setup sent (the helper builds the root meanwhile)"
 	StepEgress    = "egress link (none without egress)"
 	StepSpec      = "spec sent to the helper"
 	StepHelperRun = "helper: root, mounts, loopback, exec the handler, until it listens"
+	// StepHelperPrefix starts the names of the helper's own steps, which
+	// follow StepHelperRun and divide it (helper.StepRoot ...): "  helper
+	// root" and so on.
+	StepHelperPrefix = "  helper "
 )
 
 // stepClock records consecutive steps.
@@ -167,7 +173,7 @@ type Backend struct {
 	// shellMem; shellsMaking counts those being made (shellMu).
 	shellMu      sync.Mutex
 	shells       []*fiber
-	shellMem     int64
+	shellFor     shellKey
 	shellsMaking int
 	shellSeq     int
 	closed       bool
@@ -520,12 +526,13 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	clock := &stepClock{last: time.Now()}
-	f := b.takeShell(spec.MemoryBytes)
+	key := shellKey{spec.MemoryBytes, spec.RootFS}
+	f := b.takeShell(key)
 	if f != nil {
 		clock.mark(StepShell)
 	} else {
 		f = b.newFiber(id)
-		if err := f.shell(ctx, spec.MemoryBytes, clock); err != nil {
+		if err := f.shell(ctx, key, clock); err != nil {
 			f.cleanup()
 			return nil, fmt.Errorf("starting fiber %s: %w", id, err)
 		}
@@ -536,8 +543,7 @@ func (b *Backend) Start(ctx context.Context, id string, spec *backend.Spec) (bac
 	// The next start's shell is made after this fiber's first request
 	// rather than beside its start or that request (on two cores the
 	// clone took a millisecond from the first response).
-	mem := spec.MemoryBytes
-	time.AfterFunc(shellRefillDelay, func() { b.refillShells(mem) })
+	time.AfterFunc(shellRefillDelay, func() { b.refillShells(key) })
 	if err != nil {
 		f.cleanup()
 		return nil, fmt.Errorf("starting fiber %s: %w", id, err)
@@ -567,7 +573,7 @@ func (b *Backend) newFiber(name string) *fiber {
 // Prepare implements backend.Preparer: it makes the sandbox shells
 // (Config.Shells) for fibers of spec before the first start needs one.
 func (b *Backend) Prepare(spec *backend.Spec) {
-	b.refillShells(spec.MemoryBytes)
+	b.refillShells(shellKey{spec.MemoryBytes, spec.RootFS})
 }
 
 // ReadyShells is how many sandbox shells are ready now.
@@ -577,9 +583,17 @@ func (b *Backend) ReadyShells() int {
 	return len(b.shells)
 }
 
-// takeShell returns a ready shell for fibers of memory limit mem, or nil.
-// A shell whose helper died while it waited is destroyed, not returned.
-func (b *Backend) takeShell(mem int64) *fiber {
+// shellKey is what a sandbox shell was made for: the fibers' memory limit
+// and the snapshot its root binds (a shell's root is built before its
+// spec comes).
+type shellKey struct {
+	mem    int64
+	rootfs string
+}
+
+// takeShell returns a ready shell made for key, or nil. A shell whose
+// helper died while it waited is destroyed, not returned.
+func (b *Backend) takeShell(key shellKey) *fiber {
 	b.shellMu.Lock()
 	defer b.shellMu.Unlock()
 	for len(b.shells) > 0 {
@@ -591,7 +605,7 @@ func (b *Backend) takeShell(mem int64) *fiber {
 			continue
 		default:
 		}
-		if b.shellMem != mem {
+		if b.shellFor != key {
 			go f.Destroy()
 			continue
 		}
@@ -608,19 +622,19 @@ const shellRefillDelay = 20 * time.Millisecond
 const shellTimeout = 30 * time.Second
 
 // refillShells makes shells until Config.Shells are ready or being made,
-// for fibers of memory limit mem; shells made for another limit are
-// dropped. A shell that fails is not retried until the next start.
-func (b *Backend) refillShells(mem int64) {
+// for fibers of key; shells made for another key are dropped. A shell that
+// fails is not retried until the next start.
+func (b *Backend) refillShells(key shellKey) {
 	b.shellMu.Lock()
 	defer b.shellMu.Unlock()
 	if b.closed || b.cfg.Shells <= 0 {
 		return
 	}
-	if b.shellMem != mem {
+	if b.shellFor != key {
 		for _, f := range b.shells {
 			go f.Destroy()
 		}
-		b.shells, b.shellMem = nil, mem
+		b.shells, b.shellFor = nil, key
 	}
 	for len(b.shells)+b.shellsMaking < b.cfg.Shells {
 		b.shellsMaking++
@@ -630,11 +644,11 @@ func (b *Backend) refillShells(mem int64) {
 		go func() {
 			defer b.shellWG.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), shellTimeout)
-			err := f.shell(ctx, mem, &stepClock{last: time.Now()})
+			err := f.shell(ctx, key, &stepClock{last: time.Now()})
 			cancel()
 			b.shellMu.Lock()
 			b.shellsMaking--
-			keep := err == nil && !b.closed && b.shellMem == mem
+			keep := err == nil && !b.closed && b.shellFor == key
 			if keep {
 				b.shells = append(b.shells, f)
 			}
@@ -650,10 +664,10 @@ func (b *Backend) refillShells(mem int64) {
 }
 
 // shell makes everything of the fiber that does not depend on its spec
-// beyond its memory limit: its directory, host id range and pipes, the
-// helper cloned into new namespaces, and the cgroups. The helper then
-// waits for its spec (run).
-func (f *fiber) shell(ctx context.Context, memoryBytes int64, clock *stepClock) error {
+// beyond its memory limit and snapshot: its directory, host id range and
+// pipes, the helper cloned into new namespaces, the cgroups, and sends the
+// helper its Setup (it builds the root while it waits for its spec, run).
+func (f *fiber) shell(ctx context.Context, key shellKey, clock *stepClock) error {
 	cfg := &f.b.cfg
 	if err := os.MkdirAll(filepath.Join(f.dir, "root"), 0o711); err != nil {
 		return err
@@ -741,7 +755,7 @@ func (f *fiber) shell(ctx context.Context, memoryBytes int64, clock *stepClock) 
 	// The helper waits for its spec before starting the handler, so joining
 	// the cgroups here, before sending the spec, puts every process of the
 	// fiber under the limits.
-	if err := f.joinCgroup(pid, memoryBytes); err != nil {
+	if err := f.joinCgroup(pid, key.mem); err != nil {
 		return err
 	}
 	if err := f.joinPooled(f.b.pidsGroups, &f.pids, pid, "pids"); err != nil {
@@ -751,6 +765,19 @@ func (f *fiber) shell(ctx context.Context, memoryBytes int64, clock *stepClock) 
 		return err
 	}
 	clock.mark(StepCgroups)
+	// The root, only now: the helper's mounts (/tmp, /dev) are charged to
+	// the fiber's memory cgroup.
+	setup := helper.Setup{
+		Root:       filepath.Join(f.dir, "root"),
+		RootFS:     key.rootfs,
+		TmpBytes:   cfg.TmpBytes,
+		Cgroups:    map[string]string{"memory": f.cgroup, "cpu": f.cpu, "pids": f.pids},
+		ResolvConf: f.b.resolvConf,
+	}
+	if err := json.NewEncoder(f.specW).Encode(setup); err != nil {
+		return fmt.Errorf("sending the setup to helper: %w", err)
+	}
+	clock.mark(StepSetup)
 	return ctx.Err()
 }
 
@@ -784,8 +811,6 @@ func (f *fiber) run(ctx context.Context, spec *backend.Spec, timeout time.Durati
 	}
 	sort.Strings(env)
 	hs := helper.Spec{
-		Root:                 filepath.Join(f.dir, "root"),
-		RootFS:               spec.RootFS,
 		Entrypoint:           spec.Entrypoint,
 		Env:                  env,
 		Port:                 spec.Port,
@@ -793,20 +818,12 @@ func (f *fiber) run(ctx context.Context, spec *backend.Spec, timeout time.Durati
 		UID:                  uid,
 		GID:                  gid,
 		Limits:               cfg.Limits,
-		TmpBytes:             cfg.TmpBytes,
 		StartupTimeoutMillis: spec.StartupTimeout.Milliseconds(),
 		ReadinessPath:        spec.ReadinessPath,
-		Cgroups:              map[string]string{"memory": f.cgroup, "cpu": f.cpu, "pids": f.pids},
-		ResolvConf:           f.b.resolvConf,
 	}
-	if err := json.NewEncoder(specW).Encode(hs); err != nil {
-		select {
-		case <-f.done:
-			return fmt.Errorf("sending spec to helper: %w (%v)", err, f.Err())
-		default:
-		}
-		return fmt.Errorf("sending spec to helper: %w", err)
-	}
+	// A helper whose setup failed has said why on the status pipe and
+	// exited: the send then fails, and the status line below is the error.
+	sendErr := json.NewEncoder(specW).Encode(hs)
 	specW.Close()
 	clock.mark(StepSpec)
 
@@ -829,10 +846,14 @@ func (f *fiber) run(ctx context.Context, spec *backend.Spec, timeout time.Durati
 	}
 	select {
 	case r := <-ch:
-		switch {
-		case r.line == helper.ReadyLine:
+		if hs, ok := helper.ReadySteps(r.line); ok {
 			clock.mark(StepHelperRun)
+			for _, h := range hs {
+				clock.steps = append(clock.steps, StartStep{StepHelperPrefix + h.Name, h.D})
+			}
 			return nil
+		}
+		switch {
 		case strings.HasPrefix(r.line, "error: ") && strings.HasSuffix(r.line, "\n"):
 			return errors.New("helper: " + strings.TrimSpace(strings.TrimPrefix(r.line, "error: ")))
 		case strings.HasPrefix(r.line, helper.FailedPrefix) && strings.HasSuffix(r.line, "\n"):
@@ -848,6 +869,9 @@ func (f *fiber) run(ctx context.Context, spec *backend.Spec, timeout time.Durati
 				sf.Output = f.tail.String()
 				return &sf
 			}
+		}
+		if sendErr != nil {
+			return fmt.Errorf("sending spec to helper: %w (%v)", sendErr, f.Err())
 		}
 		select {
 		case <-f.done:

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -165,4 +166,86 @@ func toStrings(v any) []string {
 		}
 	}
 	return out
+}
+
+// A waiting shell has already built its root (the helper's Setup): its
+// helper's root is the snapshot, not the Home's, before any start sends a
+// spec; a start from it reports no root step of its own.
+func TestShellBuildsItsRootBeforeItsSpec(t *testing.T) {
+	var rec stepsRecorder
+	be, spec, cfg := newBackendConfig(t, func(c *process.Config) { c.Shells = 1; c.OnStart = rec.record })
+	be.Prepare(spec)
+	waitShells(t, be, 1)
+	procs, err := os.ReadFile(filepath.Join(cfg.CgroupParent, "shell-1", "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.Fields(string(procs))[0]
+	// mountinfo: field 4 is the mount's root within its filesystem, field
+	// 5 where it is mounted. The Home's "/" is its filesystem's root; the
+	// fiber's "/" is the snapshot's directory.
+	rootOf := func(mountinfo string) string {
+		for _, line := range strings.Split(mountinfo, "\n") {
+			if f := strings.Fields(line); len(f) > 4 && f[4] == "/" {
+				return f[3]
+			}
+		}
+		return ""
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mi, err := os.ReadFile("/proc/" + pid + "/mountinfo")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := rootOf(string(mi))
+		if strings.HasSuffix(r, filepath.Base(spec.RootFS)) && r != "/" {
+			if !strings.Contains(string(mi), " /proc ") || !strings.Contains(string(mi), " /tmp ") {
+				t.Fatalf("the shell's root has no /proc or /tmp yet:\n%s", mi)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the waiting shell's helper %s has root %q, want the snapshot %s:\n%s", pid, r, spec.RootFS, mi)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f, err := be.Start(context.Background(), "root1", spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Destroy()
+	hello(t, f)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	var names []string
+	for _, s := range rec.steps["root1"] {
+		names = append(names, s.Name)
+	}
+	if len(names) == 0 || names[0] != process.StepShell || !slices.Contains(names, process.StepHelperPrefix+"exec") {
+		t.Errorf("steps of a start from a shell: %q", names)
+	}
+}
+
+// A snapshot the helper cannot bind fails the start with the helper's own
+// words (its Setup failed before the spec was sent), with or without a
+// shell.
+func TestSetupFailureIsReported(t *testing.T) {
+	for _, shells := range []int{0, 1} {
+		be, spec := newBackend(t, func(c *process.Config) { c.Shells = shells })
+		bad := *spec
+		bad.RootFS = filepath.Join(t.TempDir(), "missing")
+		be.Prepare(&bad)
+		_, err := be.Start(context.Background(), "bad"+strconv.Itoa(shells), &bad)
+		if err == nil || !strings.Contains(err.Error(), "binding snapshot") {
+			t.Errorf("shells=%d: start with a missing snapshot: %v, want the helper's \"binding snapshot\" error", shells, err)
+		}
+		// The backend still starts fibers of a good snapshot.
+		f, err := be.Start(context.Background(), "good"+strconv.Itoa(shells), spec)
+		if err != nil {
+			t.Fatalf("shells=%d: %v", shells, err)
+		}
+		hello(t, f)
+		f.Destroy()
+	}
 }
