@@ -19,17 +19,19 @@ import (
 // routerTotals is what every fiber-router replica has recorded for the
 // Revisions of one Service in the bench namespace: request and fiber
 // acquisition time (histogram sums, seconds) and counts.
+// inFiberd* are fiberd's own account of its share of the leases
+// (lampyr_router_fiber_acquire_in_fiberd_seconds).
 type routerTotals struct {
-	reqSum, acqSum     float64
-	reqCount, acqCount uint64
+	reqSum, acqSum, inFiberdSum       float64
+	reqCount, acqCount, inFiberdCount uint64
 }
 
 func (a routerTotals) minus(b routerTotals) routerTotals {
-	return routerTotals{a.reqSum - b.reqSum, a.acqSum - b.acqSum, a.reqCount - b.reqCount, a.acqCount - b.acqCount}
+	return routerTotals{a.reqSum - b.reqSum, a.acqSum - b.acqSum, a.inFiberdSum - b.inFiberdSum, a.reqCount - b.reqCount, a.acqCount - b.acqCount, a.inFiberdCount - b.inFiberdCount}
 }
 
 func (a routerTotals) plus(b routerTotals) routerTotals {
-	return routerTotals{a.reqSum + b.reqSum, a.acqSum + b.acqSum, a.reqCount + b.reqCount, a.acqCount + b.acqCount}
+	return routerTotals{a.reqSum + b.reqSum, a.acqSum + b.acqSum, a.inFiberdSum + b.inFiberdSum, a.reqCount + b.reqCount, a.acqCount + b.acqCount, a.inFiberdCount + b.inFiberdCount}
 }
 
 // scrapeRouters reads each fiber-router's /metrics (admin port) through the
@@ -70,7 +72,8 @@ func scrapeRouters(ctx context.Context, kube kubernetes.Interface, service strin
 		}
 		rs, rc := sum("lampyr_router_request_duration_seconds")
 		as, ac := sum("lampyr_router_fiber_acquire_seconds")
-		t.reqSum, t.reqCount, t.acqSum, t.acqCount = t.reqSum+rs, t.reqCount+rc, t.acqSum+as, t.acqCount+ac
+		fs, fc := sum("lampyr_router_fiber_acquire_in_fiberd_seconds")
+		t = t.plus(routerTotals{rs, as, fs, rc, ac, fc})
 	}
 	return t, nil
 }
@@ -104,12 +107,21 @@ func breakdownRows(group string, clientMeanMs float64, d routerTotals) []Row {
 	router := d.reqSum / float64(d.reqCount) * 1000
 	acq := d.acqSum / float64(d.reqCount) * 1000 // reuse: most requests lease nothing
 	note := fmt.Sprintf("%d requests, %d fiber leases (router metrics)", d.reqCount, d.acqCount)
-	return []Row{
+	rows := []Row{
 		{Group: group, Metric: "client mean", Unit: "ms", Lampyr: clientMeanMs, Note: note},
 		{Group: group, Metric: "before the router (gateway, Service hop)", Unit: "ms", Lampyr: clientMeanMs - router},
 		{Group: group, Metric: "fiber lease per request", Unit: "ms", Lampyr: acq},
-		{Group: group, Metric: "router -> Home -> handler and back", Unit: "ms", Lampyr: router - acq},
 	}
+	// fiberd's own account of the leases, where every lease gave one
+	// (a fiberd before acquireMicros gives none): the lease split into
+	// fiberd's time (a start included) and the way to the Home and back.
+	if d.inFiberdCount > 0 && d.inFiberdCount == d.acqCount {
+		in := d.inFiberdSum / float64(d.reqCount) * 1000
+		rows = append(rows,
+			Row{Group: group, Metric: "  of it in fiberd (its own account, a start included)", Unit: "ms", Lampyr: in},
+			Row{Group: group, Metric: "  of it router -> Home and back", Unit: "ms", Lampyr: acq - in})
+	}
+	return append(rows, Row{Group: group, Metric: "router -> Home -> handler and back", Unit: "ms", Lampyr: router - acq})
 }
 
 // A Service's series are its Revisions' only: "cold" must not take
@@ -134,6 +146,31 @@ func TestOursMatchesOneServicesRevisions(t *testing.T) {
 	} {
 		if got := ours(series(tc.ns, tc.rev), tc.service); got != tc.want {
 			t.Errorf("ours(%s/%s, %q) = %v, want %v", tc.ns, tc.rev, tc.service, got, tc.want)
+		}
+	}
+}
+
+// The lease is split by fiberd's own account only when every lease of the
+// phase carried one.
+func TestBreakdownSplitsTheLease(t *testing.T) {
+	d := routerTotals{reqSum: 0.4, acqSum: 0.3, inFiberdSum: 0.2, reqCount: 20, acqCount: 20, inFiberdCount: 20}
+	rows := breakdownRows("g", 25, d)
+	got := map[string]float64{}
+	for _, r := range rows {
+		got[r.Metric] = r.Lampyr
+	}
+	for metric, want := range map[string]float64{
+		"fiber lease per request": 15, "  of it in fiberd (its own account, a start included)": 10,
+		"  of it router -> Home and back": 5, "router -> Home -> handler and back": 5, "before the router (gateway, Service hop)": 5,
+	} {
+		if v, ok := got[metric]; !ok || v < want-1e-9 || v > want+1e-9 {
+			t.Errorf("%s = %v (present %v), want %v", metric, v, ok, want)
+		}
+	}
+	d.inFiberdCount = 19 // one lease from a fiberd that did not say
+	for _, r := range breakdownRows("g", 25, d) {
+		if strings.HasPrefix(r.Metric, "  of it") {
+			t.Errorf("row %q with one lease unaccounted for", r.Metric)
 		}
 	}
 }

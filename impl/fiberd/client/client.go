@@ -111,6 +111,11 @@ type Fiber struct {
 	// served (at most 1 in fresh mode). Requests carried by a tunnel are not
 	// counted one by one: fiberd copies their bytes without parsing them.
 	Requests int64 `json:"requests,omitempty"`
+	// AcquireMicros is how long fiberd took to answer this acquisition,
+	// from the call's arrival to its answer (a fresh fiber's start
+	// included), in microseconds: what fiber-router's lease took minus the
+	// way to the Home and back (only in POST /v1/fibers answers).
+	AcquireMicros int64 `json:"acquireMicros,omitempty"`
 }
 
 // FiberList is the body of GET /v1/fibers.

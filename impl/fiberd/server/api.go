@@ -158,7 +158,8 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
-	s.lastAcquire.Store(time.Now().UnixNano())
+	t0 := time.Now()
+	s.lastAcquire.Store(t0.UnixNano())
 	if s.draining.Load() {
 		writeErr(w, http.StatusServiceUnavailable, contract.ReasonNotReady, drainingMsg)
 		return
@@ -181,7 +182,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, http.StatusServiceUnavailable, contract.ReasonFiberFailed, err.Error())
 		return
 	}
-	writeJSON(w, http.StatusCreated, client.Fiber{ID: f.ID(), State: client.StateAcquired, StartedAt: f.StartedAt})
+	writeJSON(w, http.StatusCreated, client.Fiber{ID: f.ID(), State: client.StateAcquired, StartedAt: f.StartedAt, AcquireMicros: max(1, time.Since(t0).Microseconds())})
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request) {

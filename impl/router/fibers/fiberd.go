@@ -322,7 +322,7 @@ func (c *FiberdClient) Acquire(ctx context.Context, home Home) (Fiber, error) {
 	c.tmu.Lock()
 	c.leased[f.ID] = home
 	c.tmu.Unlock()
-	return Fiber{ID: f.ID, Home: home, StartedAt: f.StartedAt}, nil
+	return Fiber{ID: f.ID, Home: home, StartedAt: f.StartedAt, InFiberd: time.Duration(f.AcquireMicros) * time.Microsecond}, nil
 }
 
 // refused explains fiberd's 401, which says the router key and the Home's

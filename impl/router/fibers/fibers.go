@@ -47,6 +47,10 @@ type Fiber struct {
 	// through the Home that created it, with that Home's credential.
 	Home      Home
 	StartedAt time.Time
+	// InFiberd is how long fiberd took to answer the acquisition (its
+	// own account, client.Fiber.AcquireMicros): the lease's round trip
+	// minus the way to the Home and back. 0: fiberd did not say.
+	InFiberd time.Duration
 }
 
 // Client talks to fiberd in any Home.

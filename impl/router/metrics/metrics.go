@@ -18,6 +18,7 @@ type Metrics struct {
 	RequestDuration *prometheus.HistogramVec
 	FibersAcquired  *prometheus.CounterVec
 	AcquireDuration *prometheus.HistogramVec
+	AcquireInFiberd *prometheus.HistogramVec
 	FibersReleased  *prometheus.CounterVec
 	FibersLeaked    *prometheus.CounterVec
 	FibersLive      *prometheus.GaugeVec
@@ -56,6 +57,11 @@ func New() *Metrics {
 			Help:    "Round trip of a fiber lease from fiberd (a fresh fiber's start included), successful ones only.",
 			Buckets: []float64{.0002, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 		}, revLabels),
+		AcquireInFiberd: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "lampyr_router_fiber_acquire_in_fiberd_seconds",
+			Help:    "Of each lease's round trip (lampyr_router_fiber_acquire_seconds), the time fiberd says it took to answer (a fresh fiber's start included); the rest is the way to the Home and back.",
+			Buckets: []float64{.0002, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, revLabels),
 		FibersReleased: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lampyr_router_fibers_released_total",
 			Help: "Fibers released to fiberd (killed).",
@@ -89,7 +95,7 @@ func New() *Metrics {
 			Help: "Knative network probes (K-Network-Probe, a KIngress's readiness through the gateway) answered, by status: 503 for a Revision this router cannot serve yet, which the prober retries after a back-off (issue 32: the probe phase is where a new Route waits longer on Lampyr than on stock).",
 		}, []string{"code"}),
 	}
-	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.FibersReleased, m.FibersLeaked,
+	r.MustRegister(m.Requests, m.RequestDuration, m.FibersAcquired, m.AcquireDuration, m.AcquireInFiberd, m.FibersReleased, m.FibersLeaked,
 		m.FibersLive, m.QueueDepth, m.InFlight, m.Revisions, m.MetadataRefused, m.Probes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -100,6 +106,7 @@ func (m *Metrics) Revision(namespace, revision string) *RevisionObserver {
 	return &RevisionObserver{
 		acquired: m.FibersAcquired.WithLabelValues(namespace, revision),
 		acquire:  m.AcquireDuration.WithLabelValues(namespace, revision),
+		inFiberd: m.AcquireInFiberd.WithLabelValues(namespace, revision),
 		released: m.FibersReleased.WithLabelValues(namespace, revision),
 		leaked:   m.FibersLeaked.WithLabelValues(namespace, revision),
 		live:     m.FibersLive.WithLabelValues(namespace, revision),
@@ -111,15 +118,18 @@ func (m *Metrics) Revision(namespace, revision string) *RevisionObserver {
 // hot path does no label lookups.
 type RevisionObserver struct {
 	acquired, released, leaked prometheus.Counter
-	acquire                    prometheus.Observer
+	acquire, inFiberd          prometheus.Observer
 	live, queue                prometheus.Gauge
 }
 
 // Acquired implements pool.Observer.
-func (o *RevisionObserver) Acquired(d time.Duration) {
+func (o *RevisionObserver) Acquired(d, inFiberd time.Duration) {
 	o.acquired.Inc()
 	o.live.Inc()
 	o.acquire.Observe(d.Seconds())
+	if inFiberd > 0 {
+		o.inFiberd.Observe(inFiberd.Seconds())
+	}
 }
 
 // Released implements pool.Observer.
@@ -139,6 +149,7 @@ func (m *Metrics) Forget(namespace, revision string) {
 	m.RequestDuration.Delete(l)
 	m.FibersAcquired.Delete(l)
 	m.AcquireDuration.Delete(l)
+	m.AcquireInFiberd.Delete(l)
 	m.FibersReleased.Delete(l)
 	m.FibersLeaked.Delete(l)
 	m.FibersLive.Delete(l)

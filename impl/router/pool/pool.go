@@ -46,8 +46,9 @@ type Config struct {
 // concurrent use.
 type Observer interface {
 	// Acquired: fiberd leased a fiber after d (its POST's round trip,
-	// including a fresh fiber's start).
-	Acquired(d time.Duration)
+	// including a fresh fiber's start), of which inFiberd in fiberd by its
+	// own account (0: it did not say).
+	Acquired(d, inFiberd time.Duration)
 	Released()
 	// Leaked: releasing failed for good; the fiber may still be alive.
 	Leaked()
@@ -267,7 +268,7 @@ func (p *Pool) acquireDetached(ctx context.Context, home fibers.Home) (fibers.Fi
 		t0 := time.Now()
 		f, err := p.client.Acquire(actx, home)
 		if err == nil {
-			p.obs.Acquired(time.Since(t0))
+			p.obs.Acquired(time.Since(t0), f.InFiberd)
 		}
 		res <- acquired{f, err}
 	}()
