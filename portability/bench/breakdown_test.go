@@ -118,8 +118,8 @@ func breakdownRows(group string, clientMeanMs float64, d routerTotals) []Row {
 	if d.inFiberdCount > 0 && d.inFiberdCount == d.acqCount {
 		in := d.inFiberdSum / float64(d.reqCount) * 1000
 		rows = append(rows,
-			Row{Group: group, Metric: "  of it in fiberd (its own account, a start included)", Unit: "ms", Lampyr: in},
-			Row{Group: group, Metric: "  of it router -> Home and back", Unit: "ms", Lampyr: acq - in})
+			Row{Group: group, Metric: "fiber lease: in fiberd (its own account, a start included)", Unit: "ms", Lampyr: in},
+			Row{Group: group, Metric: "fiber lease: router -> Home and back", Unit: "ms", Lampyr: acq - in})
 	}
 	return append(rows, Row{Group: group, Metric: "router -> Home -> handler and back", Unit: "ms", Lampyr: router - acq})
 }
@@ -160,8 +160,8 @@ func TestBreakdownSplitsTheLease(t *testing.T) {
 		got[r.Metric] = r.Lampyr
 	}
 	for metric, want := range map[string]float64{
-		"fiber lease per request": 15, "  of it in fiberd (its own account, a start included)": 10,
-		"  of it router -> Home and back": 5, "router -> Home -> handler and back": 5, "before the router (gateway, Service hop)": 5,
+		"fiber lease per request": 15, "fiber lease: in fiberd (its own account, a start included)": 10,
+		"fiber lease: router -> Home and back": 5, "router -> Home -> handler and back": 5, "before the router (gateway, Service hop)": 5,
 	} {
 		if v, ok := got[metric]; !ok || v < want-1e-9 || v > want+1e-9 {
 			t.Errorf("%s = %v (present %v), want %v", metric, v, ok, want)
@@ -169,7 +169,7 @@ func TestBreakdownSplitsTheLease(t *testing.T) {
 	}
 	d.inFiberdCount = 19 // one lease from a fiberd that did not say
 	for _, r := range breakdownRows("g", 25, d) {
-		if strings.HasPrefix(r.Metric, "  of it") {
+		if strings.HasPrefix(r.Metric, "fiber lease: ") {
 			t.Errorf("row %q with one lease unaccounted for", r.Metric)
 		}
 	}
