@@ -71,9 +71,9 @@ func (m *memFiberd) liveCount() int {
 type countObs struct{ acquired, released, leaked, queue atomic.Int64 }
 
 func (o *countObs) Acquired(time.Duration, time.Duration) { o.acquired.Add(1) }
-func (o *countObs) Released()              { o.released.Add(1) }
-func (o *countObs) Leaked()                { o.leaked.Add(1) }
-func (o *countObs) QueueDepth(delta int)   { o.queue.Add(int64(delta)) }
+func (o *countObs) Released()                             { o.released.Add(1) }
+func (o *countObs) Leaked()                               { o.leaked.Add(1) }
+func (o *countObs) QueueDepth(delta int)                  { o.queue.Add(int64(delta)) }
 
 func newPool(t *testing.T, cfg Config) (*Pool, *memFiberd, *countObs) {
 	t.Helper()
